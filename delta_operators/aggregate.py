@@ -1,0 +1,443 @@
+"""GROUP BY with COUNT, SUM, AVG, MIN, MAX and their DISTINCT forms.
+
+Contract: one output row per group with at least one input row (with no
+GROUP BY: exactly one row, where COUNT is 0 and SUM/AVG/MIN/MAX are NULL over
+an empty input), equal to what the engine's aggregate functions return.
+
+Incremental rule. Per group g the state S(g) holds invertible components,
+each a sum over the input's rows r with weight w:
+
+    count(g)      = Σ w                     COUNT(*), and whether g exists
+    n_k(g)        = Σ w·[x_k(r) IS NOT NULL] COUNT(x), and when SUM/AVG are NULL
+    s_k(g)        = Σ w·x_k(r)               SUM/AVG (floats: finite part, plus
+                                              counts of NaN, +inf and -inf so a
+                                              deleted infinity leaves no NaN behind)
+
+so S_new(g) = S_old(g) + Σ_{r ∈ δX, g(r)=g} component(r): only touched groups
+are read and written. MIN/MAX are not invertible: a value multiset
+V(g, v) = Σ w holds every group's values. An insert can only lower the
+minimum, so new_min = LEAST(old_min, min of touched values still present),
+unless the old minimum's multiplicity dropped to zero; only those groups are
+re-scanned, through V's index on the group key. DISTINCT aggregates use V's
+presence changes [V_new(g,v) > 0] - [V_old(g,v) > 0] as their input.
+
+The node's delta is -old_row(g) + new_row(g) for every touched group.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from sql_frontend.errors import UnsupportedError
+from sql_frontend.plan import AggCall, Aggregate, Column
+from sql_frontend.plan_sql import alias, column, quoted
+from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
+from delta_operators.distinct import presence
+from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
+
+COUNT = "__count"
+VALUE = "__v"
+KEEP = "__keep"
+RESCAN = "__rescan"
+
+INTEGERS = {
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
+    "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "BOOLEAN",
+}
+FLOATS = {"FLOAT", "DOUBLE", "REAL"}
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    type: str  # SQL type of the running sum
+    floating: bool  # track NaN/±inf apart from the finite sum
+
+
+def accumulator(arg_type: str, func: str) -> Accumulator:
+    t = arg_type.upper()
+    if t in INTEGERS:
+        # DuckDB sums integers exactly (HUGEINT); DECIMAL(38,0) is the same range
+        # and survives the trip through Arrow unchanged.
+        return Accumulator("DECIMAL(38,0)", False)
+    m = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", t)
+    if m:
+        return Accumulator(f"DECIMAL(38,{m.group(2)})", False)
+    if t in FLOATS:
+        return Accumulator("DOUBLE", True)
+    raise UnsupportedError(f"{func.upper()} over type {arg_type} is not supported in a materialized view")
+
+
+def lit(n: int) -> exp.Literal:
+    return exp.Literal.number(n)
+
+
+def coalesce0(e: exp.Expression) -> exp.Expression:
+    return exp.Coalesce(this=e, expressions=[lit(0)])
+
+
+def when(condition: exp.Expression, then: exp.Expression, default: exp.Expression) -> exp.Case:
+    return exp.Case(ifs=[exp.If(this=condition, true=then)], default=default)
+
+
+def float_literal(text: str) -> exp.Expression:
+    return exp.cast(exp.Literal.string(text), exp.DataType.build("DOUBLE"))
+
+
+class AggregateRule:
+    def __init__(self, node: Aggregate):
+        self.node = node
+        self.keys = node.keys
+        self.input_types = {c.name: c.type for c in node.input.columns}
+        self.value_args = list(
+            dict.fromkeys(c.arg for c in node.aggregates if c.func in ("min", "max") or c.distinct)
+        )
+        self.acc = {
+            i: accumulator(self.input_types[c.arg], c.func)
+            for i, c in enumerate(node.aggregates)
+            if c.func in ("sum", "avg")
+        }
+
+    @property
+    def is_global(self) -> bool:
+        return not self.keys
+
+    # --- state layout -----------------------------------------------------
+    def state(self, ctx: Context) -> str:
+        return ctx.state_name(self.node, "agg")
+
+    def values_state(self, ctx: Context, arg: str) -> str:
+        return f"{ctx.state_name(self.node, 'vals')}_{self.value_args.index(arg)}"
+
+    def key_columns(self) -> tuple[Column, ...]:
+        return tuple(Column(k, self.input_types[k]) for k in self.keys)
+
+    def components(self) -> list[Column]:
+        cols = [Column(COUNT, "BIGINT")]
+        for i, c in enumerate(self.node.aggregates):
+            if c.func == "count_star":
+                continue
+            if c.func in ("min", "max"):
+                cols.append(Column(f"__m{i}", self.input_types[c.arg]))
+                continue
+            cols.append(Column(f"__n{i}", "BIGINT"))
+            if c.func in ("sum", "avg"):
+                acc = self.acc[i]
+                cols.append(Column(f"__s{i}", acc.type))
+                if acc.floating:
+                    cols.extend(Column(f"__{s}{i}", "BIGINT") for s in ("nan", "pinf", "ninf"))
+        return cols
+
+    def states(self, ctx: Context) -> list[StateSpec]:
+        specs = [
+            StateSpec(
+                name=self.state(ctx),
+                columns=self.key_columns() + tuple(self.components()),
+                identity=self.keys,
+                indexes=(self.keys,) if self.keys else (),
+                role="per-group counts and sums",
+            )
+        ]
+        for arg in self.value_args:
+            specs.append(
+                StateSpec(
+                    name=self.values_state(ctx, arg),
+                    columns=self.key_columns() + (Column(VALUE, self.input_types[arg]),),
+                    identity=self.keys + (VALUE,),
+                    indexes=(self.keys + (VALUE,),) + ((self.keys,) if self.keys else ()),
+                    role=f"multiset of {arg} per group (MIN/MAX/DISTINCT)",
+                )
+            )
+        return specs
+
+    # --- finalize: state row -> output row ---------------------------------
+    def finalize(self, s: str) -> list[exp.Expression]:
+        out: list[exp.Expression] = [alias(column(k, s), k) for k in self.keys]
+        for i, c in enumerate(self.node.aggregates):
+            out.append(alias(cast(self._final(i, c, s), c.type), c.name))
+        return out
+
+    def _final(self, i: int, c: AggCall, s: str) -> exp.Expression:
+        if c.func == "count_star":
+            return column(COUNT, s)
+        if c.func == "count":
+            return column(f"__n{i}", s)
+        if c.func in ("min", "max"):
+            return column(f"__m{i}", s)
+        total: exp.Expression = column(f"__s{i}", s)
+        if self.acc[i].floating:
+            nan, pinf, ninf = (column(f"__{x}{i}", s) for x in ("nan", "pinf", "ninf"))
+            gt0 = lambda e: exp.GT(this=e, expression=lit(0))  # noqa: E731
+            total = exp.Case(
+                ifs=[
+                    exp.If(this=exp.or_(gt0(nan), exp.and_(gt0(pinf), gt0(ninf))), true=float_literal("nan")),
+                    exp.If(this=gt0(pinf.copy()), true=float_literal("inf")),
+                    exp.If(this=gt0(ninf.copy()), true=float_literal("-inf")),
+                ],
+                default=total,
+            )
+        n = column(f"__n{i}", s)
+        if c.func == "avg":
+            total = exp.Div(this=cast(total, "DOUBLE"), expression=n.copy())
+        return when(exp.EQ(this=n, expression=lit(0)), exp.null(), total)
+
+    # --- delta --------------------------------------------------------------
+    def delta(self, ctx: Context) -> str | None:
+        delta_in = ctx.delta(self.node.input)
+        if delta_in is None:
+            return None
+        # With no GROUP BY the one row exists even over no input, so the first
+        # computation must run even when the input is empty.
+        always = self.is_global and ctx.options.initial
+        partial = ctx.query("aggd", self._partial_sql(delta_in), drivers=() if always else (delta_in,),
+                            note="per-group change of counts and sums")
+        old = ctx.temp("aggold")
+        ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.keys, probe=partial,
+                        probe_columns=self.keys, positions=True, note="state of touched groups"))
+        joins: list[tuple[str, exp.Expression, str]] = []  # (temp, on, alias)
+        extreme: dict[str, tuple[str, str]] = {}
+        presence_of: dict[str, str] = {}
+        for arg in self.value_args:
+            merged = self._values(ctx, arg, delta_in)
+            if any(c.arg == arg and c.func in ("min", "max") for c in self.node.aggregates):
+                extreme[arg] = self._extremes(ctx, arg, merged, old)
+            if any(c.arg == arg and c.distinct and c.func not in ("min", "max") for c in self.node.aggregates):
+                presence_of[arg] = self._presence(ctx, arg, merged)
+        new = ctx.query("aggnew", self._new_sql(partial, old, extreme, presence_of), drivers=(partial,),
+                        note="new state of touched groups")
+        ctx.replace(Replace(relation=self.state(ctx), deletes=new, inserts=new, keep=KEEP))
+        return ctx.query("agg", self._output_sql(partial, old, new), drivers=(partial,),
+                         note="-old row +new row per touched group")
+
+    def _group_by(self, select: exp.Select, source: str, extra: list[exp.Expression] = ()) -> exp.Select:
+        cols = [column(k, source) for k in self.keys] + list(extra)
+        return select.group_by(*cols) if cols else select
+
+    def _partial_sql(self, delta_in: str) -> exp.Select:
+        w = column(WEIGHT, "d")
+        projections = [alias(column(k, "d"), k) for k in self.keys]
+        projections.append(alias(coalesce0(exp.Sum(this=w.copy())), COUNT))
+        for i, c in enumerate(self.node.aggregates):
+            if c.func in ("count_star", "min", "max") or c.distinct:
+                continue
+            x = column(c.arg, "d")
+            not_null = exp.Not(this=exp.Is(this=x.copy(), expression=exp.null()))
+            projections.append(alias(coalesce0(exp.Sum(this=when(not_null, w.copy(), lit(0)))), f"__n{i}"))
+            if c.func in ("sum", "avg"):
+                projections.extend(self._sum_components(i, x, w))
+        select = exp.select(*projections).from_(table_as(delta_in, "d"))
+        return self._group_by(select, "d")
+
+    def _sum_components(self, i: int, x: exp.Expression, w: exp.Expression) -> list[exp.Expression]:
+        acc = self.acc[i]
+        if not acc.floating:
+            value = exp.Mul(this=cast(x.copy(), acc.type), expression=w.copy())
+            return [alias(exp.Sum(this=value), f"__s{i}")]
+        finite = exp.Anonymous(this="isfinite", expressions=[x.copy()])
+        parts = [alias(exp.Sum(this=when(finite, exp.Mul(this=cast(x.copy(), "DOUBLE"), expression=w.copy()), lit(0))), f"__s{i}")]
+        tests = {
+            "nan": exp.Anonymous(this="isnan", expressions=[x.copy()]),
+            "pinf": exp.EQ(this=x.copy(), expression=float_literal("inf")),
+            "ninf": exp.EQ(this=x.copy(), expression=float_literal("-inf")),
+        }
+        for name, test in tests.items():
+            parts.append(alias(coalesce0(exp.Sum(this=when(test, w.copy(), lit(0)))), f"__{name}{i}"))
+        return parts
+
+    def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
+        """Merge the input's values of ``arg`` into V; return the merged temp."""
+        relation = self.values_state(ctx, arg)
+        names = self.keys + (VALUE,)
+        w = column(WEIGHT, "d")
+        x = column(arg, "d")
+        select = exp.select(
+            *[alias(column(k, "d"), k) for k in self.keys],
+            alias(x, VALUE),
+            alias(exp.Sum(this=w.copy()), WEIGHT),
+        ).from_(table_as(delta_in, "d")).where(exp.Not(this=exp.Is(this=x.copy(), expression=exp.null())))
+        select = self._group_by(select, "d", [x.copy()]).having(
+            exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
+        )
+        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset")
+        old = ctx.temp("valold")
+        ctx.emit(Lookup(out=old, relation=relation, index=names, probe=changes, probe_columns=names,
+                        positions=True, note=f"stored multiplicities of {arg}"))
+        before = coalesce0(column(WEIGHT, "o"))
+        after = exp.Add(this=before.copy(), expression=column(WEIGHT, "d"))
+        merged_sql = (
+            exp.select(
+                *[alias(column(n, "d"), n) for n in names],
+                alias(before, "__old"),
+                alias(after, WEIGHT),
+                alias(exp.GT(this=after.copy(), expression=lit(0)), KEEP),
+                alias(column(RUN, "o"), RUN),
+                alias(column(POS, "o"), POS),
+            )
+            .from_(table_as(changes, "d"))
+            .join(table_as(old, "o"), on=not_distinct("d", "o", names), join_type="left")
+        )
+        merged = ctx.query("valnew", merged_sql, drivers=(changes,), note=f"new multiplicities of {arg}")
+        ctx.replace(Replace(relation=relation, deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
+        return merged
+
+    def _extremes(self, ctx: Context, arg: str, merged: str, old: str) -> tuple[str, str]:
+        """(rescanned groups, per-group min/max over the values that decide it)."""
+        relation = self.values_state(ctx, arg)
+        calls = [(i, c) for i, c in enumerate(self.node.aggregates) if c.arg == arg and c.func in ("min", "max")]
+        value = column(VALUE, "n")
+        hits = [exp.EQ(this=value.copy(), expression=column(f"__m{i}", "o")) for i, _ in calls]
+        rescan_sql = (
+            exp.select(*[alias(column(k, "n"), k) for k in self.keys], alias(exp.true(), RESCAN))
+            .distinct()
+            .from_(table_as(merged, "n"))
+            .join(table_as(old, "o"), on=not_distinct("n", "o", self.keys), join_type="inner")
+            .where(exp.and_(exp.LTE(this=column(WEIGHT, "n"), expression=lit(0)), exp.or_(*hits)))
+        )
+        rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
+                           note=f"groups whose MIN/MAX({arg}) was deleted")
+        group_rows = ctx.temp("valgrp")
+        ctx.emit(Lookup(out=group_rows, relation=relation, index=self.keys, probe=rescan,
+                        probe_columns=self.keys, note=f"all values of {arg} in rescanned groups"))
+        ctx.need_index(relation, self.keys)
+        names = self.keys + (VALUE,)
+        untouched = (
+            exp.select(*[column(n, "g") for n in names])
+            .from_(table_as(group_rows, "g"))
+            .where(
+                exp.Not(
+                    this=exp.Exists(
+                        this=exp.select(lit(1)).from_(table_as(merged, "m")).where(not_distinct("g", "m", names))
+                    )
+                )
+            )
+        )
+        present = exp.select(*[column(n, "m") for n in names]).from_(table_as(merged, "m")).where(
+            exp.GT(this=column(WEIGHT, "m"), expression=lit(0))
+        )
+        values = exp.Subquery(this=union_all([untouched, present]), alias=exp.TableAlias(this=quoted("v")))
+        ext_sql = exp.select(
+            *[alias(column(k, "v"), k) for k in self.keys],
+            alias(exp.Min(this=column(VALUE, "v")), "__min"),
+            alias(exp.Max(this=column(VALUE, "v")), "__max"),
+        ).from_(values)
+        ext_sql = self._group_by(ext_sql, "v")
+        extremes = ctx.query("ext", ext_sql, drivers=(merged,), note=f"MIN/MAX({arg}) candidates")
+        return rescan, extremes
+
+    def _presence(self, ctx: Context, arg: str, merged: str) -> str:
+        """Per-group change of the DISTINCT values of ``arg``: count and sum."""
+        change = exp.Sub(this=presence(column(WEIGHT, "m")), expression=presence(column("__old", "m")))
+        projections = [alias(column(k, "m"), k) for k in self.keys]
+        projections.append(alias(coalesce0(exp.Sum(this=change.copy())), "__dn"))
+        for i, c in enumerate(self.node.aggregates):
+            if c.arg != arg or not c.distinct or c.func not in ("sum", "avg"):
+                continue
+            w = change.copy()
+            projections.extend(
+                alias(p.this, f"__p{p.alias}") for p in self._sum_components(i, column(VALUE, "m"), w)
+            )
+        select = exp.select(*projections).from_(table_as(merged, "m"))
+        return ctx.query("pres", self._group_by(select, "m"), drivers=(merged,),
+                         note=f"change of DISTINCT {arg} per group")
+
+    def _new_sql(self, partial: str, old: str, extreme: dict, presence_of: dict) -> exp.Select:
+        p, o = column, lambda name: column(name, "o")  # noqa: E731
+        projections: list[exp.Expression] = [alias(p(k, "p"), k) for k in self.keys]
+        new_count = exp.Add(this=coalesce0(o(COUNT)), expression=p(COUNT, "p"))
+        projections.append(alias(new_count, COUNT))
+        for i, c in enumerate(self.node.aggregates):
+            if c.func == "count_star":
+                continue
+            if c.func in ("min", "max"):
+                r, e = (f"r{self.value_args.index(c.arg)}", f"e{self.value_args.index(c.arg)}")
+                candidate = column("__min" if c.func == "min" else "__max", e)
+                # LEAST/GREATEST skip NULLs in DuckDB and Spark alike; spelled as plain
+                # calls because sqlglot rewrites its own nodes to propagate NULL.
+                combine = "LEAST" if c.func == "min" else "GREATEST"
+                rescanned = exp.Not(this=exp.Is(this=column(RESCAN, r), expression=exp.null()))
+                value = when(rescanned, candidate, exp.Anonymous(this=combine, expressions=[o(f"__m{i}"), candidate.copy()]))
+                projections.append(alias(value, f"__m{i}"))
+                continue
+            source, prefix = ("p", "__") if not c.distinct else (f"d{self.value_args.index(c.arg)}", "__p__")
+            if c.distinct:
+                n_delta = coalesce0(column("__dn", source))
+            else:
+                n_delta = column(f"__n{i}", source)
+            projections.append(alias(exp.Add(this=coalesce0(o(f"__n{i}")), expression=n_delta), f"__n{i}"))
+            if c.func in ("sum", "avg"):
+                names = ["s"] + (["nan", "pinf", "ninf"] if self.acc[i].floating else [])
+                for name in names:
+                    delta_col = column(f"{prefix}{name}{i}", source)
+                    projections.append(
+                        alias(exp.Add(this=coalesce0(o(f"__{name}{i}")), expression=coalesce0(delta_col)), f"__{name}{i}")
+                    )
+        projections.append(alias(lit(1), WEIGHT))
+        keep = exp.true() if self.is_global else exp.GT(this=new_count.copy(), expression=lit(0))
+        projections.append(alias(keep, KEEP))
+        projections.extend([alias(column(RUN, "o"), RUN), alias(column(POS, "o"), POS)])
+        select = exp.select(*projections).from_(table_as(partial, "p"))
+        select = select.join(table_as(old, "o"), on=not_distinct("p", "o", self.keys), join_type="left")
+        for arg, (rescan, extremes) in extreme.items():
+            n = self.value_args.index(arg)
+            select = select.join(table_as(extremes, f"e{n}"), on=not_distinct("p", f"e{n}", self.keys), join_type="left")
+            select = select.join(table_as(rescan, f"r{n}"), on=not_distinct("p", f"r{n}", self.keys), join_type="left")
+        for arg, pres in presence_of.items():
+            n = self.value_args.index(arg)
+            select = select.join(table_as(pres, f"d{n}"), on=not_distinct("p", f"d{n}", self.keys), join_type="left")
+        return select
+
+    def _output_sql(self, partial: str, old: str, new: str) -> exp.Select:
+        names = self.node.column_names
+        # The lookup may have returned untouched groups too: keep the touched ones.
+        before = (
+            exp.select(*self.finalize("o"), alias(lit(-1), WEIGHT))
+            .from_(table_as(old, "o"))
+            .join(table_as(partial, "p"), on=not_distinct("o", "p", self.keys), join_type="inner")
+        )
+        after = exp.select(*self.finalize("n"), alias(lit(1), WEIGHT)).from_(table_as(new, "n")).where(
+            column(KEEP, "n")
+        )
+        both = exp.Subquery(this=union_all([before, after]), alias=exp.TableAlias(this=quoted("c")))
+        total = exp.Sum(this=column(WEIGHT, "c"))
+        select = exp.select(*[alias(column(n, "c"), n) for n in names], alias(total, WEIGHT)).from_(both)
+        select = select.group_by(*[column(n, "c") for n in names])
+        return select.having(exp.NEQ(this=total.copy(), expression=lit(0)))
+
+    # --- state reads --------------------------------------------------------
+    def _rows(self, source: str) -> exp.Select:
+        return exp.select(*self.finalize("s"), alias(lit(1), WEIGHT)).from_(table_as(source, "s"))
+
+    def scan(self, ctx: Context, mode: str) -> exp.Expression:
+        if ctx.options.initial:
+            old: exp.Expression = empty_select(self.node.columns)
+        else:
+            ctx.scan_relation(self.state(ctx))
+            old = self._rows(scan_name(self.state(ctx)))
+        delta = ctx.delta(self.node)
+        if mode == NEW and delta is not None:
+            return union_all([old, select_columns(delta, self.node.columns)])
+        return old
+
+    def can_lookup(self, columns: tuple[str, ...]) -> bool:
+        return bool(columns) and set(columns) <= set(self.keys)
+
+    def old_is_empty(self, ctx: Context) -> bool:
+        return ctx.options.initial
+
+    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
+        found = ctx.temp("look")
+        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=columns, probe=probe,
+                        probe_columns=probe_columns, note=f"groups by ({', '.join(columns)})"))
+        ctx.need_index(self.state(ctx), columns)
+        parts: list[exp.Expression] = [self._rows(found)]
+        delta = ctx.delta(self.node)
+        if mode == NEW and delta is not None:
+            parts.append(select_columns(delta, self.node.columns))
+        return ctx.query("look", union_all(parts), drivers=(), note="aggregate rows")
+
+
+def table_as(name: str, alias_name: str) -> exp.Table:
+    return exp.Table(this=quoted(name), alias=exp.TableAlias(this=quoted(alias_name)))

@@ -1,0 +1,195 @@
+"""Compile a view's plan into a delta program.
+
+The compiler walks the plan bottom-up and asks each node's rule (one module
+per operator family) for three things:
+
+    delta(ctx)                  -> temp holding the node's change, or None
+    scan(ctx, mode)             -> SELECT of the node's full contents (OLD or NEW)
+    lookup(ctx, cols, probe, …) -> temp holding the node's rows matching a probe
+
+``OLD`` is the content before this step's changes and ``NEW`` after. Stored
+base tables already hold NEW while views are maintained (ingest applies a
+batch to its table first), while operator state and view outputs hold OLD
+until the program's Replace steps run; rules convert between the two by
+adding or subtracting the delta, which is always small.
+
+Programs are compiled per set of changed sources and cached by the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sqlglot import exp
+
+from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, Source, UnionAll, ViewPlan, walk
+from sql_frontend.plan_sql import alias, column
+from delta_operators.program import IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
+from delta_operators.zset import WEIGHT, WEIGHT_TYPE
+
+OLD = "old"
+NEW = "new"
+
+
+def delta_input(relation: str) -> str:
+    """Name of the temp through which the engine supplies a source's delta."""
+    return f"__delta__{relation}"
+
+
+class Rule(Protocol):
+    node: Node
+
+    def delta(self, ctx: "Context") -> str | None: ...
+
+    def scan(self, ctx: "Context", mode: str) -> exp.Expression: ...
+
+    def lookup(
+        self, ctx: "Context", columns: tuple[str, ...], probe: str, probe_columns: tuple[str, ...], mode: str
+    ) -> str | None: ...
+
+    def states(self, ctx: "Context") -> list[StateSpec]: ...
+
+
+@dataclass
+class Options:
+    changed: frozenset[str] = frozenset()  # sources with a delta in this step
+    stored_new: frozenset[str] = frozenset()  # sources whose stored version already includes it
+    initial: bool = False  # first computation: every source's OLD is empty
+
+
+@dataclass
+class Context:
+    view: str
+    plan: ViewPlan
+    options: Options
+    program: Program = field(default_factory=Program)
+    _counter: itertools.count = field(default_factory=itertools.count)
+    _rules: dict[int, Rule] = field(default_factory=dict)
+    _deltas: dict[int, str | None] = field(default_factory=dict)
+    _index: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for i, node in enumerate(walk(self.plan.root)):
+            self._index[id(node)] = i
+
+    # --- naming -----------------------------------------------------------
+    def temp(self, prefix: str) -> str:
+        return f"{prefix}{next(self._counter)}"
+
+    def node_number(self, node: Node) -> int:
+        return self._index[id(node)]
+
+    def state_name(self, node: Node, role: str) -> str:
+        return f"{self.view}.{role}{self.node_number(node)}"
+
+    # --- emitting ---------------------------------------------------------
+    def query(
+        self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any"
+    ) -> str:
+        out = self.temp(prefix)
+        self.program.steps.append(Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip))
+        return out
+
+    def emit(self, step: Step) -> None:
+        self.program.steps.append(step)
+
+    def replace(self, replace: Replace) -> None:
+        self.program.replaces.append(replace)
+
+    def need_index(self, relation: str, columns: tuple[str, ...]) -> None:
+        self.program.indexes.add(IndexSpec(relation, columns))
+
+    def scan_relation(self, relation: str) -> exp.Table:
+        self.program.scans.add(relation)
+        return exp.Table(this=exp.to_identifier(scan_name(relation), quoted=True))
+
+    # --- rules ------------------------------------------------------------
+    def rule(self, node: Node) -> Rule:
+        key = id(node)
+        if key not in self._rules:
+            self._rules[key] = make_rule(node)
+        return self._rules[key]
+
+    def delta(self, node: Node) -> str | None:
+        key = id(node)
+        if key not in self._deltas:
+            self._deltas[key] = self.rule(node).delta(self)
+        return self._deltas[key]
+
+    def changed(self, relation: str) -> bool:
+        return relation in self.options.changed
+
+
+def make_rule(node: Node) -> Rule:
+    # Imported here: the rule modules import this one for Context and modes.
+    from delta_operators.aggregate import AggregateRule
+    from delta_operators.distinct import DistinctRule
+    from delta_operators.source import SourceRule
+    from delta_operators.spj import SPJRule
+    from delta_operators.union import UnionAllRule
+
+    rules = {Source: SourceRule, SPJ: SPJRule, Aggregate: AggregateRule, Distinct: DistinctRule, UnionAll: UnionAllRule}
+    return rules[type(node)](node)
+
+
+def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:
+    """The program that turns source deltas into the view's delta and new state."""
+    from delta_operators.merge import merge_output
+
+    ctx = Context(view=view, plan=plan, options=options)
+    ctx.program.inputs = tuple(delta_input(r) for r in sorted(options.changed))
+    root_delta = ctx.delta(plan.root)
+    if root_delta is not None:
+        ctx.program.output = merge_output(ctx, view, plan.columns, root_delta)
+    return ctx.program
+
+
+def view_states(view: str, plan: ViewPlan) -> list[StateSpec]:
+    """Every relation a view owns: its output first, then operator state."""
+    from delta_operators.merge import output_state
+
+    ctx = Context(view=view, plan=plan, options=Options())
+    specs = [output_state(view, plan.columns)]
+    for node in walk(plan.root):
+        specs.extend(ctx.rule(node).states(ctx))
+    return specs
+
+
+# --- SQL helpers shared by the rules ------------------------------------------
+
+
+def typed_null(type_sql: str) -> exp.Expression:
+    return exp.cast(exp.null(), exp.DataType.build(type_sql, dialect="duckdb"))
+
+
+def cast(expression: exp.Expression, type_sql: str) -> exp.Expression:
+    return exp.cast(expression, exp.DataType.build(type_sql, dialect="duckdb"))
+
+
+def empty_select(columns: tuple[Column, ...]) -> exp.Select:
+    """A typed, empty Z-set with ``columns``."""
+    return exp.select(
+        *[alias(typed_null(c.type), c.name) for c in columns],
+        alias(cast(exp.Literal.number(0), WEIGHT_TYPE), WEIGHT),
+    ).where(exp.false())
+
+
+def select_columns(source: str, columns: tuple[Column, ...], weight_expr: exp.Expression | None = None) -> exp.Select:
+    """SELECT the node's columns and the weight from a temp or relation scan."""
+    w = weight_expr if weight_expr is not None else column(WEIGHT, source)
+    return exp.select(
+        *[alias(column(c.name, source), c.name) for c in columns], alias(w, WEIGHT)
+    ).from_(exp.Table(this=exp.to_identifier(source, quoted=True), alias=exp.TableAlias(this=exp.to_identifier(source, quoted=True))))
+
+
+def union_all(parts: list[exp.Expression]) -> exp.Expression:
+    result = parts[0]
+    for part in parts[1:]:
+        result = exp.union(result, part, distinct=False)
+    return result
+
+
+def negate_weight(source: str, columns: tuple[Column, ...]) -> exp.Select:
+    return select_columns(source, columns, exp.Neg(this=column(WEIGHT, source)))

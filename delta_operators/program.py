@@ -1,0 +1,120 @@
+"""Delta programs: what the compiler emits and an engine runs.
+
+A program is a straight-line list of steps over named temporaries:
+
+    Query    out := one SELECT over temporaries and full relation scans
+    Lookup   out := rows of a stored relation whose index columns equal the
+             probe columns of a temporary (an arrangement lookup, DD-style)
+    Check    fail the batch if a SELECT returns any row (invariants)
+
+and, applied only after every step succeeded, a list of
+
+    Replace  delete looked-up rows of a relation (by run/position), insert new rows
+
+Steps never mutate state, so an error anywhere leaves nothing changed, and
+every view reads the same before-image of every relation. SQL is kept as
+sqlglot trees and rendered per engine dialect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from sql_frontend.plan import Column
+
+
+def scan_name(relation: str) -> str:
+    """The SQL name under which a query reads a relation's full contents."""
+    return f"__scan__{relation}"
+
+
+@dataclass
+class Query:
+    out: str
+    sql: exp.Expression
+    # Lets the engine skip work: with skip="any" the result is empty when any
+    # driver temp is empty (a product), with skip="all" when all of them are
+    # (a sum). An empty tuple means "always run".
+    drivers: tuple[str, ...]
+    note: str = ""
+    skip: str = "any"
+
+
+@dataclass
+class Lookup:
+    out: str
+    relation: str
+    index: tuple[str, ...]  # stored columns; () means the whole relation
+    probe: str
+    probe_columns: tuple[str, ...]
+    positions: bool = False  # also return RUN/POS for a later Replace
+    note: str = ""
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        return (self.probe,)
+
+
+@dataclass
+class Check:
+    sql: exp.Expression
+    message: str
+    drivers: tuple[str, ...]
+
+
+@dataclass
+class Replace:
+    relation: str
+    deletes: str | None  # temp holding RUN/POS of rows to delete
+    inserts: str | None  # temp holding new rows (relation columns + weight, maybe more)
+    keep: str | None = None  # boolean column of ``inserts``: insert only rows where it is true
+    nonnegative: bool = False  # fail if any inserted weight is negative (an engine bug)
+
+
+Step = Query | Lookup | Check
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A stored relation a view owns (its output, or operator state)."""
+
+    name: str
+    columns: tuple[Column, ...]  # without the weight column
+    identity: tuple[str, ...]  # unique key of stored rows
+    indexes: tuple[tuple[str, ...], ...] = ()
+    initial_rows: tuple[tuple, ...] = ()  # rows present before any input (global aggregates)
+    role: str = ""  # what it holds, for EXPLAIN
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """An index a program looks up in a relation it does not own."""
+
+    relation: str
+    columns: tuple[str, ...]
+
+
+@dataclass
+class Program:
+    steps: list[Step] = field(default_factory=list)
+    replaces: list[Replace] = field(default_factory=list)
+    inputs: tuple[str, ...] = ()  # temps the engine supplies (source deltas)
+    output: str | None = None  # temp holding the view's consolidated delta
+    scans: set[str] = field(default_factory=set)  # relations read in full
+    indexes: set[IndexSpec] = field(default_factory=set)
+
+    def describe(self, dialect: str = "duckdb") -> list[str]:
+        lines = []
+        for step in self.steps:
+            if isinstance(step, Query):
+                lines.append(f"{step.out} := {step.note or 'query'}")
+            elif isinstance(step, Lookup):
+                key = ", ".join(step.index) or "all rows"
+                lines.append(f"{step.out} := lookup {step.relation} by ({key}) from {step.probe}")
+            elif isinstance(step, Check):
+                lines.append(f"check: {step.message}")
+        for r in self.replaces:
+            lines.append(f"replace rows of {r.relation}")
+        return lines

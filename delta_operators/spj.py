@@ -1,0 +1,281 @@
+"""Select-project-join: filters, projections and inner joins of any arity.
+
+Contract: the node's output is ``SELECT outputs FROM X1, …, Xn WHERE predicate``
+with each output row weighted by the product of its input rows' weights.
+
+Incremental rule (the product rule, telescoped over n inputs):
+
+    δ(σπ(X1 × … × Xn)) = Σ_i  σπ(X1' × … × X(i-1)' × δXi × X(i+1) × … × Xn)
+
+where X' is the input after this step's change and X before it; only inputs
+that changed contribute a term. With one input this is just σπ(δX): filters
+and projections are linear.
+
+Each term is evaluated as a lookup pipeline starting from the small δXi: the
+next input joined is one reachable by an equality on a plain column, and its
+matching rows are fetched through an index on that column instead of being
+scanned, so a term costs work in proportion to the rows it touches. Inputs
+with no usable equality are scanned and joined by the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from sql_frontend.plan import SPJ, Node
+from sql_frontend.plan_sql import alias, column, quoted, subquery
+from delta_operators.compiler import NEW, OLD, Context, select_columns, union_all
+from delta_operators.program import StateSpec
+from delta_operators.zset import WEIGHT
+
+INTEGER_TYPES = {
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+}
+
+
+def lookup_compatible(probe_type: str, key_type: str) -> bool:
+    """True when casting a probe value to the key's type finds every equal key.
+
+    Equal types always do; among integer types an equal value survives the
+    cast and a value out of range equals no key. Anything else (strings that
+    compare equal to numbers, decimals of other scales…) is joined by scan.
+    """
+    return probe_type == key_type or (probe_type in INTEGER_TYPES and key_type in INTEGER_TYPES)
+
+
+@dataclass
+class Conjunct:
+    expression: exp.Expression
+    aliases: frozenset[str]
+
+
+def split_conjuncts(predicate: exp.Expression | None) -> list[exp.Expression]:
+    if predicate is None:
+        return []
+    if isinstance(predicate, exp.Paren):
+        return split_conjuncts(predicate.this)
+    if isinstance(predicate, exp.And):
+        return split_conjuncts(predicate.this) + split_conjuncts(predicate.expression)
+    return [predicate]
+
+
+def aliases_of(expression: exp.Expression) -> frozenset[str]:
+    return frozenset(c.table for c in expression.find_all(exp.Column))
+
+
+@dataclass
+class Segment:
+    """FROM items of the SELECT being built for one stretch of a pipeline.
+
+    Each item provides some plan aliases; a plan column ``alias.col`` is read
+    either straight from the item (``alias``.``col``) or, after a stretch was
+    materialized, from the temp's flattened column ``"alias.col"``.
+    """
+
+    items: list[tuple[str, exp.Expression]] = field(default_factory=list)
+    where: dict[str, tuple[str, bool]] = field(default_factory=dict)  # plan alias -> (sql alias, flattened)
+
+    def add(self, plan_alias: str, source: exp.Expression, sql_alias: str | None = None, flattened: bool = False) -> None:
+        name = sql_alias or plan_alias
+        if not any(n == name for n, _ in self.items):
+            self.items.append((name, source))
+        self.where[plan_alias] = (name, flattened)
+
+    def ref(self, plan_alias: str, col: str) -> exp.Column:
+        name, flattened = self.where[plan_alias]
+        return column(f"{plan_alias}.{col}" if flattened else col, name)
+
+    def map(self, expression: exp.Expression) -> exp.Expression:
+        def swap(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.Column) and node.table in self.where:
+                return self.ref(node.table, node.name)
+            return node
+
+        return expression.copy().transform(swap)
+
+    def weight(self) -> exp.Expression:
+        factors = [column(WEIGHT, name) for name, _ in self.items]
+        product = factors[0]
+        for f in factors[1:]:
+            product = exp.Mul(this=product, expression=f)
+        return product
+
+    def select(self, projections: list[exp.Expression], conjuncts: list[exp.Expression]) -> exp.Select:
+        sel = exp.select(*projections)
+        for i, (name, source) in enumerate(self.items):
+            src = source.copy()
+            if isinstance(src, exp.Table):
+                src.set("alias", exp.TableAlias(this=quoted(name)))
+            sel = sel.from_(src) if i == 0 else sel.join(src, join_type="cross")
+        if conjuncts:
+            sel = sel.where(exp.and_(*[self.map(c) for c in conjuncts]))
+        return sel
+
+
+def temp_table(name: str) -> exp.Table:
+    return exp.Table(this=quoted(name))
+
+
+class SPJRule:
+    def __init__(self, node: SPJ):
+        self.node = node
+        self.conjuncts = [Conjunct(c, aliases_of(c)) for c in split_conjuncts(node.predicate)]
+        needed: dict[str, list[str]] = {a: [] for a, _ in node.inputs}
+        refs = [e for _, e in node.outputs] + [c.expression for c in self.conjuncts]
+        for expression in refs:
+            for col in expression.find_all(exp.Column):
+                if col.table in needed and col.name not in needed[col.table]:
+                    needed[col.table].append(col.name)
+        self.needed = needed
+
+    # --- delta ------------------------------------------------------------
+    def delta(self, ctx: Context) -> str | None:
+        inputs = self.node.inputs
+        changed = [i for i, (_, child) in enumerate(inputs) if ctx.delta(child) is not None]
+        if not changed:
+            return None
+        terms = []
+        for i in changed:
+            modes = {
+                a: (NEW if (j in changed and j < i) else OLD)
+                for j, (a, _) in enumerate(inputs)
+                if j != i
+            }
+            if ctx.options.initial and any(
+                modes[a] == OLD and old_is_empty(ctx, child) for a, child in inputs if a in modes
+            ):
+                continue  # a factor is empty: the whole term is
+            terms.append(self._term(ctx, i, modes))
+        if not terms:
+            return None
+        if len(terms) == 1:
+            return terms[0]
+        parts = [select_columns(t, self.node.columns) for t in terms]
+        return ctx.query(
+            "spj", union_all(parts), drivers=tuple(terms), note="sum of product-rule terms", skip="all"
+        )
+
+    def _term(self, ctx: Context, i: int, modes: dict[str, str]) -> str:
+        start_alias, start_node = self.node.inputs[i]
+        start = ctx.delta(start_node)
+        assert start is not None
+        applied = [False] * len(self.conjuncts)
+        segment = Segment()
+        segment.add(start_alias, temp_table(start))
+        bound = {start_alias}
+        drivers: list[str] = [start]
+        remaining = [(a, c) for a, c in self.node.inputs if a != start_alias]
+        while remaining:
+            (a_j, child_j), keys = self._next(ctx, bound, remaining)
+            remaining = [(a, c) for a, c in remaining if a != a_j]
+            rule_j = ctx.rule(child_j)
+            if keys:
+                columns = tuple(k for k, _ in keys)
+                probes = [(f"__probe{n}", expr) for n, (_, expr) in enumerate(keys)]
+                types = {c.name: c.type for c in child_j.columns}
+                probe_exprs = [
+                    (name, exp.TryCast(this=segment.map(expr), to=exp.DataType.build(types[k], dialect="duckdb")))
+                    for (name, expr), (k, _) in zip(probes, keys)
+                ]
+                materialized = self._materialize(ctx, segment, bound, applied, probe_exprs, tuple(drivers))
+                looked_up = rule_j.lookup(ctx, columns, materialized, tuple(n for n, _ in probes), modes[a_j])
+                assert looked_up is not None
+                segment = Segment()
+                for a in bound:
+                    segment.add(a, temp_table(materialized), sql_alias="__p", flattened=True)
+                segment.add(a_j, temp_table(looked_up), sql_alias=a_j)
+                drivers = [materialized, looked_up]
+            else:
+                segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
+            bound.add(a_j)
+        conjuncts = self._take_conjuncts(bound, applied)
+        projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
+        projections.append(alias(segment.weight(), WEIGHT))
+        sql = segment.select(projections, conjuncts)
+        note = f"term δ{start_alias}: " + ", ".join(
+            a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
+        )
+        return ctx.query("term", sql, drivers=tuple(drivers), note=note)
+
+    def _take_conjuncts(self, bound: set[str], applied: list[bool]) -> list[exp.Expression]:
+        out = []
+        for n, c in enumerate(self.conjuncts):
+            if not applied[n] and c.aliases <= bound:
+                applied[n] = True
+                out.append(c.expression)
+        return out
+
+    def _materialize(
+        self,
+        ctx: Context,
+        segment: Segment,
+        bound: set[str],
+        applied: list[bool],
+        probes: list[tuple[str, exp.Expression]],
+        drivers: tuple[str, ...],
+    ) -> str:
+        projections = [
+            alias(segment.ref(a, col), f"{a}.{col}") for a in sorted(bound) for col in self.needed[a]
+        ]
+        projections.append(alias(segment.weight(), WEIGHT))
+        projections.extend(alias(e, n) for n, e in probes)
+        sql = segment.select(projections, self._take_conjuncts(bound, applied))
+        return ctx.query("pipe", sql, drivers=drivers, note=f"joined {', '.join(sorted(bound))}")
+
+    def _next(
+        self, ctx: Context, bound: set[str], remaining: list[tuple[str, Node]]
+    ) -> tuple[tuple[str, Node], list[tuple[str, exp.Expression]]]:
+        """Pick the next input: one reachable by an index lookup if possible."""
+        types = {a: {c.name: c.type for c in node.columns} for a, node in self.node.inputs}
+        connected = None
+        for a_j, child_j in remaining:
+            keys: list[tuple[str, exp.Expression]] = []
+            for c in self.conjuncts:
+                if not c.aliases <= bound | {a_j}:
+                    continue
+                if connected is None and a_j in c.aliases:
+                    connected = (a_j, child_j)
+                if not isinstance(c.expression, exp.EQ):
+                    continue
+                for side_j, side_b in ((c.expression.this, c.expression.expression),
+                                       (c.expression.expression, c.expression.this)):
+                    if (
+                        isinstance(side_j, exp.Column)
+                        and side_j.table == a_j
+                        and isinstance(side_b, exp.Column)
+                        and side_b.table in bound
+                        and lookup_compatible(types[side_b.table][side_b.name], types[a_j][side_j.name])
+                        and side_j.name not in [k for k, _ in keys]
+                    ):
+                        keys.append((side_j.name, side_b))
+            if keys and can_lookup(ctx, child_j, tuple(k for k, _ in keys)):
+                return (a_j, child_j), keys
+        return (connected or remaining[0]), []
+
+    # --- state ------------------------------------------------------------
+    def scan(self, ctx: Context, mode: str) -> exp.Expression:
+        segment = Segment()
+        for a, child in self.node.inputs:
+            segment.add(a, subquery(ctx.rule(child).scan(ctx, mode), a))
+        projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
+        projections.append(alias(segment.weight(), WEIGHT))
+        return segment.select(projections, [c.expression for c in self.conjuncts])
+
+    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
+        return None
+
+    def states(self, ctx: Context) -> list[StateSpec]:
+        return []
+
+
+def can_lookup(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
+    check = getattr(ctx.rule(node), "can_lookup", None)
+    return bool(check and check(columns))
+
+
+def old_is_empty(ctx: Context, node: Node) -> bool:
+    """Statically known to be empty before this step (first computation only)."""
+    check = getattr(ctx.rule(node), "old_is_empty", None)
+    return bool(check and check(ctx))

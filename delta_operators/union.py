@@ -1,0 +1,68 @@
+"""UNION ALL.
+
+Contract: the bag union of inputs that line up by position.
+
+Incremental rule:  δ(X1 ⊎ … ⊎ Xn) = δX1 ⊎ … ⊎ δXn  (linear, no state).
+Each branch is cast to the node's column types, so a branch missing from a
+step (unchanged) cannot change the result's types.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from sql_frontend.plan import UnionAll
+from sql_frontend.plan_sql import alias, column, quoted, subquery
+from delta_operators.compiler import Context, cast, union_all
+from delta_operators.program import StateSpec
+from delta_operators.zset import WEIGHT
+
+
+class UnionAllRule:
+    def __init__(self, node: UnionAll):
+        self.node = node
+
+    def _aligned(self, child_columns: tuple[str, ...], source: exp.Expression) -> exp.Select:
+        """SELECT a branch's columns under this node's names and types."""
+        return exp.select(
+            *[
+                alias(cast(column(src, "b"), c.type), c.name)
+                for src, c in zip(child_columns, self.node.columns)
+            ],
+            alias(column(WEIGHT, "b"), WEIGHT),
+        ).from_(source)
+
+    def delta(self, ctx: Context) -> str | None:
+        parts, drivers = [], []
+        for child in self.node.inputs:
+            d = ctx.delta(child)
+            if d is None:
+                continue
+            drivers.append(d)
+            source = exp.Table(this=quoted(d), alias=exp.TableAlias(this=quoted("b")))
+            parts.append(self._aligned(child.column_names, source))
+        if not parts:
+            return None
+        return ctx.query("union", union_all(parts), drivers=tuple(drivers), note="union of branch deltas", skip="all")
+
+    def scan(self, ctx: Context, mode: str) -> exp.Expression:
+        return union_all(
+            [
+                self._aligned(child.column_names, subquery(ctx.rule(child).scan(ctx, mode), "b"))
+                for child in self.node.inputs
+            ]
+        )
+
+    def can_lookup(self, columns: tuple[str, ...]) -> bool:
+        return False  # branch column names differ; joins against unions scan
+
+    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
+        return None
+
+    def old_is_empty(self, ctx: Context) -> bool:
+        from delta_operators.spj import old_is_empty
+
+        return all(old_is_empty(ctx, child) for child in self.node.inputs)
+
+    def states(self, ctx: Context) -> list[StateSpec]:
+        return []

@@ -1,0 +1,32 @@
+"""ivm: incremental materialized-view maintenance.
+
+    import ivm
+    db = ivm.connect()
+"""
+
+from sql_frontend.errors import (  # noqa: F401  (the public error vocabulary)
+    BindError,
+    CatalogError,
+    ChangeError,
+    ExecutionError,
+    InternalError,
+    IvmError,
+    SqlSyntaxError,
+    UnknownObjectError,
+    UnsupportedError,
+)
+from ivm.database import Database, connect  # noqa: F401
+
+__all__ = [
+    "connect",
+    "Database",
+    "IvmError",
+    "SqlSyntaxError",
+    "BindError",
+    "UnsupportedError",
+    "UnknownObjectError",
+    "CatalogError",
+    "ChangeError",
+    "ExecutionError",
+    "InternalError",
+]

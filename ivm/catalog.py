@@ -1,0 +1,180 @@
+"""The catalog: tables, materialized views, and who reads whom.
+
+Tables and views share one namespace (as in SQL). A view records its plan,
+the relations it owns (output and operator state) and the programs compiled
+for it, one per set of changed sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from sqlglot import exp
+
+from sql_frontend.errors import CatalogError, UnknownObjectError
+from sql_frontend.plan import Column, ViewPlan, is_set_valued
+from delta_operators.compiler import Options, compile_view, view_states
+from delta_operators.program import Program, StateSpec
+from ivm.binder import Binder
+
+
+@dataclass
+class TableDef:
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
+    not_null: frozenset[str] = frozenset()
+    defaults: dict[str, exp.Expression] = field(default_factory=dict)
+    kind: str = "table"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """Unique key of stored rows: the primary key, or the whole row for a bag."""
+        return self.primary_key or self.column_names
+
+    @property
+    def is_set(self) -> bool:
+        return bool(self.primary_key)
+
+
+@dataclass
+class ViewDef:
+    name: str
+    sql: str
+    plan: ViewPlan
+    states: list[StateSpec]
+    kind: str = "view"
+    programs: dict[tuple, Program] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        return self.plan.columns
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.plan.sources
+
+    @property
+    def is_set(self) -> bool:
+        return is_set_valued(self.plan.root)
+
+    def program(self, changed: frozenset[str], stored_new: frozenset[str], initial: bool = False) -> Program:
+        key = (changed, stored_new & changed, initial)
+        if key not in self.programs:
+            options = Options(changed=changed, stored_new=stored_new & changed, initial=initial)
+            self.programs[key] = compile_view(self.name, self.plan, options)
+        return self.programs[key]
+
+
+class Catalog:
+    """Implements the planner's CatalogReader over tables, views and the binder."""
+
+    def __init__(self, binder: Binder):
+        self.binder = binder
+        self.tables: dict[str, TableDef] = {}
+        self.views: dict[str, ViewDef] = {}
+
+    # --- lookups --------------------------------------------------------------
+    def get(self, name: str) -> TableDef | ViewDef:
+        found = self.tables.get(name) or self.views.get(name)
+        if found is None:
+            raise UnknownObjectError(f"table or view {name} does not exist")
+        return found
+
+    def exists(self, name: str) -> bool:
+        return name in self.tables or name in self.views
+
+    def table(self, name: str) -> TableDef:
+        if name in self.tables:
+            return self.tables[name]
+        if name in self.views:
+            raise CatalogError(f"{name} is a materialized view; change its source tables instead")
+        raise UnknownObjectError(f"table {name} does not exist")
+
+    def relation_columns(self, name: str) -> tuple[Column, ...]:
+        return self.get(name).columns
+
+    def relation_kind(self, name: str) -> str:
+        return self.get(name).kind
+
+    def schema(self) -> dict[str, dict[str, str]]:
+        out = {}
+        for d in list(self.tables.values()) + list(self.views.values()):
+            out[d.name] = {c.name: c.type for c in d.columns}
+        return out
+
+    def describe(self, sql: str) -> tuple[Column, ...]:
+        return self.binder.describe(sql)
+
+    def aggregate_names(self) -> frozenset[str]:
+        return self.binder.aggregate_names()
+
+    # --- dependencies ---------------------------------------------------------
+    def readers(self, name: str) -> list[str]:
+        """Views that read ``name`` directly."""
+        return [v.name for v in self.views.values() if name in v.sources]
+
+    def dependents(self, name: str) -> list[str]:
+        """Every view that reads ``name`` directly or through other views, readers first."""
+        seen: list[str] = []
+        stack = self.readers(name)
+        while stack:
+            view = stack.pop()
+            if view in seen:
+                continue
+            seen.append(view)
+            stack.extend(self.readers(view))
+        order = self.view_order()
+        return [v for v in order if v in seen]
+
+    def view_order(self) -> list[str]:
+        """All views, each after the views it reads."""
+        order: list[str] = []
+        visiting: set[str] = set()
+
+        def visit(name: str) -> None:
+            if name in order or name not in self.views:
+                return
+            visiting.add(name)
+            for src in self.views[name].sources:
+                if src in self.views and src not in visiting:
+                    visit(src)
+            visiting.discard(name)
+            order.append(name)
+
+        for name in self.views:
+            visit(name)
+        return order
+
+    def affected_views(self, changed: Iterable[str]) -> list[str]:
+        touched: set[str] = set()
+        for name in changed:
+            touched.update(self.dependents(name))
+        return [v for v in self.view_order() if v in touched]
+
+    # --- changes ---------------------------------------------------------------
+    def add_table(self, table: TableDef) -> None:
+        self.binder.create(table.name, table.columns)
+        self.tables[table.name] = table
+
+    def add_view(self, view: ViewDef) -> None:
+        self.binder.create(view.name, view.columns)
+        self.views[view.name] = view
+
+    def remove(self, name: str) -> None:
+        self.tables.pop(name, None)
+        self.views.pop(name, None)
+        self.binder.drop(name)
+
+
+def make_view(name: str, sql: str, plan: ViewPlan) -> ViewDef:
+    return ViewDef(name=name, sql=sql, plan=plan, states=view_states(name, plan))

@@ -1,0 +1,305 @@
+"""Change batches: CDC rows in, a validated Z-set delta out.
+
+A batch has the table's columns plus an optional string column ``__op`` with
+Debezium's codes, applied in row order:
+
+    c  insert; the key must not exist (the whole batch is rejected otherwise)
+    r  insert or replace by key (a snapshot read)
+    u  upsert by key
+    d  delete by key (only the key columns need values); deleting a key that
+       does not exist is an error unless the batch allows it
+       (``on_missing_delete="ignore"``, or schema metadata
+       ``ivm.on_missing_delete=ignore``)
+
+Without ``__op`` every row is an insert. A table without a primary key is a
+bag: ``c``/``r`` add one copy of the row, ``d`` removes one copy (all columns
+needed), ``u`` is an error. A batch is atomic: any error rejects all of it,
+and the error names the first offending rows.
+
+For a table with a key, each touched key contributes -old (if it existed)
+and +new (if its last operation left a row), skipping rows left unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sql_frontend.errors import ChangeError
+from delta_operators.zset import POS, RUN, WEIGHT
+from ivm.binder import quote
+from ivm.catalog import TableDef
+from storage.keys import KeyCoder
+from storage.relation import Relation
+
+OP = "__op"
+SEQ = "__seq"
+OPS = ("c", "r", "u", "d")
+MISSING_DELETE_POLICIES = ("error", "ignore")
+METADATA_KEY = b"ivm.on_missing_delete"
+SHOWN = 5  # offending rows named in an error
+
+
+def as_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if hasattr(data, "__arrow_c_stream__"):
+        return pa.table(data)
+    raise ChangeError(
+        f"changes must be a pyarrow Table, RecordBatch or RecordBatchReader, not {type(data).__name__}"
+    )
+
+
+def missing_delete_policy(data: pa.Table, given: str | None) -> str:
+    policy = given
+    if policy is None:
+        meta = data.schema.metadata or {}
+        policy = meta.get(METADATA_KEY, b"error").decode()
+    if policy not in MISSING_DELETE_POLICIES:
+        raise ChangeError(f"on_missing_delete must be one of {', '.join(MISSING_DELETE_POLICIES)}, not {policy!r}")
+    return policy
+
+
+@dataclass
+class ZsetChange:
+    """What a batch does to one table."""
+
+    delta: pa.Table  # table columns + weight (consolidated)
+    delete_runs: np.ndarray
+    delete_rows: np.ndarray
+    inserts: pa.Table  # table columns + weight
+    rows: int  # rows of the batch
+
+
+def _keys_text(table: pa.Table, columns: tuple[str, ...]) -> str:
+    shown = []
+    for row in table.select(list(columns)).slice(0, SHOWN).to_pylist():
+        shown.append("(" + ", ".join(repr(row[c]) for c in columns) + ")")
+    more = "" if table.num_rows <= SHOWN else f" and {table.num_rows - SHOWN} more"
+    return ", ".join(shown) + more
+
+
+class ChangeNormalizer:
+    """Checks a batch against a table's schema and casts it to the table's types."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self.con = con
+
+    def normalize(self, table: TableDef, schema: pa.Schema, data: pa.Table) -> pa.Table:
+        """Table columns (in order, table types) + __op + __seq."""
+        by_name: dict[str, str] = {}
+        for name in data.column_names:
+            low = name.lower()
+            if low in by_name:
+                raise ChangeError(f"column {name} appears twice in the batch for {table.name}")
+            by_name[low] = name
+        op_name = by_name.pop(OP, None)
+        unknown = [by_name[n] for n in by_name if n not in table.column_names]
+        if unknown:
+            raise ChangeError(f"table {table.name} has no column {', '.join(unknown)}")
+        n = data.num_rows
+        ops = self._ops(table, data.column(op_name) if op_name else None, n)
+        is_delete = pc.equal(ops, "d")
+        all_deletes = n > 0 and pc.all(is_delete).as_py()
+        key = table.identity
+        columns = {}
+        for col in table.columns:
+            field = schema.field(col.name)
+            if col.name in by_name:
+                columns[col.name] = data.column(by_name[col.name])
+            elif all_deletes and col.name not in key:
+                columns[col.name] = pa.nulls(n, field.type)
+            else:
+                what = "a primary key column" if col.name in table.primary_key else "a column"
+                raise ChangeError(f"the batch for {table.name} lacks {what}: {col.name}")
+        result = self._cast(table, schema, columns, n)
+        for name in table.primary_key:
+            nulls = result.column(name).null_count
+            if nulls:
+                raise ChangeError(f"primary key column {name} of {table.name} is NULL in {nulls} row(s)")
+        for name in table.not_null:
+            nulls = pc.and_(pc.is_null(result.column(name)), pc.invert(is_delete))
+            count = pc.sum(nulls).as_py() or 0
+            if count:
+                raise ChangeError(f"column {name} of {table.name} is NOT NULL but {count} row(s) hold NULL")
+        result = result.append_column(OP, ops).append_column(SEQ, pa.array(np.arange(n, dtype=np.int64)))
+        return result
+
+    def _ops(self, table: TableDef, column: pa.ChunkedArray | None, n: int) -> pa.ChunkedArray:
+        if column is None:
+            return pa.chunked_array([pa.repeat(pa.scalar("c", pa.string()), n)])
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                or pa.types.is_dictionary(column.type) or pa.types.is_string_view(column.type)):
+            raise ChangeError(f"column __op must hold strings (c, r, u, d), not {column.type}")
+        ops = pc.utf8_lower(pc.cast(column, pa.string()))
+        if ops.null_count:
+            raise ChangeError(f"column __op is NULL in {ops.null_count} row(s)")
+        bad = pc.invert(pc.is_in(ops, value_set=pa.array(OPS)))
+        if pc.any(bad).as_py():
+            first = ops.filter(bad)[0].as_py()
+            raise ChangeError(f"unknown __op {first!r}: use c (insert), r (insert or replace), u (upsert) or d (delete)")
+        if not table.primary_key and pc.any(pc.equal(ops, "u")).as_py():
+            raise ChangeError(
+                f"table {table.name} has no primary key, so __op 'u' (upsert by key) cannot apply; "
+                "send 'd' of the old row and 'c' of the new one"
+            )
+        return ops
+
+    def _cast(self, table: TableDef, schema: pa.Schema, columns: dict[str, pa.ChunkedArray], n: int) -> pa.Table:
+        """Cast columns to the table's types with DuckDB's casting rules."""
+        needs = [c for c in table.columns if columns[c.name].type != schema.field(c.name).type]
+        if not needs:
+            return pa.table({c.name: columns[c.name] for c in table.columns}, schema=schema)
+        source = pa.table({c.name: columns[c.name] for c in needs})
+        selects, checks = [], []
+        for c in needs:
+            q = quote(c.name)
+            selects.append(f"TRY_CAST({q} AS {c.type}) AS {q}")
+            checks.append(f"({q} IS NOT NULL AND TRY_CAST({q} AS {c.type}) IS NULL) AS {quote('__bad_' + c.name)}")
+        self.con.register("__batch", source)
+        try:
+            cast = self.con.sql(f"SELECT {', '.join(selects + checks)} FROM __batch").to_arrow_table()
+        except duckdb.Error as e:
+            raise ChangeError(f"the batch for {table.name} does not fit its columns: {e}") from None
+        finally:
+            self.con.unregister("__batch")
+        for c in needs:
+            bad = cast.column("__bad_" + c.name)
+            if pc.any(bad).as_py():
+                value = source.column(c.name).filter(bad)[0].as_py()
+                raise ChangeError(
+                    f"column {c.name} of {table.name} is {c.type}, and {value!r} (from a "
+                    f"{source.column(c.name).type} column) cannot be converted"
+                )
+        out = {c.name: (cast.column(c.name) if c in needs else columns[c.name]) for c in table.columns}
+        return pa.table(out).cast(schema)
+
+
+class ChangeApplier:
+    """Turns a normalized batch into a Z-set change of one stored table."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, coder: KeyCoder):
+        self.con = con
+        self.coder = coder
+
+    def apply(self, table: TableDef, relation: Relation, batch: pa.Table, policy: str) -> ZsetChange:
+        identity = table.identity
+        existing = relation.lookup(identity, self.coder.codes(batch, identity), positions=True)
+        self.con.register("__b", batch)
+        self.con.register("__e", existing)
+        try:
+            if table.primary_key:
+                result = self._keyed(table, batch, policy)
+            else:
+                result = self._bag(table, policy)
+        except duckdb.Error as e:
+            raise ChangeError(f"applying the batch to {table.name} failed: {e}") from None
+        finally:
+            self.con.unregister("__b")
+            self.con.unregister("__e")
+        names = list(table.column_names)
+        delta = result.select(names + [WEIGHT])
+        found = pc.is_valid(result.column(RUN))
+        deleted = result.filter(found)
+        inserts = result.filter(pc.greater(result.column("__new"), 0))
+        inserts = inserts.select(names + ["__new"]).rename_columns(names + [WEIGHT])
+        return ZsetChange(
+            delta=delta,
+            delete_runs=deleted.column(RUN).to_numpy(),
+            delete_rows=deleted.column(POS).to_numpy(),
+            inserts=inserts,
+            rows=batch.num_rows,
+        )
+
+    def _keyed(self, table: TableDef, batch: pa.Table, policy: str) -> pa.Table:
+        key = table.primary_key
+        k = ", ".join(quote(c) for c in key)
+        on = " AND ".join(f"s.{quote(c)} = e.{quote(c)}" for c in key)
+        missing_check = "" if policy == "ignore" else "OR (s.__op = 'd' AND NOT s.__existed)"
+        errors = self.con.sql(
+            f"""
+            WITH s AS (
+                SELECT b.*, LAG(b.__op) OVER (PARTITION BY {k} ORDER BY b.__seq) AS __prev FROM __b b
+            ), c AS (
+                SELECT s.*, CASE WHEN s.__prev IS NULL THEN e.{quote(key[0])} IS NOT NULL
+                                 ELSE s.__prev <> 'd' END AS __existed
+                FROM s LEFT JOIN __e e ON {on}
+            )
+            SELECT {k}, __op FROM c s
+            WHERE (s.__op = 'c' AND s.__existed) {missing_check}
+            ORDER BY __seq
+            """
+        ).to_arrow_table()
+        if errors.num_rows:
+            dup = errors.filter(pc.equal(errors.column(OP), "c"))
+            keys = ", ".join(key)
+            if dup.num_rows:
+                raise ChangeError(
+                    f"duplicate key: insert ('c') into {table.name} of existing ({keys}) = {_keys_text(dup, key)}"
+                )
+            raise ChangeError(
+                f"delete ('d') from {table.name} of missing ({keys}) = {_keys_text(errors, key)}"
+            )
+        names = table.column_names
+        cols = ", ".join(quote(c) for c in names)
+        same = " AND ".join(f"l.{quote(c)} IS NOT DISTINCT FROM o.{quote(c)}" for c in names)
+        lo = " AND ".join(f"l.{quote(c)} = o.{quote(c)}" for c in key)
+        return self.con.sql(
+            f"""
+            WITH l AS (
+                SELECT * FROM __b QUALIFY ROW_NUMBER() OVER (PARTITION BY {k} ORDER BY __seq DESC) = 1
+            ), o AS (
+                SELECT e.* FROM __e e WHERE EXISTS (SELECT 1 FROM __b b WHERE {' AND '.join(f'b.{quote(c)} = e.{quote(c)}' for c in key)})
+            )
+            SELECT {', '.join(f'o.{quote(c)} AS {quote(c)}' for c in names)}, -1::BIGINT AS {WEIGHT},
+                   o.{RUN} AS {RUN}, o.{POS} AS {POS}, 0::BIGINT AS __new
+            FROM o LEFT JOIN l ON {lo}
+            WHERE l.__op = 'd' OR NOT ({same})
+            UNION ALL
+            SELECT {', '.join(f'l.{quote(c)} AS {quote(c)}' for c in names)}, 1::BIGINT AS {WEIGHT},
+                   NULL::INTEGER AS {RUN}, NULL::BIGINT AS {POS}, 1::BIGINT AS __new
+            FROM l LEFT JOIN o ON {lo}
+            WHERE l.__op <> 'd' AND (o.{quote(key[0])} IS NULL OR NOT ({same}))
+            """
+        ).to_arrow_table()
+
+    def _bag(self, table: TableDef, policy: str) -> pa.Table:
+        names = table.column_names
+        cols = ", ".join(quote(c) for c in names)
+        match = " AND ".join(f"d.{quote(c)} IS NOT DISTINCT FROM e.{quote(c)}" for c in names)
+        merged = self.con.sql(
+            f"""
+            WITH d AS (
+                SELECT {cols}, SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END)::BIGINT AS __d
+                FROM __b GROUP BY {cols} HAVING SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END) <> 0
+            )
+            SELECT {', '.join(f'd.{quote(c)} AS {quote(c)}' for c in names)}, d.__d,
+                   COALESCE(e.{WEIGHT}, 0)::BIGINT AS __old, e.{RUN} AS {RUN}, e.{POS} AS {POS}
+            FROM d LEFT JOIN __e e ON {match}
+            """
+        ).to_arrow_table()
+        old = merged.column("__old")
+        change = merged.column("__d")
+        new = pc.add(old, change)
+        negative = pc.less(new, 0)
+        if pc.any(negative).as_py():
+            if policy == "error":
+                raise ChangeError(
+                    f"delete ('d') from {table.name} of rows that do not exist: "
+                    f"{_keys_text(merged.filter(negative), names)}"
+                )
+            change = pc.if_else(negative, pc.negate(old), change)
+            new = pc.add(old, change)
+        merged = merged.append_column(WEIGHT, change).append_column("__new", new)
+        merged = merged.filter(pc.not_equal(change, 0))
+        # Only rows whose stored copy changes are deleted and re-inserted.
+        return merged

@@ -1,0 +1,273 @@
+"""The public Python API: ``ivm.connect()`` returns a Database.
+
+    db = ivm.connect()
+    db.execute("CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE)")
+    db.execute("CREATE MATERIALIZED VIEW totals AS SELECT cust, SUM(amount) AS total FROM orders GROUP BY cust")
+    db.execute("INSERT INTO orders VALUES (1, 7, 9.5)")      # -> rows affected
+    offset = db.apply_changes("orders", changes)            # pyarrow data with an __op column
+    db.sql("SELECT * FROM totals")                          # -> pyarrow.Table, always fresh
+
+Statements are parsed once (``sql_frontend.statements``) and dispatched
+here; INSERT, UPDATE and DELETE become change batches and go through exactly
+the same path as ``apply_changes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from sql_frontend.errors import BindError, CatalogError, IvmError, SqlSyntaxError, UnknownObjectError, UnsupportedError
+from sql_frontend.planner import plan_view
+from sql_frontend.statements import (
+    CreateTable,
+    CreateView,
+    Delete,
+    Drop,
+    Explain,
+    Insert,
+    Query,
+    SetOption,
+    Show,
+    Statement,
+    Update,
+    parse,
+)
+from sql_frontend.plan import Column
+from ivm.binder import quote
+from ivm.catalog import TableDef, make_view
+from ivm.changes import OP
+from ivm.engine import Engine, Settings
+from ivm.explain import explain_view
+
+
+class Database:
+    """An ivm database. Thread-safe: writes serialize, reads run concurrently."""
+
+    def __init__(self, path: str | None = None, *, threads: int | None = None):
+        if path is not None:
+            raise UnsupportedError(
+                "durable storage (ivm.connect(path)) is not available yet; use ivm.connect() for an in-memory database"
+            )
+        self.path = path
+        self._engine = Engine(Settings(threads=threads))
+
+    # --- lifecycle ------------------------------------------------------------
+    def close(self) -> None:
+        if not self._engine.closed:
+            self._engine.close()
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._engine.closed:
+            raise IvmError("the database is closed")
+
+    @property
+    def offset(self) -> int:
+        """Offset of the last change visible to reads."""
+        return self._engine.store.snapshot.offset
+
+    # --- statements ---------------------------------------------------------------
+    def execute(self, sql: str) -> int:
+        """Run one or more statements; return rows affected by the last (0 for DDL)."""
+        self._check_open()
+        count = 0
+        for statement in parse(sql):
+            count, _ = self._run(statement)
+        return count
+
+    def sql(self, sql: str) -> pa.Table:
+        """Run statements; return the last one's result as a pyarrow Table.
+
+        Queries return their rows; other statements return one row with the
+        number of rows they affected.
+        """
+        self._check_open()
+        result = pa.table({"rows_affected": pa.array([0], pa.int64())})
+        for statement in parse(sql):
+            count, table = self._run(statement)
+            result = table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
+        return result
+
+    def apply_changes(self, table: str, changes: Any, *, on_missing_delete: str | None = None) -> int:
+        """Apply a change batch (with an optional ``__op`` column); return its offset."""
+        self._check_open()
+        return self._engine.ingest(table.lower(), changes, on_missing_delete)
+
+    def _run(self, statement: Statement) -> tuple[int, pa.Table | None]:
+        engine = self._engine
+        if isinstance(statement, Query):
+            table = engine.reader.query(statement.sql, statement.expression)
+            return table.num_rows, table
+        if isinstance(statement, CreateTable):
+            return self._create_table(statement), None
+        if isinstance(statement, CreateView):
+            engine.create_view(statement)
+            return 0, None
+        if isinstance(statement, Drop):
+            engine.drop(statement)
+            return 0, None
+        if isinstance(statement, Insert):
+            return self._change(statement.table, self._insert_batch(statement)), None
+        if isinstance(statement, Update):
+            return self._change(statement.table, self._update_batch(statement)), None
+        if isinstance(statement, Delete):
+            return self._change(statement.table, self._delete_batch(statement)), None
+        if isinstance(statement, Explain):
+            lines = self._explain(statement)
+            return 0, pa.table({"explain": pa.array(lines, pa.string())})
+        if isinstance(statement, Show):
+            return 0, self._show(statement)
+        if isinstance(statement, SetOption):
+            raise UnsupportedError(f"unknown setting {statement.name}")
+        raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
+
+    # --- DDL ------------------------------------------------------------------------
+    def _create_table(self, stmt: CreateTable) -> int:
+        engine = self._engine
+        if stmt.as_query is None:
+            engine.create_table(stmt)
+            return 0
+        with engine.write_lock:
+            rows = engine.reader.query(stmt.as_query.sql("duckdb"), stmt.as_query)
+            types = engine.binder.describe(stmt.as_query.sql("duckdb"))
+            columns = tuple(Column(c.name.lower(), c.type) for c in types)
+            if not engine.create_table(stmt, columns):
+                return 0
+            if rows.num_rows == 0:
+                return 0
+            engine.ingest(stmt.name, rows.rename_columns([c.name for c in columns]))
+            return rows.num_rows
+
+    # --- DML -> change batches ----------------------------------------------------------
+    def _change(self, table: str, batch: pa.Table) -> int:
+        if batch.num_rows == 0:
+            self._engine.catalog.table(table)  # still report unknown tables
+            return 0
+        self._engine.ingest(table, batch)
+        ops = batch.column(OP)
+        # An UPDATE that moves a key is sent as a delete and an insert per row.
+        return int(batch.num_rows - pc.sum(pc.equal(ops, "d")).as_py() if _is_moving_update(batch) else batch.num_rows)
+
+    def _table(self, name: str) -> TableDef:
+        return self._engine.catalog.table(name)
+
+    def _insert_batch(self, stmt: Insert) -> pa.Table:
+        table = self._table(stmt.table)
+        values = self._engine.reader.query(stmt.query.sql("duckdb"), stmt.query)
+        targets = list(stmt.columns) if stmt.columns is not None else list(table.column_names)
+        unknown = [c for c in targets if c not in table.column_names]
+        if unknown:
+            raise UnknownObjectError(f"table {table.name} has no column {', '.join(unknown)}")
+        if len(set(targets)) != len(targets):
+            raise BindError("a column is named twice in the INSERT column list")
+        if values.num_columns != len(targets):
+            raise BindError(
+                f"INSERT into {table.name} gives {values.num_columns} values for {len(targets)} columns"
+            )
+        n = values.num_rows
+        columns: dict[str, Any] = {}
+        for c in table.columns:
+            if c.name in targets:
+                columns[c.name] = values.column(targets.index(c.name))
+            else:
+                columns[c.name] = self._default(table, c, n)
+        columns[OP] = pa.repeat(pa.scalar("r" if stmt.replace else "c"), n)
+        return pa.table(columns)
+
+    def _default(self, table: TableDef, column: Column, n: int) -> pa.Array:
+        default = table.defaults.get(column.name)
+        if default is None:
+            return pa.nulls(n)
+        value = self._engine.reader.query(
+            f"SELECT CAST({default.sql('duckdb')} AS {column.type}) AS v", exp.select("1")
+        ).column(0)[0]
+        return pa.repeat(value, n)
+
+    def _update_batch(self, stmt: Update) -> pa.Table:
+        table = self._table(stmt.table)
+        assigned = dict(stmt.assignments)
+        unknown = [c for c in assigned if c not in table.column_names]
+        if unknown:
+            raise UnknownObjectError(f"table {table.name} has no column {', '.join(unknown)}")
+        news = [
+            f"{assigned[c].sql('duckdb')} AS {quote(c)}" if c in assigned else f"{quote(c)}"
+            for c in table.column_names
+        ]
+        olds = [f"{quote(c)} AS {quote('__old_' + c)}" for c in table.column_names]
+        where = f" WHERE {stmt.where.sql('duckdb')}" if stmt.where is not None else ""
+        sql = f"SELECT {', '.join(news + olds)} FROM {quote(table.name)}{where}"
+        rows = self._query_on_table(sql, stmt, table.name)
+        names = list(table.column_names)
+        new_rows = rows.select(names)
+        old_rows = rows.select(["__old_" + c for c in names]).rename_columns(names)
+        moves_key = not table.primary_key or any(k in assigned for k in table.primary_key)
+        if not moves_key:
+            return new_rows.append_column(OP, pa.repeat(pa.scalar("u"), rows.num_rows))
+        deletes = old_rows.append_column(OP, pa.repeat(pa.scalar("d"), rows.num_rows))
+        inserts = new_rows.append_column(OP, pa.repeat(pa.scalar("c"), rows.num_rows))
+        batch = pa.concat_tables([deletes, inserts.cast(deletes.schema)])
+        return batch.replace_schema_metadata({b"ivm.update": b"moving"})
+
+    def _delete_batch(self, stmt: Delete) -> pa.Table:
+        table = self._table(stmt.table)
+        where = f" WHERE {stmt.where.sql('duckdb')}" if stmt.where is not None else ""
+        cols = table.primary_key or table.column_names
+        sql = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table.name)}{where}"
+        rows = self._query_on_table(sql, stmt, table.name)
+        return rows.append_column(OP, pa.repeat(pa.scalar("d"), rows.num_rows))
+
+    def _query_on_table(self, sql: str, stmt: Update | Delete, table: str) -> pa.Table:
+        parsed = parse(sql)[0]
+        assert isinstance(parsed, Query)
+        return self._engine.reader.query(sql, parsed.expression)
+
+    # --- EXPLAIN / SHOW ----------------------------------------------------------------
+    def _explain(self, stmt: Explain) -> list[str]:
+        engine = self._engine
+        if stmt.view is not None:
+            definition = engine.catalog.get(stmt.view)
+            if definition.kind != "view":
+                raise CatalogError(f"{stmt.view} is a table; EXPLAIN takes a materialized view or a SELECT")
+            view = definition
+        else:
+            query = stmt.create.query if stmt.create is not None else stmt.query.expression
+            name = stmt.create.name if stmt.create is not None else "query"
+            names = stmt.create.column_names if stmt.create is not None else None
+            plan = plan_view(query, engine.catalog, names)
+            view = make_view(name, query.sql("duckdb"), plan)
+        programs = {
+            source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
+            for source in view.sources
+        }
+        return explain_view(view.name, view.plan, view.states, programs)
+
+    def _show(self, stmt: Show) -> pa.Table:
+        engine = self._engine
+        snapshot = engine.store.snapshot
+        names, kinds, rows = [], [], []
+        for name in sorted(list(engine.catalog.tables) + list(engine.catalog.views)):
+            definition = engine.catalog.get(name)
+            if stmt.what == "views" and definition.kind != "view":
+                continue
+            names.append(name)
+            kinds.append("table" if definition.kind == "table" else "materialized view")
+            rows.append(snapshot[name].num_rows)
+        return pa.table({"name": names, "kind": kinds, "rows": pa.array(rows, pa.int64())})
+
+
+def _is_moving_update(batch: pa.Table) -> bool:
+    return (batch.schema.metadata or {}).get(b"ivm.update") == b"moving"
+
+
+def connect(path: str | None = None, **options: Any) -> Database:
+    """Open a database: in memory when ``path`` is None."""
+    return Database(path, **options)

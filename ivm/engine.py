@@ -1,0 +1,262 @@
+"""The engine: catalog changes, ingest, view maintenance, reads.
+
+Data flow of one change batch (all under the write lock):
+
+    normalize  -> the batch fits the table (names, types, keys, operations)
+    apply      -> Z-set delta of the table; new version of the table
+    maintain   -> every affected view, in dependency order, runs its compiled
+                  program over the deltas; operator state and outputs change
+    publish    -> one new snapshot holding all new versions, atomically
+
+Nothing is published until every step succeeded, so a failing batch changes
+nothing. Readers never take the lock: they read the published snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from sqlglot import exp
+
+from sql_frontend.errors import BindError, CatalogError, UnknownObjectError
+from sql_frontend.plan import Column
+from sql_frontend.planner import plan_view
+from sql_frontend.statements import CreateTable, CreateView, Drop
+from delta_operators.compiler import delta_input
+from delta_operators.program import Program
+from delta_operators.zset import WEIGHT
+from ivm.binder import Binder
+from ivm.catalog import Catalog, TableDef, ViewDef, make_view
+from ivm.changes import ChangeApplier, ChangeNormalizer, as_table, missing_delete_policy
+from ivm.executor import Executor, RowChanges
+from ivm.reads import Reader
+from storage.keys import KeyCoder
+from storage.relation import Relation
+from storage.store import Snapshot, Store
+
+
+@dataclass
+class Settings:
+    threads: int | None = None
+
+
+def check_name(name: str, what: str) -> None:
+    if name.startswith("__") or "." in name or not name:
+        raise CatalogError(f"{what} name {name!r} is reserved (names may not start with __ or contain '.')")
+
+
+class Engine:
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings()
+        config = {"threads": self.settings.threads} if self.settings.threads else {}
+        self.duck = duckdb.connect(config=config)
+        self.binder = Binder()
+        self.catalog = Catalog(self.binder)
+        self.store = Store()
+        self.write_lock = threading.RLock()
+        writer = self.duck.cursor()
+        self.coder = KeyCoder(writer)
+        self.executor = Executor(writer, self.coder)
+        self.normalizer = ChangeNormalizer(writer)
+        self.applier = ChangeApplier(writer, self.coder)
+        self.reader = Reader(self)
+        self.offset = 0
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.reader.close()
+        self.binder.close()
+        self.duck.close()
+
+    # --- schemas ------------------------------------------------------------------
+    def arrow_schema(self, columns: tuple[Column, ...]) -> pa.Schema:
+        schema = self.binder.arrow_schema(columns)
+        return schema.append(pa.field(WEIGHT, pa.int64()))
+
+    def empty_relation(self, name: str, columns: tuple[Column, ...], identity: tuple[str, ...],
+                       indexes: tuple[tuple[str, ...], ...] = ()) -> Relation:
+        return Relation.empty(name, self.arrow_schema(columns), identity, indexes)
+
+    # --- tables ---------------------------------------------------------------------
+    def create_table(self, stmt: CreateTable, columns: tuple[Column, ...] | None = None) -> bool:
+        """Create a table; False when it exists and IF NOT EXISTS was given."""
+        with self.write_lock:
+            if self.catalog.exists(stmt.name):
+                if stmt.if_not_exists:
+                    return False
+                raise CatalogError(f"{stmt.name} already exists")
+            check_name(stmt.name, "table")
+            table = self._table_def(stmt, columns)
+            relation = self.empty_relation(table.name, table.columns, table.identity, (table.identity,))
+            self.catalog.add_table(table)
+            self.store.publish(self.store.snapshot.with_changes({table.name: relation}))
+            return True
+
+    def _table_def(self, stmt: CreateTable, given: tuple[Column, ...] | None) -> TableDef:
+        if given is not None:
+            columns = given
+            not_null: set[str] = set()
+            defaults = {}
+        else:
+            seen: set[str] = set()
+            cols = []
+            not_null = set()
+            defaults = {}
+            for c in stmt.columns:
+                if c.name in seen:
+                    raise CatalogError(f"column {c.name} appears twice in table {stmt.name}")
+                seen.add(c.name)
+                check_name(c.name, "column")
+                column = Column(c.name, self.binder.normalize_type(c.type))
+                self.binder.check_round_trip(column)
+                cols.append(column)
+                if c.not_null:
+                    not_null.add(c.name)
+                if c.default is not None:
+                    if c.default.find(exp.Column) is not None:
+                        raise BindError(f"DEFAULT of column {c.name} must be a constant")
+                    self.binder.describe(f"SELECT CAST({c.default.sql('duckdb')} AS {column.type})")
+                    defaults[c.name] = c.default
+            columns = tuple(cols)
+        names = [c.name for c in columns]
+        for k in stmt.primary_key:
+            if k not in names:
+                raise CatalogError(f"primary key column {k} is not a column of {stmt.name}")
+        if len(set(stmt.primary_key)) != len(stmt.primary_key):
+            raise CatalogError(f"primary key of {stmt.name} names a column twice")
+        return TableDef(
+            name=stmt.name,
+            columns=columns,
+            primary_key=stmt.primary_key,
+            not_null=frozenset(not_null | set(stmt.primary_key)),
+            defaults=defaults,
+        )
+
+    # --- views ------------------------------------------------------------------------
+    def create_view(self, stmt: CreateView) -> bool:
+        with self.write_lock:
+            if self.catalog.exists(stmt.name):
+                if stmt.if_not_exists:
+                    return False
+                raise CatalogError(f"{stmt.name} already exists")
+            check_name(stmt.name, "view")
+            plan = plan_view(stmt.query, self.catalog, stmt.column_names)
+            view = make_view(stmt.name, stmt.sql, plan)
+            snapshot = self.store.snapshot
+            fresh = {
+                spec.name: self.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
+                for spec in view.states
+            }
+            snapshot = snapshot.with_changes(fresh)
+            # Indexes the view will look up in its sources, built now rather than
+            # on the first change (single-source programs cover the common case).
+            for source in view.sources:
+                program = view.program(frozenset([source]), self._stored_new(frozenset([source])))
+                snapshot = self._ensure_indexes(program, snapshot)
+            snapshot = self._initialize(view, snapshot)
+            self.catalog.add_view(view)
+            self.store.publish(snapshot)
+            return True
+
+    def _stored_new(self, changed: frozenset[str]) -> frozenset[str]:
+        """Sources whose stored version already includes the step's delta (tables)."""
+        return frozenset(r for r in changed if r in self.catalog.tables)
+
+    def _initialize(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
+        """Compute a new view from what its sources hold now: the delta from empty."""
+        sources = frozenset(view.sources)
+        program = view.program(sources, sources, initial=True)
+        snapshot = self._ensure_indexes(program, snapshot)
+        inputs = {delta_input(s): snapshot[s].table() for s in sources}
+        _, changes = self.executor.run(program, inputs, snapshot, label=f"view {view.name}")
+        return snapshot.with_changes(self._commit(changes, snapshot))
+
+    def drop(self, stmt: Drop) -> bool:
+        with self.write_lock:
+            if not self.catalog.exists(stmt.name):
+                if stmt.if_exists:
+                    return False
+                kind = "table" if stmt.kind == "table" else "materialized view"
+                raise UnknownObjectError(f"{kind} {stmt.name} does not exist")
+            target = self.catalog.get(stmt.name)
+            if stmt.kind != target.kind:
+                want = "DROP TABLE" if target.kind == "table" else "DROP MATERIALIZED VIEW"
+                raise CatalogError(f"{stmt.name} is a {'table' if target.kind == 'table' else 'materialized view'}; use {want}")
+            dependents = self.catalog.dependents(stmt.name)
+            if dependents and not stmt.cascade:
+                raise CatalogError(
+                    f"cannot drop {stmt.name}: materialized view(s) {', '.join(dependents)} depend on it "
+                    "(DROP ... CASCADE drops them too)"
+                )
+            removed: dict[str, Relation | None] = {}
+            for name in list(reversed(dependents)) + [stmt.name]:
+                definition = self.catalog.get(name)
+                if isinstance(definition, ViewDef):
+                    for spec in definition.states:
+                        removed[spec.name] = None
+                else:
+                    removed[name] = None
+            for name in list(reversed(dependents)) + [stmt.name]:
+                self.catalog.remove(name)
+            self.store.publish(self.store.snapshot.with_changes(removed))
+            return True
+
+    # --- changes ------------------------------------------------------------------------
+    def ingest(self, table: str, data: Any, on_missing_delete: str | None = None) -> int:
+        """Apply one change batch atomically; return its offset."""
+        with self.write_lock:
+            definition = self.catalog.table(table)
+            data = as_table(data)
+            policy = missing_delete_policy(data, on_missing_delete)
+            snapshot = self.store.snapshot
+            relation = snapshot[table]
+            batch = self.normalizer.normalize(definition, relation.schema.remove(relation.schema.get_field_index(WEIGHT)), data)
+            change = self.applier.apply(definition, relation, batch, policy)
+            updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, self.coder)
+            snapshot = snapshot.with_changes({table: updated})
+            deltas = {table: change.delta} if change.delta.num_rows else {}
+            snapshot = self._maintain(deltas, snapshot)
+            self.offset += 1
+            self.store.publish(snapshot.with_changes({}, offset=self.offset))
+            return self.offset
+
+    def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot) -> Snapshot:
+        """Run every affected view's program; return the snapshot with all changes."""
+        all_changes: list[RowChanges] = []
+        stored_new = frozenset(deltas)
+        for name in self.catalog.affected_views(deltas):
+            view = self.catalog.views[name]
+            changed = frozenset(s for s in view.sources if s in deltas and deltas[s].num_rows)
+            if not changed:
+                continue
+            program = view.program(changed, stored_new & changed)
+            snapshot = self._ensure_indexes(program, snapshot)
+            inputs = {delta_input(s): deltas[s] for s in changed}
+            temps, changes = self.executor.run(program, inputs, snapshot, label=f"view {name}")
+            if program.output is not None:
+                deltas[name] = temps[program.output]
+            all_changes.extend(changes)
+        return snapshot.with_changes(self._commit(all_changes, snapshot))
+
+    def _commit(self, changes: list[RowChanges], snapshot: Snapshot) -> dict[str, Relation]:
+        updated: dict[str, Relation] = {}
+        for change in changes:
+            relation = updated.get(change.relation) or snapshot[change.relation]
+            updated[change.relation] = relation.replace_rows(
+                change.delete_runs, change.delete_rows, change.inserts, self.coder
+            )
+        return updated
+
+    def _ensure_indexes(self, program: Program, snapshot: Snapshot) -> Snapshot:
+        missing = {}
+        for spec in program.indexes:
+            relation = missing.get(spec.relation) or snapshot[spec.relation]
+            if spec.columns not in relation.index_keys:
+                missing[spec.relation] = relation.with_index(spec.columns, self.coder)
+        return snapshot.with_changes(missing) if missing else snapshot

@@ -1,0 +1,51 @@
+"""The errors ivm raises on purpose: one vocabulary for every layer.
+
+Each class also derives from the builtin that protocol layers map to a status
+code (ValueError -> INVALID_ARGUMENT, KeyError -> NOT_FOUND,
+NotImplementedError -> UNIMPLEMENTED, RuntimeError -> INTERNAL), so the Flight
+server needs no table of our own types.
+
+The frontend is the lowest layer of the data flow, so the vocabulary lives
+here and everything above imports it (``ivm.errors`` re-exports it).
+"""
+
+from __future__ import annotations
+
+
+class IvmError(Exception):
+    """Base class of every error raised deliberately by ivm."""
+
+
+class SqlSyntaxError(IvmError, ValueError):
+    """The text is not SQL we can parse."""
+
+
+class BindError(IvmError, ValueError):
+    """The SQL parses but does not make sense against the catalog (types, names)."""
+
+
+class UnsupportedError(IvmError, NotImplementedError):
+    """A construct ivm does not maintain; the message names it."""
+
+
+class UnknownObjectError(IvmError, KeyError):
+    """A table, view or column that does not exist."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CatalogError(IvmError, ValueError):
+    """A catalog change that conflicts with what exists (duplicates, dependents)."""
+
+
+class ChangeError(IvmError, ValueError):
+    """A change batch that cannot be applied (schema, keys, operations)."""
+
+
+class ExecutionError(IvmError, ValueError):
+    """Evaluating a view's expressions over the new data failed (e.g. a cast)."""
+
+
+class InternalError(IvmError, RuntimeError):
+    """An invariant of the engine was violated; this is a bug in ivm."""

@@ -1,0 +1,189 @@
+"""The logical plan: what a view computes, as a small DAG of relational nodes.
+
+The planner turns a resolved SELECT into these nodes; ``delta_operators``
+compiles each node into its incremental rule. Nodes are compared by identity
+(a CTE used twice is one node read twice). Expressions are sqlglot trees whose
+column references are ``alias.column`` over the node's named inputs.
+
+    Source      a base table or an upstream materialized view
+    SPJ         select-project-join over named inputs (inner joins only)
+    Aggregate   GROUP BY with COUNT/SUM/AVG/MIN/MAX (+ DISTINCT variants)
+    Distinct    set semantics over its input
+    UnionAll    bag union of inputs with the same column layout
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from sqlglot import exp
+
+
+@dataclass(frozen=True)
+class Column:
+    """A named, typed column; ``type`` is DuckDB type SQL such as ``DECIMAL(18,2)``."""
+
+    name: str
+    type: str
+
+
+class Node:
+    """Base of plan nodes: an output schema and the nodes it reads."""
+
+    columns: tuple[Column, ...]
+
+    def children(self) -> tuple["Node", ...]:
+        return ()
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    # Plan nodes are identities in a DAG, not values.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+@dataclass(eq=False)
+class Source(Node):
+    """A stored relation read by the view: a base table or a materialized view."""
+
+    relation: str
+    kind: str  # "table" | "view"
+    columns: tuple[Column, ...]
+
+
+@dataclass(eq=False)
+class SPJ(Node):
+    """Select-project-join: the product of ``inputs`` filtered by ``predicate``.
+
+    ``outputs`` are (name, expression) pairs over ``alias.column`` references.
+    """
+
+    inputs: tuple[tuple[str, Node], ...]
+    predicate: exp.Expression | None
+    outputs: tuple[tuple[str, exp.Expression], ...]
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return tuple(node for _, node in self.inputs)
+
+    def input(self, alias: str) -> Node:
+        for a, node in self.inputs:
+            if a == alias:
+                return node
+        raise KeyError(alias)
+
+
+AGGREGATE_FUNCTIONS = ("count_star", "count", "sum", "avg", "min", "max")
+
+
+@dataclass(frozen=True)
+class AggCall:
+    """One aggregate: ``func`` over input column ``arg`` (None for COUNT(*))."""
+
+    name: str
+    func: str
+    arg: str | None
+    distinct: bool = False
+    type: str = ""
+
+    def sql(self) -> str:
+        if self.func == "count_star":
+            return "COUNT(*)"
+        inner = f"DISTINCT {self.arg}" if self.distinct else str(self.arg)
+        return f"{self.func.upper()}({inner})"
+
+
+@dataclass(eq=False)
+class Aggregate(Node):
+    """GROUP BY ``keys`` (input column names) computing ``aggregates``.
+
+    Output columns are the keys (same names) followed by one column per call.
+    With no keys it is a global aggregate: exactly one output row, always.
+    """
+
+    input: Node
+    keys: tuple[str, ...]
+    aggregates: tuple[AggCall, ...]
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+@dataclass(eq=False)
+class Distinct(Node):
+    """Removes duplicates: every row of the input appears once."""
+
+    input: Node
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+@dataclass(eq=False)
+class UnionAll(Node):
+    """Bag union; inputs line up by position, names come from the first input."""
+
+    inputs: tuple[Node, ...]
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return self.inputs
+
+
+@dataclass
+class ViewPlan:
+    """A planned view: the root node and the names/types users see."""
+
+    root: Node
+    columns: tuple[Column, ...]
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+
+def walk(root: Node) -> Iterator[Node]:
+    """Yield every node once, children before parents."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded:
+            seen.add(id(node))
+            yield node
+            continue
+        stack.append((node, True))
+        for child in reversed(node.children()):
+            if id(child) not in seen:
+                stack.append((child, False))
+
+
+def sources(root: Node) -> tuple[Source, ...]:
+    return tuple(n for n in walk(root) if isinstance(n, Source))
+
+
+def is_set_valued(node: Node) -> bool:
+    """True when the node can never hold duplicate rows."""
+    if isinstance(node, (Distinct, Aggregate)):
+        return True
+    if isinstance(node, SPJ) and len(node.inputs) == 1:
+        # A filter over a set stays a set only when it keeps every column.
+        (alias, child), = node.inputs
+        refs = [e for _, e in node.outputs]
+        keeps_all = all(isinstance(e, exp.Column) for e in refs) and {
+            e.name for e in refs
+        } >= set(child.column_names)
+        return keeps_all and is_set_valued(child)
+    return False

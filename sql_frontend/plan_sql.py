@@ -1,0 +1,92 @@
+"""Render a plan node back to one plain SELECT (the non-incremental meaning).
+
+Used to infer each node's column types with DuckDB's binder, to print plans,
+and by tests: a plan's SQL must return what the original SELECT returns.
+
+>>> from sql_frontend.plan import Source, SPJ, Column
+>>> t = Source("t", "table", (Column("a", "INTEGER"),))
+>>> node = SPJ((("x", t),), None, (("b", exp.column("a", "x")),))
+>>> to_sql(node).sql("duckdb")
+'SELECT "x"."a" AS "b" FROM "t" AS "x"'
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from sql_frontend.plan import SPJ, Aggregate, AggCall, Distinct, Node, Source, UnionAll
+
+
+def quoted(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
+
+
+def column(name: str, table: str | None = None) -> exp.Column:
+    return exp.Column(this=quoted(name), table=quoted(table) if table else None)
+
+
+def alias(expression: exp.Expression, name: str) -> exp.Alias:
+    return exp.Alias(this=expression, alias=quoted(name))
+
+
+def table(name: str, alias_name: str | None = None) -> exp.Table:
+    t = exp.Table(this=quoted(name))
+    if alias_name:
+        t.set("alias", exp.TableAlias(this=quoted(alias_name)))
+    return t
+
+
+def subquery(query: exp.Expression, alias_name: str) -> exp.Subquery:
+    return exp.Subquery(this=query, alias=exp.TableAlias(this=quoted(alias_name)))
+
+
+def aggregate_expression(call: AggCall, arg: exp.Expression | None) -> exp.Expression:
+    """The SQL aggregate call for ``call`` over the argument expression."""
+    if call.func == "count_star":
+        return exp.Count(this=exp.Star())
+    assert arg is not None
+    inner: exp.Expression = exp.Distinct(expressions=[arg]) if call.distinct else arg
+    cls = {"count": exp.Count, "sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[call.func]
+    return cls(this=inner)
+
+
+def to_sql(node: Node) -> exp.Expression:
+    """One SELECT computing ``node`` from the stored relations."""
+    if isinstance(node, Source):
+        return exp.select(*[alias(column(c.name), c.name) for c in node.columns]).from_(
+            table(node.relation)
+        )
+    if isinstance(node, SPJ):
+        return _spj_sql(node)
+    if isinstance(node, Aggregate):
+        inner = subquery(to_sql(node.input), "__in")
+        keys = [column(k, "__in") for k in node.keys]
+        calls = [
+            alias(aggregate_expression(c, column(c.arg, "__in") if c.arg else None), c.name)
+            for c in node.aggregates
+        ]
+        select = exp.select(*[alias(k, n) for k, n in zip(keys, node.keys)], *calls).from_(inner)
+        if keys:
+            select = select.group_by(*keys)
+        return select
+    if isinstance(node, Distinct):
+        return exp.select(exp.Star()).distinct().from_(subquery(to_sql(node.input), "__in"))
+    if isinstance(node, UnionAll):
+        parts = [to_sql(child) for child in node.inputs]
+        result = parts[0]
+        for part in parts[1:]:
+            result = exp.union(result, part, distinct=False)
+        return result
+    raise TypeError(f"no SQL rendering for {type(node).__name__}")
+
+
+def _spj_sql(node: SPJ) -> exp.Select:
+    select = exp.select(*[alias(e.copy(), n) for n, e in node.outputs])
+    for i, (name, child) in enumerate(node.inputs):
+        source = table(child.relation, name) if isinstance(child, Source) else subquery(
+            to_sql(child), name
+        )
+        select = select.from_(source) if i == 0 else select.join(source, join_type="cross")
+    if node.predicate is not None:
+        select = select.where(node.predicate.copy())
+    return select

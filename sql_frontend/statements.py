@@ -1,0 +1,401 @@
+"""Parse SQL text into the statements ivm understands.
+
+Everything is parsed with sqlglot's DuckDB dialect (which also reads most
+Postgres-flavoured SQL: ``::`` casts, ``TEXT``, ``ILIKE``...). A statement ivm
+does not run is rejected here, by name, before anything changes.
+
+>>> [type(s).__name__ for s in parse("CREATE TABLE t (a INT PRIMARY KEY); SELECT * FROM t")]
+['CreateTable', 'Query']
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from sql_frontend.errors import SqlSyntaxError, UnsupportedError
+
+DIALECT = "duckdb"
+
+# sqlglot logs a warning for every construct it only half understands; our own
+# checks report what matters, so keep its logger quiet.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
+
+
+@dataclass
+class ColumnDef:
+    name: str
+    type: str  # DuckDB type SQL as written; the catalog normalises it
+    not_null: bool = False
+    default: exp.Expression | None = None
+
+
+@dataclass
+class CreateTable:
+    name: str
+    columns: list[ColumnDef]
+    primary_key: tuple[str, ...] = ()
+    if_not_exists: bool = False
+    as_query: exp.Expression | None = None
+
+
+@dataclass
+class CreateView:
+    name: str
+    query: exp.Expression
+    sql: str
+    column_names: tuple[str, ...] | None = None
+    if_not_exists: bool = False
+
+
+@dataclass
+class Drop:
+    kind: str  # "table" | "view"
+    name: str
+    if_exists: bool = False
+    cascade: bool = False
+
+
+@dataclass
+class Insert:
+    table: str
+    columns: tuple[str, ...] | None
+    query: exp.Expression
+    replace: bool = False  # INSERT OR REPLACE: upsert by primary key
+
+
+@dataclass
+class Update:
+    table: str
+    assignments: list[tuple[str, exp.Expression]]
+    where: exp.Expression | None
+
+
+@dataclass
+class Delete:
+    table: str
+    where: exp.Expression | None
+
+
+@dataclass
+class Query:
+    """A read: SELECT, set operations, DESCRIBE. Runs on a consistent snapshot."""
+
+    expression: exp.Expression
+    sql: str
+
+
+@dataclass
+class Explain:
+    """EXPLAIN of a view name, a SELECT or a CREATE MATERIALIZED VIEW."""
+
+    view: str | None = None
+    query: Query | None = None
+    create: CreateView | None = None
+
+
+@dataclass
+class SetOption:
+    name: str
+    value: str
+
+
+@dataclass
+class Show:
+    what: str  # "tables" | "status"
+    extra: dict = field(default_factory=dict)
+
+
+Statement = (
+    CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show
+)
+
+
+def normalize_name(identifier: exp.Expression | str) -> str:
+    """Catalog names are case-insensitive, as in DuckDB: store them lower-case."""
+    if isinstance(identifier, exp.Expression):
+        identifier = identifier.name
+    return identifier.lower()
+
+
+def parse(sql: str) -> list[Statement]:
+    """Parse one or more ';'-separated statements."""
+    try:
+        trees = [t for t in sqlglot.parse(sql, dialect=DIALECT) if t is not None]
+    except (ParseError, TokenError) as e:
+        raise SqlSyntaxError(f"syntax error: {_first_line(e)}") from None
+    if not trees:
+        raise SqlSyntaxError("empty statement")
+    return [_statement(t) for t in trees]
+
+
+def parse_one(sql: str) -> Statement:
+    statements = parse(sql)
+    if len(statements) != 1:
+        raise SqlSyntaxError(f"expected one statement, got {len(statements)}")
+    return statements[0]
+
+
+def parse_query(sql: str) -> exp.Expression:
+    """Parse a single SELECT-like expression (used for view bodies)."""
+    statement = parse_one(sql)
+    if not isinstance(statement, Query):
+        raise SqlSyntaxError("expected a SELECT statement")
+    return statement.expression
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]
+
+
+QUERY_TYPES = (exp.Select, exp.Union, exp.Except, exp.Intersect, exp.Values, exp.Describe)
+
+
+def _statement(tree: exp.Expression) -> Statement:
+    if isinstance(tree, QUERY_TYPES):
+        return Query(tree, tree.sql(DIALECT))
+    if isinstance(tree, exp.Create):
+        return _create(tree)
+    if isinstance(tree, exp.Drop):
+        return _drop(tree)
+    if isinstance(tree, exp.Insert):
+        return _insert(tree)
+    if isinstance(tree, exp.Update):
+        return _update(tree)
+    if isinstance(tree, exp.Delete):
+        return _delete(tree)
+    if isinstance(tree, exp.Set):
+        return _set(tree)
+    if isinstance(tree, exp.Command):
+        return _command(tree)
+    if isinstance(tree, exp.Show):
+        return _show(tree.name)
+    raise UnsupportedError(f"statement {_statement_name(tree)} is not supported")
+
+
+def _statement_name(tree: exp.Expression) -> str:
+    words = tree.sql(DIALECT).split()
+    return " ".join(words[:2]).upper() if words else type(tree).__name__.upper()
+
+
+def _create(tree: exp.Create) -> Statement:
+    kind = (tree.args.get("kind") or "").upper()
+    if tree.args.get("replace"):
+        raise UnsupportedError("CREATE OR REPLACE is not supported; DROP the object first")
+    if kind == "TABLE":
+        return _create_table(tree)
+    if kind == "VIEW":
+        if tree.find(exp.MaterializedProperty) is None:
+            raise UnsupportedError(
+                "CREATE VIEW (a plain view) is not supported; use CREATE MATERIALIZED VIEW"
+            )
+        return _create_view(tree)
+    raise UnsupportedError(f"CREATE {kind or _statement_name(tree)} is not supported")
+
+
+def _create_table(tree: exp.Create) -> CreateTable:
+    schema = tree.this
+    if isinstance(schema, exp.Schema):
+        name = normalize_name(schema.this)
+        elements = schema.expressions
+    else:
+        name = normalize_name(schema)
+        elements = []
+    if isinstance(schema.this if isinstance(schema, exp.Schema) else schema, exp.Table):
+        table = schema.this if isinstance(schema, exp.Schema) else schema
+        if table.args.get("db"):
+            raise UnsupportedError("schema-qualified table names are not supported")
+    columns: list[ColumnDef] = []
+    primary_key: tuple[str, ...] = ()
+    for element in elements:
+        if isinstance(element, exp.ColumnDef):
+            column, is_key = _column_def(element)
+            columns.append(column)
+            if is_key:
+                if primary_key:
+                    raise SqlSyntaxError(f"table {name} declares more than one PRIMARY KEY")
+                primary_key = (column.name,)
+        elif isinstance(element, exp.PrimaryKey):
+            if primary_key:
+                raise SqlSyntaxError(f"table {name} declares more than one PRIMARY KEY")
+            primary_key = tuple(normalize_name(e) for e in element.expressions)
+        else:
+            raise UnsupportedError(
+                f"table constraint {element.sql(DIALECT).split('(')[0].strip()} is not supported "
+                "(ivm supports PRIMARY KEY, NOT NULL and DEFAULT)"
+            )
+    as_query = tree.expression if isinstance(tree.expression, QUERY_TYPES) else None
+    if not columns and as_query is None:
+        raise SqlSyntaxError(f"CREATE TABLE {name} needs a column list or AS SELECT")
+    return CreateTable(
+        name=name,
+        columns=columns,
+        primary_key=primary_key,
+        if_not_exists=bool(tree.args.get("exists")),
+        as_query=as_query,
+    )
+
+
+def _column_def(element: exp.ColumnDef) -> tuple[ColumnDef, bool]:
+    name = normalize_name(element.this)
+    kind = element.args.get("kind")
+    if kind is None:
+        raise SqlSyntaxError(f"column {name} has no type")
+    column = ColumnDef(name=name, type=kind.sql(DIALECT))
+    is_key = False
+    for constraint in element.args.get("constraints") or []:
+        c = constraint.args.get("kind")
+        if isinstance(c, exp.PrimaryKeyColumnConstraint):
+            is_key = True
+        elif isinstance(c, exp.NotNullColumnConstraint):
+            if c.args.get("allow_null"):
+                continue  # explicit NULL
+            column.not_null = True
+        elif isinstance(c, exp.DefaultColumnConstraint):
+            column.default = c.this
+        else:
+            label = c.key.replace("columnconstraint", "").upper() if c is not None else "?"
+            raise UnsupportedError(
+                f"column constraint {label} on {name} is not supported "
+                "(ivm supports PRIMARY KEY, NOT NULL and DEFAULT)"
+            )
+    return column, is_key
+
+
+def _create_view(tree: exp.Create) -> CreateView:
+    target = tree.this
+    column_names = None
+    if isinstance(target, exp.Schema):
+        column_names = tuple(normalize_name(e) for e in target.expressions)
+        target = target.this
+    if isinstance(target, exp.Table) and target.args.get("db"):
+        raise UnsupportedError("schema-qualified view names are not supported")
+    query = tree.expression
+    if not isinstance(query, QUERY_TYPES) or isinstance(query, exp.Describe):
+        raise SqlSyntaxError("CREATE MATERIALIZED VIEW needs AS SELECT ...")
+    return CreateView(
+        name=normalize_name(target),
+        query=query,
+        sql=query.sql(DIALECT),
+        column_names=column_names,
+        if_not_exists=bool(tree.args.get("exists")),
+    )
+
+
+def _drop(tree: exp.Drop) -> Drop:
+    kind = (tree.args.get("kind") or "").upper()
+    if kind not in ("TABLE", "VIEW"):
+        raise UnsupportedError(f"DROP {kind} is not supported")
+    return Drop(
+        kind="table" if kind == "TABLE" else "view",
+        name=normalize_name(tree.this),
+        if_exists=bool(tree.args.get("exists")),
+        cascade=bool(tree.args.get("cascade")),
+    )
+
+
+def _target_table(tree: exp.Expression, what: str) -> str:
+    table = tree.this
+    if isinstance(table, exp.Schema):
+        table = table.this
+    if not isinstance(table, exp.Table):
+        raise UnsupportedError(f"{what} target must be a table name")
+    return normalize_name(table)
+
+
+def _insert(tree: exp.Insert) -> Insert:
+    if tree.args.get("returning"):
+        raise UnsupportedError("INSERT ... RETURNING is not supported")
+    if tree.args.get("conflict"):
+        raise UnsupportedError(
+            "INSERT ... ON CONFLICT is not supported; use INSERT OR REPLACE to upsert by key"
+        )
+    alternative = (tree.args.get("alternative") or "").upper()
+    if alternative and alternative != "REPLACE":
+        raise UnsupportedError(f"INSERT OR {alternative} is not supported")
+    columns = None
+    if isinstance(tree.this, exp.Schema):
+        columns = tuple(normalize_name(e) for e in tree.this.expressions)
+    query = tree.expression
+    if not isinstance(query, QUERY_TYPES):
+        raise UnsupportedError("INSERT needs VALUES or a SELECT")
+    return Insert(
+        table=_target_table(tree, "INSERT"),
+        columns=columns,
+        query=query,
+        replace=alternative == "REPLACE",
+    )
+
+
+def _update(tree: exp.Update) -> Update:
+    if tree.args.get("from") or tree.args.get("from_"):
+        raise UnsupportedError("UPDATE ... FROM is not supported")
+    if tree.args.get("returning"):
+        raise UnsupportedError("UPDATE ... RETURNING is not supported")
+    assignments = []
+    for eq in tree.expressions:
+        if not isinstance(eq, exp.EQ) or not isinstance(eq.this, exp.Column):
+            raise SqlSyntaxError(f"bad SET clause: {eq.sql(DIALECT)}")
+        assignments.append((normalize_name(eq.this.this), eq.expression))
+    where = tree.args.get("where")
+    return Update(
+        table=_target_table(tree, "UPDATE"),
+        assignments=assignments,
+        where=where.this if where is not None else None,
+    )
+
+
+def _delete(tree: exp.Delete) -> Delete:
+    if tree.args.get("using") or tree.args.get("returning"):
+        raise UnsupportedError("DELETE ... USING/RETURNING is not supported")
+    where = tree.args.get("where")
+    return Delete(table=_target_table(tree, "DELETE"), where=where.this if where else None)
+
+
+def _set(tree: exp.Set) -> SetOption:
+    items = tree.expressions
+    if len(items) != 1:
+        raise SqlSyntaxError("SET takes exactly one option")
+    item = items[0].this if isinstance(items[0], exp.SetItem) else items[0]
+    if not isinstance(item, exp.EQ):
+        raise SqlSyntaxError(f"expected SET name = value, got {tree.sql(DIALECT)}")
+    name = item.this.sql(DIALECT).replace('"', "").lower()
+    value = item.expression
+    value_text = value.name if isinstance(value, (exp.Literal, exp.Column, exp.Identifier)) else value.sql(DIALECT)
+    return SetOption(name=name, value=value_text)
+
+
+def _command(tree: exp.Command) -> Statement:
+    word = str(tree.this).upper()
+    rest_node = tree.expression
+    rest = rest_node.name if isinstance(rest_node, exp.Literal) else str(rest_node or "")
+    rest = rest.strip().rstrip(";")
+    if word == "EXPLAIN":
+        return _explain(rest)
+    if word == "SHOW":
+        return _show(rest)
+    raise UnsupportedError(f"statement {word} is not supported")
+
+
+def _explain(rest: str) -> Explain:
+    if not rest:
+        raise SqlSyntaxError("EXPLAIN needs a view name or a statement")
+    if " " not in rest.strip() and rest.strip().replace("_", "").replace('"', "").isalnum():
+        return Explain(view=normalize_name(rest.strip().strip('"')))
+    inner = parse_one(rest)
+    if isinstance(inner, Query):
+        return Explain(query=inner)
+    if isinstance(inner, CreateView):
+        return Explain(create=inner)
+    raise UnsupportedError("EXPLAIN supports a view name, a SELECT or CREATE MATERIALIZED VIEW")
+
+
+def _show(rest: str) -> Show:
+    what = rest.strip().lower()
+    if what in ("tables", "views", "status"):
+        return Show(what=what)
+    raise UnsupportedError(f"SHOW {rest.upper()} is not supported (try SHOW TABLES or SHOW STATUS)")

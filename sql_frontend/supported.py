@@ -1,0 +1,158 @@
+"""Reject, by name, every construct ivm cannot maintain incrementally.
+
+A view is checked before anything is created, so an unsupported view never
+half-exists. The message names the construct as the user wrote it.
+
+>>> check_supported(sqlglot.parse_one("SELECT a FROM t ORDER BY a", dialect="duckdb"))
+Traceback (most recent call last):
+...
+sql_frontend.errors.UnsupportedError: ORDER BY is not supported in a materialized view; order the rows when you read the view
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import sqlglot  # noqa: F401  (used by the doctest)
+from sqlglot import exp
+
+from sql_frontend.errors import UnsupportedError
+
+# Aggregates with an incremental rule in delta_operators/aggregate.py.
+SUPPORTED_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+# Functions whose value changes between evaluations: a view over them cannot
+# be maintained (its "current" value is not a function of the tables).
+NONDETERMINISTIC = {
+    "random", "rand", "uuid", "gen_random_uuid", "uuidv4", "uuidv7", "now",
+    "current_timestamp", "current_date", "current_time", "localtimestamp",
+    "localtime", "get_current_time", "get_current_timestamp", "transaction_timestamp",
+    "nextval", "currval", "setseed", "txid_current", "current_setting",
+    "current_query", "today",
+}
+
+_NONDETERMINISTIC_NODES = (
+    exp.Rand, exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Uuid,
+)
+
+
+def check_supported(query: exp.Expression, aggregate_names: Iterable[str] = ()) -> None:
+    """Raise UnsupportedError naming the first construct ivm cannot maintain.
+
+    Args:
+        query: the view body (a SELECT or set operation).
+        aggregate_names: names of every aggregate function the engine knows, so
+            an aggregate sqlglot does not model (e.g. ``product``) is not
+            mistaken for a scalar function.
+    """
+    aggregates = {n.lower() for n in aggregate_names}
+    for node in query.walk():
+        _check_node(node, aggregates)
+
+
+def _fail(what: str, hint: str = "") -> None:
+    raise UnsupportedError(f"{what} is not supported in a materialized view{hint}")
+
+
+def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
+    if isinstance(node, exp.Window):
+        _fail(f"window function {_func_name(node.this)}")
+    elif isinstance(node, exp.Order) and isinstance(node.parent, (exp.Select, exp.SetOperation)):
+        _fail("ORDER BY", "; order the rows when you read the view")
+    elif isinstance(node, (exp.Limit, exp.Fetch)):
+        _fail("LIMIT")
+    elif isinstance(node, exp.Offset):
+        _fail("OFFSET")
+    elif isinstance(node, exp.Join):
+        _check_join(node)
+    elif isinstance(node, exp.Lateral):
+        _fail("LATERAL")
+    elif isinstance(node, exp.Unnest):
+        _fail("UNNEST")
+    elif isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
+        _fail(f"table function {_func_name(node.this)}")
+    elif isinstance(node, exp.Values):
+        _fail("VALUES in FROM")
+    elif isinstance(node, exp.Exists):
+        _fail("EXISTS subquery")
+    elif isinstance(node, exp.In) and node.args.get("query") is not None:
+        _fail("IN (subquery)")
+    elif isinstance(node, (exp.Any, exp.All)):
+        _fail(f"{type(node).__name__.upper()} (subquery)")
+    elif isinstance(node, exp.Subquery) and not isinstance(node.parent, (exp.From, exp.Join)):
+        if not isinstance(node.parent, exp.SetOperation):
+            _fail("scalar subquery")
+    elif isinstance(node, exp.Except):
+        _fail("EXCEPT")
+    elif isinstance(node, exp.Intersect):
+        _fail("INTERSECT")
+    elif isinstance(node, exp.With) and node.args.get("recursive"):
+        _fail("WITH RECURSIVE")
+    elif isinstance(node, exp.Qualify):
+        _fail("QUALIFY")
+    elif isinstance(node, exp.TableSample):
+        _fail("TABLESAMPLE")
+    elif isinstance(node, (exp.Pivot,)):
+        _fail("PIVOT")
+    elif isinstance(node, exp.Group):
+        _check_group(node)
+    elif isinstance(node, exp.Select) and isinstance(node.args.get("distinct"), exp.Distinct):
+        if node.args["distinct"].args.get("on"):
+            _fail("DISTINCT ON")
+    elif isinstance(node, exp.Placeholder) or isinstance(node, exp.Parameter):
+        _fail("a query parameter")
+    elif isinstance(node, exp.AggFunc):
+        _check_aggregate(node)
+    elif isinstance(node, _NONDETERMINISTIC_NODES):
+        _fail(f"non-deterministic function {_func_name(node)}")
+    elif isinstance(node, exp.Func):
+        name = _func_name(node).lower()
+        if name in NONDETERMINISTIC:
+            _fail(f"non-deterministic function {name}")
+        if isinstance(node, exp.Anonymous) and name in aggregates:
+            _fail(f"aggregate function {name}")
+
+
+def _check_join(join: exp.Join) -> None:
+    side = (join.args.get("side") or "").upper()
+    kind = (join.args.get("kind") or "").upper()
+    method = (join.args.get("method") or "").upper()
+    if side:
+        _fail(f"{side} OUTER JOIN")
+    if kind in ("SEMI", "ANTI", "ASOF", "POSITIONAL", "OUTER"):
+        _fail(f"{kind} JOIN")
+    if method:
+        _fail(f"{method} JOIN", "; write the join condition with ON or USING")
+
+
+def _check_group(group: exp.Group) -> None:
+    for key, label in (("grouping_sets", "GROUPING SETS"), ("cube", "CUBE"), ("rollup", "ROLLUP")):
+        if group.args.get(key):
+            _fail(label)
+    if group.args.get("all"):
+        _fail("GROUP BY ALL", "; list the grouping columns")
+
+
+def _check_aggregate(node: exp.AggFunc) -> None:
+    if not isinstance(node, SUPPORTED_AGGREGATES):
+        _fail(
+            f"aggregate function {_func_name(node)}",
+            " (supported: COUNT, SUM, AVG, MIN, MAX, each optionally DISTINCT)",
+        )
+    inner = node.this
+    if isinstance(inner, exp.Distinct) and len(inner.expressions) != 1:
+        _fail(f"{_func_name(node)}(DISTINCT ...) over several columns")
+    if isinstance(node, exp.Count) and node.expressions:
+        _fail("COUNT over several columns")
+    if node.find(exp.Order) is not None:
+        _fail(f"ORDER BY inside {_func_name(node)}")
+
+
+def _func_name(node: exp.Expression | None) -> str:
+    if node is None:
+        return "?"
+    if isinstance(node, exp.Anonymous):
+        return str(node.this)
+    if isinstance(node, exp.Func):
+        return node.sql_name()
+    return type(node).__name__.upper()

@@ -1,0 +1,69 @@
+"""Key codes: 64-bit values that equal keys share, for index lookups.
+
+Two keys that are equal (with NULL equal to NULL) always get the same code;
+two different keys usually do not. Indexes only ever use codes to find
+candidate rows; the SQL that follows re-checks keys exactly, so a collision
+costs a little work and never a wrong answer.
+
+A single integer column is its own code (no hashing at all); anything else
+is hashed by DuckDB's ``hash()``, which treats -0.0 and 0.0, and all NaNs, as
+equal, like its joins and GROUP BY do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+NULL_CODE = np.uint64(0x9E3779B97F4A7C15)  # any value works: collisions are re-checked
+
+
+def _is_integer(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+class KeyCoder:
+    """Computes key codes; one per thread (it owns a DuckDB cursor)."""
+
+    _names = itertools.count()
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection):
+        self._con = connection
+        self._lock = threading.Lock()
+
+    def codes(self, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+        if table.num_rows == 0:
+            return np.empty(0, dtype=np.uint64)
+        if not columns:
+            return np.zeros(table.num_rows, dtype=np.uint64)
+        if len(columns) == 1 and _is_integer(table.schema.field(columns[0]).type):
+            return self._integer_codes(table.column(columns[0]))
+        return self._hashed(table, columns)
+
+    @staticmethod
+    def _integer_codes(col: pa.ChunkedArray) -> np.ndarray:
+        target = pa.uint64() if pa.types.is_unsigned_integer(col.type) else pa.int64()
+        values = pc.cast(col, target)
+        if values.null_count:
+            filled = pc.fill_null(values, pa.scalar(0, target))
+            codes = filled.to_numpy().view(np.uint64).copy()
+            codes[pc.is_null(values).to_numpy(zero_copy_only=False)] = NULL_CODE
+            return codes
+        return np.ascontiguousarray(values.to_numpy()).view(np.uint64)
+
+    def _hashed(self, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+        name = f"__keys{next(self._names)}"
+        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+        with self._lock:
+            self._con.register(name, table.select(list(columns)))
+            try:
+                result = self._con.execute(f'SELECT hash({cols}) AS h FROM "{name}"').fetchnumpy()["h"]
+            finally:
+                self._con.unregister(name)
+        return np.asarray(result, dtype=np.uint64)

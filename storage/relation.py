@@ -1,0 +1,282 @@
+"""Stored relations: immutable, indexed Z-sets in memory (Arrow + numpy).
+
+A relation is a tuple of *runs*. A run is an Arrow table written once (the
+rows some step inserted, or the result of merging runs), a bitmap of which of
+its rows are still live, and, per index, the run's key codes sorted with the
+row positions they came from. This is an LSM tree / DBSP spine:
+
+* a lookup probes every run with a binary search (numpy, vectorised) and
+  gathers the matching live rows: work in proportion to the probes and the
+  rows found, not to the relation;
+* a change deletes rows by position (a copy-on-write bitmap) and appends a
+  new run;
+* runs are merged when a newer run grows to half the size of the one before
+  it, so a relation of N rows has O(log N) runs, and each row is rewritten
+  O(log N) times over its life.
+
+Every change returns a new Relation and leaves the old one intact, so a
+reader holding a version keeps a consistent view and a failed step changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from delta_operators.zset import POS, RUN
+from sql_frontend.errors import InternalError
+from storage.keys import KeyCoder
+
+# Below this many live rows a lookup returns the whole relation: one copy is
+# cheaper than probing, and the caller re-checks keys anyway.
+SMALL_RELATION = 2048
+# Probing costs about this many times a sequential row; with more probes than
+# rows / PROBE_COST the whole relation is returned instead.
+PROBE_COST = 8
+MERGE_RATIO = 2
+
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunIndex:
+    codes: np.ndarray  # sorted key codes (uint64)
+    rows: np.ndarray  # row position of each code (int64)
+
+
+@dataclass(frozen=True)
+class Run:
+    table: pa.Table  # one chunk per column; includes the weight column
+    live: np.ndarray | None  # packed bits (LSB first), 1 = live; None = all live
+    n_live: int
+    indexes: dict[Key, RunIndex] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return self.table.num_rows
+
+    def live_rows(self) -> np.ndarray:
+        if self.live is None:
+            return np.arange(self.n_rows, dtype=np.int64)
+        bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
+        return np.flatnonzero(bits)
+
+    def is_live(self, rows: np.ndarray) -> np.ndarray:
+        if self.live is None:
+            return np.ones(len(rows), dtype=bool)
+        return ((self.live[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def live_table(self) -> pa.Table:
+        if self.live is None:
+            return self.table
+        mask = pa.Array.from_buffers(pa.bool_(), self.n_rows, [None, pa.py_buffer(self.live)])
+        return self.table.filter(mask)
+
+
+def build_index(table: pa.Table, key: Key, coder: KeyCoder) -> RunIndex:
+    codes = coder.codes(table, key)
+    order = np.argsort(codes, kind="stable")
+    return RunIndex(codes=codes[order], rows=order.astype(np.int64, copy=False))
+
+
+def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder) -> Run:
+    table = table.combine_chunks()
+    return Run(
+        table=table,
+        live=None,
+        n_live=table.num_rows,
+        indexes={key: build_index(table, key, coder) for key in keys if key},
+    )
+
+
+def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
+    """Live row positions of ``run`` whose code is one of ``probes`` (unique)."""
+    lo = np.searchsorted(index.codes, probes, side="left")
+    hi = np.searchsorted(index.codes, probes, side="right")
+    counts = hi - lo
+    total = int(counts.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    rows = index.rows[starts + np.arange(total)]
+    return rows[run.is_live(rows)]
+
+
+@dataclass(frozen=True)
+class Relation:
+    """One version of a stored relation."""
+
+    name: str
+    schema: pa.Schema  # relation columns + weight
+    identity: Key
+    runs: tuple[Run, ...] = ()
+    index_keys: tuple[Key, ...] = ()
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+    _cache_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @staticmethod
+    def empty(name: str, schema: pa.Schema, identity: Key, index_keys: Sequence[Key] = ()) -> "Relation":
+        keys = tuple(dict.fromkeys(k for k in (identity, *index_keys) if k))
+        return Relation(name=name, schema=schema, identity=identity, index_keys=keys)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(run.n_live for run in self.runs)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(run.table.nbytes for run in self.runs)
+
+    # --- reads -------------------------------------------------------------
+    def table(self) -> pa.Table:
+        """All live rows (with the weight column); cached per version."""
+        with self._cache_lock:
+            cached = self._cache.get("table")
+            if cached is None:
+                parts = [run.live_table() for run in self.runs if run.n_live]
+                cached = (
+                    pa.concat_tables(parts).combine_chunks() if parts else self.schema.empty_table()
+                )
+                self._cache["table"] = cached
+            return cached
+
+    def _with_positions(self, parts: list[tuple[int, np.ndarray]], positions: bool) -> pa.Table:
+        tables = []
+        for r, rows in parts:
+            t = self.runs[r].table.take(pa.array(rows))
+            if positions:
+                t = t.append_column(RUN, pa.array(np.full(len(rows), r, dtype=np.int32)))
+                t = t.append_column(POS, pa.array(rows))
+            tables.append(t)
+        if not tables:
+            schema = self.schema
+            if positions:
+                schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
+    def all_rows(self, positions: bool = False) -> pa.Table:
+        return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions)
+
+    def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False) -> pa.Table:
+        """Live rows whose ``key`` code is among ``probe_codes``, maybe more.
+
+        Callers must re-check keys: collisions, and small relations returned
+        whole, add rows that do not match.
+        """
+        if not key:
+            return self.all_rows(positions)
+        if key not in self.index_keys:
+            raise InternalError(f"relation {self.name} has no index on ({', '.join(key)})")
+        probes = np.unique(probe_codes)
+        if len(probes) == 0:
+            return self._with_positions([], positions)
+        live = self.num_rows
+        if live <= SMALL_RELATION or len(probes) * PROBE_COST >= live:
+            return self.all_rows(positions)
+        parts = []
+        for r, run in enumerate(self.runs):
+            rows = _gather(run, run.indexes[key], probes)
+            if len(rows):
+                parts.append((r, rows))
+        return self._with_positions(parts, positions)
+
+    # --- changes -----------------------------------------------------------
+    def with_index(self, key: Key, coder: KeyCoder) -> "Relation":
+        if not key or key in self.index_keys:
+            return self
+        runs = tuple(
+            replace(run, indexes={**run.indexes, key: build_index(run.table, key, coder)}) for run in self.runs
+        )
+        return replace(self, runs=runs, index_keys=self.index_keys + (key,), _cache={}, _cache_lock=threading.Lock())
+
+    def replace_rows(
+        self, delete_runs: np.ndarray, delete_rows: np.ndarray, inserts: pa.Table | None, coder: KeyCoder
+    ) -> "Relation":
+        """A new version without the given rows and with ``inserts`` appended."""
+        runs = list(self.runs)
+        if len(delete_runs):
+            for r in np.unique(delete_runs):
+                run = runs[int(r)]
+                rows = np.unique(delete_rows[delete_runs == r])
+                if not run.is_live(rows).all():
+                    raise InternalError(f"relation {self.name}: a row was deleted twice")
+                live = (
+                    run.live.copy()
+                    if run.live is not None
+                    else np.packbits(np.ones(run.n_rows, dtype=bool), bitorder="little")
+                )
+                clear = ~(np.left_shift(1, (rows & 7)).astype(np.uint8))
+                np.bitwise_and.at(live, rows >> 3, clear)
+                runs[int(r)] = replace(run, live=live, n_live=run.n_live - len(rows))
+        if inserts is not None and inserts.num_rows:
+            if inserts.schema != self.schema:
+                inserts = inserts.select(self.schema.names).cast(self.schema)
+            runs.append(make_run(inserts, self.index_keys, coder))
+        runs = [run for run in runs if run.n_live]
+        runs = _settle(runs, self.index_keys, coder)
+        return replace(self, runs=tuple(runs), _cache={}, _cache_lock=threading.Lock())
+
+    def replace_all(self, table: pa.Table, coder: KeyCoder) -> "Relation":
+        """A new version holding exactly ``table``."""
+        runs = [make_run(table.select(self.schema.names).cast(self.schema), self.index_keys, coder)] if table.num_rows else []
+        return replace(self, runs=tuple(runs), _cache={}, _cache_lock=threading.Lock())
+
+
+def _settle(runs: list[Run], keys: tuple[Key, ...], coder: KeyCoder) -> list[Run]:
+    """Merge runs until each is at least MERGE_RATIO times the next newer one."""
+    # A run that is mostly dead is rewritten on its own first.
+    runs = [_compact(run, keys) if run.n_live * 2 < run.n_rows else run for run in runs]
+    while len(runs) >= 2 and runs[-2].n_live <= MERGE_RATIO * runs[-1].n_live:
+        merged = _merge(runs[-2], runs[-1], keys)
+        runs[-2:] = [merged]
+    return runs
+
+
+def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:
+    index = run.indexes[key]
+    if run.live is None:
+        return index
+    keep = run.is_live(index.rows)
+    rows = index.rows[keep]
+    return RunIndex(codes=index.codes[keep], rows=renumber[rows])
+
+
+def _renumbering(run: Run) -> np.ndarray | None:
+    if run.live is None:
+        return None
+    bits = np.unpackbits(run.live, count=run.n_rows, bitorder="little")
+    return np.cumsum(bits, dtype=np.int64) - 1
+
+
+def _compact(run: Run, keys: tuple[Key, ...]) -> Run:
+    renumber = _renumbering(run)
+    return Run(
+        table=run.live_table().combine_chunks(),
+        live=None,
+        n_live=run.n_live,
+        indexes={k: _live_index(run, k, renumber) for k in keys if k},
+    )
+
+
+def _merge(older: Run, newer: Run, keys: tuple[Key, ...]) -> Run:
+    """One run with the live rows of both; indexes merged without re-hashing."""
+    table = pa.concat_tables([older.live_table(), newer.live_table()]).combine_chunks()
+    r_old, r_new = _renumbering(older), _renumbering(newer)
+    indexes = {}
+    for k in keys:
+        if not k:
+            continue
+        a, b = _live_index(older, k, r_old), _live_index(newer, k, r_new)
+        codes = np.concatenate([a.codes, b.codes])
+        rows = np.concatenate([a.rows, b.rows + older.n_live])
+        # Two sorted runs: a stable sort merges them in linear time.
+        order = np.argsort(codes, kind="stable")
+        indexes[k] = RunIndex(codes=codes[order], rows=rows[order])
+    return Run(table=table, live=None, n_live=table.num_rows, indexes=indexes)
