@@ -47,7 +47,10 @@ class Binder:
         try:
             rows = self._execute(f"DESCRIBE {sql}")
         except duckdb.CatalogException as e:
-            raise UnknownObjectError(_message(e)) from None
+            message = _message(e)
+            if "Table with name" in message:
+                raise UnknownObjectError(message) from None
+            raise BindError(message) from None  # unknown functions and types
         except duckdb.Error as e:
             raise BindError(_message(e)) from None
         return tuple(Column(name, type_) for name, type_, *_ in rows)

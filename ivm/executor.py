@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.errors import ExecutionError, InternalError
+from sql_frontend.plan_sql import render
 from delta_operators.program import Check, Lookup, Program, Query, Replace, scan_name
 
 SCAN_PREFIX = scan_name("")
@@ -60,7 +61,7 @@ class Executor:
         compiled = self._compiled.get(key)
         if compiled is None:
             names = frozenset(t.name for t in step.sql.find_all(exp.Table))
-            compiled = CompiledStep(step.sql.sql(DIALECT), names)
+            compiled = CompiledStep(render(step.sql, DIALECT), names)
             self._compiled[key] = compiled
         return compiled
 

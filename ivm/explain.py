@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, Source, UnionAll, ViewPlan
+from sql_frontend.plan_sql import render
 from delta_operators.compiler import Context, Options
 from delta_operators.program import Program, StateSpec
 
@@ -29,7 +30,7 @@ def _describe_node(node: Node) -> str:
         parts = [f"SPJ over {', '.join(a for a, _ in node.inputs)}"]
         parts.append("outputs: " + ", ".join(n for n, _ in node.outputs))
         if node.predicate is not None:
-            parts.append("where: " + node.predicate.sql("duckdb"))
+            parts.append("where: " + render(node.predicate))
         return "  ".join(parts)
     if isinstance(node, Aggregate):
         keys = ", ".join(node.keys) or "(none: one row)"

@@ -17,6 +17,30 @@ from sqlglot import exp
 from sql_frontend.plan import SPJ, Aggregate, AggCall, Distinct, Node, Source, UnionAll
 
 
+OPERATORS = (exp.Binary, exp.Unary, exp.Between, exp.In)
+
+
+def parenthesize(tree: exp.Expression) -> exp.Expression:
+    """Wrap every operator operand that is itself an operator in parentheses.
+
+    sqlglot renders a tree as given, and trees built in code (or spliced by
+    substitution) carry no Paren nodes: Mul(x, Sub(a, b)) would print as
+    ``x * a - b``. Extra parentheses never change meaning; missing ones do.
+    """
+    for node in list(tree.walk()):
+        if isinstance(node, OPERATORS) and not isinstance(node, exp.Paren):
+            for key in ("this", "expression", "low", "high"):
+                child = node.args.get(key)
+                if isinstance(child, OPERATORS) and not isinstance(child, exp.Paren):
+                    node.set(key, exp.Paren(this=child))
+    return tree
+
+
+def render(tree: exp.Expression, dialect: str = "duckdb") -> str:
+    """SQL text of a tree built in code, safe against operator precedence."""
+    return parenthesize(tree.copy()).sql(dialect)
+
+
 def quoted(name: str) -> exp.Identifier:
     return exp.to_identifier(name, quoted=True)
 

@@ -32,7 +32,7 @@ from sql_frontend.plan import (
     sources,
     walk,
 )
-from sql_frontend.plan_sql import column, to_sql
+from sql_frontend.plan_sql import column, render, to_sql
 from sql_frontend.resolve import check_relations, resolve
 from sql_frontend.statements import DIALECT, normalize_name
 from sql_frontend.supported import check_supported
@@ -61,7 +61,7 @@ def plan_view(
     check_supported(query, catalog.aggregate_names())
     schema = catalog.schema()
     check_relations(query, schema)
-    output = catalog.describe(query.sql(DIALECT))
+    output = catalog.describe(render(query))
     names = _output_names(output, column_names)
     resolved = resolve(query, schema)
     root = Builder(catalog).query(resolved)
@@ -374,7 +374,7 @@ def infer_types(root: Node, describe: Callable[[str], tuple[Column, ...]]) -> No
     for node in walk(root):
         if isinstance(node, Source):
             continue
-        described = describe(to_sql(node).sql(DIALECT))
+        described = describe(render(to_sql(node)))
         if isinstance(node, SPJ):
             names = [n for n, _ in node.outputs]
         elif isinstance(node, Aggregate):

@@ -130,7 +130,11 @@ def parse(sql: str) -> list[Statement]:
         raise SqlSyntaxError(f"syntax error: {_first_line(e)}") from None
     if not trees:
         raise SqlSyntaxError("empty statement")
-    return [_statement(t) for t in trees]
+    statements = [_statement(t) for t in trees]
+    if len(statements) == 1 and isinstance(statements[0], Query):
+        # Run the user's own text: a round trip through sqlglot could change it.
+        statements[0].sql = sql.strip().rstrip(";")
+    return statements
 
 
 def parse_one(sql: str) -> Statement:
@@ -290,9 +294,12 @@ def _drop(tree: exp.Drop) -> Drop:
     kind = (tree.args.get("kind") or "").upper()
     if kind not in ("TABLE", "VIEW"):
         raise UnsupportedError(f"DROP {kind} is not supported")
+    tables = tree.args.get("tables") or [tree.this]
+    if len(tables) != 1:
+        raise UnsupportedError("DROP of several objects in one statement is not supported; drop them one by one")
     return Drop(
         kind="table" if kind == "TABLE" else "view",
-        name=normalize_name(tree.this),
+        name=normalize_name(tables[0]),
         if_exists=bool(tree.args.get("exists")),
         cascade=bool(tree.args.get("cascade")),
     )
@@ -378,6 +385,9 @@ def _command(tree: exp.Command) -> Statement:
         return _explain(rest)
     if word == "SHOW":
         return _show(rest)
+    if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
+        # sqlglot falls back to a raw command when it cannot parse a statement.
+        raise SqlSyntaxError(f"syntax error in: {word} {rest[:80]}")
     raise UnsupportedError(f"statement {word} is not supported")
 
 

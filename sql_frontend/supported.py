@@ -67,8 +67,14 @@ def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
         _check_join(node)
     elif isinstance(node, exp.Lateral):
         _fail("LATERAL")
-    elif isinstance(node, exp.Unnest):
+    elif isinstance(node, (exp.Unnest, exp.Explode)):
         _fail("UNNEST")
+    elif isinstance(node, exp.GroupingSets):
+        _fail("GROUPING SETS")
+    elif isinstance(node, exp.Rollup):
+        _fail("ROLLUP")
+    elif isinstance(node, exp.Cube):
+        _fail("CUBE")
     elif isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
         _fail(f"table function {_func_name(node.this)}")
     elif isinstance(node, exp.Values):

@@ -1,0 +1,66 @@
+"""The differential oracle: ivm's views against DuckDB recomputing them.
+
+A Harness owns an ivm database and a plain DuckDB database with the same
+schema. Every batch goes to ivm through ``apply_changes`` and to the model,
+which rebuilds DuckDB's tables; then every view read from ivm must equal
+DuckDB evaluating the view's SELECT over those tables, as a multiset, and
+every table must equal the model.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+import ivm
+from tests.oracle.compare import multiset_diff
+from tests.oracle.fixtures import ViewFixture
+from tests.oracle.model import Model, ops_to_arrow
+
+
+class Harness:
+    def __init__(self, schema: list[str], views: list[ViewFixture], db: ivm.Database | None = None):
+        self.db = db or ivm.connect()
+        self.ref = duckdb.connect()
+        self.model = Model()
+        self.views = views
+        self.created: list[ViewFixture] = []
+        for statement in schema:
+            self.db.execute(statement)
+            self.ref.execute(statement)
+
+    def close(self) -> None:
+        self.db.close()
+        self.ref.close()
+
+    def create_views(self) -> None:
+        for view in self.views:
+            self.db.execute(f"CREATE MATERIALIZED VIEW {view.name} AS {view.sql}")
+            self.ref.execute(f"CREATE VIEW {view.name} AS {view.sql}")
+            self.created.append(view)
+
+    def apply(self, table: str, ops: list) -> None:
+        spec = self.model.specs[table]
+        self.db.apply_changes(table, ops_to_arrow(spec, ops))
+        self.model.apply(table, ops)
+        self._reload(table)
+
+    def _reload(self, table: str) -> None:
+        data = self.model.arrow(table)  # noqa: F841  (read by DuckDB below)
+        self.ref.execute(f"DELETE FROM {table}")
+        self.ref.execute(f"INSERT INTO {table} SELECT * FROM data")
+
+    def check(self, context: str = "") -> None:
+        problems = []
+        for table in self.model.specs:
+            diff = multiset_diff(
+                self.db.sql(f"SELECT * FROM {table}"), self.ref.sql(f"SELECT * FROM {table}").to_arrow_table()
+            )
+            if diff:
+                problems.append(f"table {table}: {diff}")
+        for view in self.created:
+            got = self.db.sql(f"SELECT * FROM {view.name}")
+            want = self.ref.sql(f"SELECT * FROM {view.name}").to_arrow_table()
+            diff = multiset_diff(got, want)
+            if diff:
+                problems.append(f"view {view.name}: {diff}\n    {view.sql}")
+        assert not problems, f"{context}\n" + "\n".join(problems)

@@ -1,0 +1,124 @@
+"""storage.relation: the indexed LSM of runs, against a plain Python model."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute below)
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delta_operators.zset import POS, RUN, WEIGHT
+from sql_frontend.errors import InternalError
+from storage import relation as relation_module
+from storage.keys import NULL_CODE, KeyCoder
+from storage.relation import Relation
+
+SCHEMA = pa.schema([("k", pa.int64()), ("g", pa.string()), ("v", pa.float64()), (WEIGHT, pa.int64())])
+
+
+@pytest.fixture(scope="module")
+def coder():
+    return KeyCoder(duckdb.connect())
+
+
+def rows_table(rows: list[tuple]) -> pa.Table:
+    return pa.table(
+        {"k": [r[0] for r in rows], "g": [r[1] for r in rows], "v": [r[2] for r in rows], WEIGHT: [1] * len(rows)},
+        schema=SCHEMA,
+    )
+
+
+def test_key_codes_equal_for_equal_keys(coder):
+    t = pa.table({"a": pa.array([1, None, 1, 2], pa.int64()), "s": ["x", None, "x", "y"],
+                  "f": [0.0, -0.0, float("nan"), float("nan")]})
+    ints = coder.codes(t, ["a"])
+    assert ints[0] == ints[2] and ints[0] != ints[3] and ints[1] == NULL_CODE
+    pairs = coder.codes(t, ["a", "s"])
+    assert pairs[0] == pairs[2] and pairs[0] != pairs[3]
+    floats = coder.codes(t, ["f"])
+    assert floats[0] == floats[1], "-0.0 and 0.0 must share a code"
+    assert floats[2] == floats[3], "every NaN must share a code"
+    narrow = coder.codes(pa.table({"a": pa.array([1, 2], pa.int32())}), ["a"])
+    assert list(narrow) == list(ints[[0, 3]]), "integer widths must not change codes"
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "delete", "lookup"]),
+        st.lists(st.integers(0, 40), min_size=0, max_size=30),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60)
+@given(OPS, st.booleans())
+def test_relation_matches_model(ops, force_probing):
+    if force_probing:  # below these sizes lookups would return whole relations
+        with mock.patch.object(relation_module, "SMALL_RELATION", 0), mock.patch.object(relation_module, "PROBE_COST", 0):
+            check_against_model(ops)
+    else:
+        check_against_model(ops)
+
+
+def check_against_model(ops):
+    coder = KeyCoder(duckdb.connect())
+    rel = Relation.empty("t", SCHEMA, ("k",), (("g",),))
+    model: dict[int, tuple] = {}
+    for kind, keys in ops:
+        if kind == "insert":
+            new = [k for k in dict.fromkeys(keys) if k not in model]
+            rows = [(k, f"g{k % 5}", k / 2) for k in new]
+            rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), rows_table(rows), coder)
+            model.update({r[0]: r for r in rows})
+        elif kind == "delete":
+            probe = pa.table({"k": pa.array(keys, pa.int64())})
+            found = rel.lookup(("k",), coder.codes(probe, ["k"]), positions=True)
+            hit = found.filter(pa.compute.is_in(found.column("k"), value_set=pa.array(keys, pa.int64())))
+            rel = rel.replace_rows(hit.column(RUN).to_numpy(), hit.column(POS).to_numpy(), None, coder)
+            for k in keys:
+                model.pop(k, None)
+        else:
+            probe = pa.table({"g": [f"g{k % 5}" for k in keys]})
+            found = rel.lookup(("g",), coder.codes(probe, ["g"]))
+            got = {r["k"] for r in found.to_pylist()}
+            want = {k for k, r in model.items() if r[1] in set(probe.column("g").to_pylist())}
+            assert want <= got, "a lookup missed matching rows"
+            assert got <= set(model), "a lookup returned a deleted row"
+        assert sorted(rel.table().column("k").to_pylist()) == sorted(model)
+        assert rel.num_rows == len(model)
+        assert len(rel.runs) <= 2 + int(np.log2(max(2, len(model) + 1))) * 2
+
+
+def test_lookup_probes_instead_of_copying_when_large(coder, monkeypatch):
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    rows = [(k, "g", float(k)) for k in range(1000)]
+    rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), rows_table(rows), coder)
+    found = rel.lookup(("k",), coder.codes(pa.table({"k": pa.array([5, 7, 5000], pa.int64())}), ["k"]), positions=True)
+    assert sorted(found.column("k").to_pylist()) == [5, 7], "exactly the probed rows (no collisions here)"
+    assert set(found.column_names) >= {RUN, POS}
+
+
+def test_versions_are_immutable(coder):
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    v1 = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), rows_table([(1, "a", 1.0), (2, "b", 2.0)]), coder)
+    found = v1.all_rows(positions=True)
+    first = found.filter(pa.compute.equal(found.column("k"), 1))
+    v2 = v1.replace_rows(first.column(RUN).to_numpy(), first.column(POS).to_numpy(), None, coder)
+    assert sorted(v1.table().column("k").to_pylist()) == [1, 2], "an old version must not change"
+    assert v2.table().column("k").to_pylist() == [2]
+    with pytest.raises(InternalError, match="deleted twice"):
+        v2.replace_rows(first.column(RUN).to_numpy(), first.column(POS).to_numpy(), None, coder)
+
+
+def test_lookup_on_missing_index_is_an_internal_error(coder):
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    with pytest.raises(InternalError, match="no index"):
+        rel.lookup(("g",), np.array([1], np.uint64))
