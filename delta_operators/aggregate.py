@@ -36,10 +36,15 @@ from sql_frontend.plan import AggCall, Aggregate, Column
 from sql_frontend.plan_sql import alias, column, quoted
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
 
 COUNT = "__count"
+OLD_PREFIX = "__o_"
+NEW_PREFIX = "__n_"
+HAD_OLD = "__had_old"
+EMIT_OLD = "__emit_old"
+EMIT_NEW = "__emit_new"
 VALUE = "__v"
 KEEP = "__keep"
 RESCAN = "__rescan"
@@ -193,7 +198,7 @@ class AggregateRule:
         # computation must run even when the input is empty.
         always = self.is_global and ctx.options.initial
         partial = ctx.query("aggd", self._partial_sql(delta_in), drivers=() if always else (delta_in,),
-                            note="per-group change of counts and sums")
+                            note="per-group change of counts and sums", transparent=True)
         old = ctx.temp("aggold")
         ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.keys, probe=partial,
                         probe_columns=self.keys, positions=True, note="state of touched groups"))
@@ -206,11 +211,16 @@ class AggregateRule:
                 extreme[arg] = self._extremes(ctx, arg, merged, old)
             if any(c.arg == arg and c.distinct and c.func not in ("min", "max") for c in self.node.aggregates):
                 presence_of[arg] = self._presence(ctx, arg, merged)
-        new = ctx.query("aggnew", self._new_sql(partial, old, extreme, presence_of), drivers=(partial,),
-                        note="new state of touched groups")
-        ctx.replace(Replace(relation=self.state(ctx), deletes=new, inserts=new, keep=KEEP))
-        return ctx.query("agg", self._output_sql(partial, old, new), drivers=(partial,),
-                         note="-old row +new row per touched group")
+        wide = ctx.query("aggnew", self._wide_sql(partial, old, extreme, presence_of), drivers=(partial,),
+                         note="new state and old/new output row of touched groups")
+        ctx.replace(Replace(relation=self.state(ctx), deletes=wide, inserts=wide, keep=KEEP))
+        names = self.node.column_names
+        out = ctx.temp("agg")
+        ctx.emit(Stack(out=out, source=wide, note="-old row +new row per changed group", parts=(
+            (EMIT_OLD, -1, tuple((n, OLD_PREFIX + n) for n in names)),
+            (EMIT_NEW, 1, tuple((n, NEW_PREFIX + n) for n in names)),
+        )))
+        return out
 
     def _group_by(self, select: exp.Select, source: str, extra: list[exp.Expression] = ()) -> exp.Select:
         cols = [column(k, source) for k in self.keys] + list(extra)
@@ -261,7 +271,7 @@ class AggregateRule:
         select = self._group_by(select, "d", [x.copy()]).having(
             exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
         )
-        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset")
+        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True)
         old = ctx.temp("valold")
         ctx.emit(Lookup(out=old, relation=relation, index=names, probe=changes, probe_columns=names,
                         positions=True, note=f"stored multiplicities of {arg}"))
@@ -389,22 +399,32 @@ class AggregateRule:
             select = select.join(table_as(pres, f"d{n}"), on=not_distinct("p", f"d{n}", self.keys), join_type="left")
         return select
 
-    def _output_sql(self, partial: str, old: str, new: str) -> exp.Select:
+    def _wide_sql(self, partial: str, old: str, extreme: dict, presence_of: dict) -> exp.Select:
+        """Per touched group: the new state, and the old and new output rows.
+
+        Emit flags say which output rows change: a group's old row goes out and
+        its new row comes in unless both exist and are equal.
+        """
         names = self.node.column_names
-        # The lookup may have returned untouched groups too: keep the touched ones.
-        before = (
-            exp.select(*self.finalize("o"), alias(lit(-1), WEIGHT))
-            .from_(table_as(old, "o"))
-            .join(table_as(partial, "p"), on=not_distinct("o", "p", self.keys), join_type="inner")
+        inner = self._new_sql(partial, old, extreme, presence_of)
+        inner = inner.select(
+            *[alias(e.this, OLD_PREFIX + e.alias) for e in self.finalize("o")],
+            alias(exp.Not(this=exp.Is(this=column(COUNT, "o"), expression=exp.null())), HAD_OLD),
+            copy=False,
         )
-        after = exp.select(*self.finalize("n"), alias(lit(1), WEIGHT)).from_(table_as(new, "n")).where(
-            column(KEEP, "n")
-        )
-        both = exp.Subquery(this=union_all([before, after]), alias=exp.TableAlias(this=quoted("c")))
-        total = exp.Sum(this=column(WEIGHT, "c"))
-        select = exp.select(*[alias(column(n, "c"), n) for n in names], alias(total, WEIGHT)).from_(both)
-        select = select.group_by(*[column(n, "c") for n in names])
-        return select.having(exp.NEQ(this=total.copy(), expression=lit(0)))
+        with_new = exp.select(
+            exp.Star(), *[alias(e.this, NEW_PREFIX + e.alias) for e in self.finalize("n")]
+        ).from_(exp.Subquery(this=inner, alias=exp.TableAlias(this=quoted("n"))))
+        same = exp.and_(*[
+            exp.NullSafeEQ(this=column(OLD_PREFIX + c, "w"), expression=column(NEW_PREFIX + c, "w")) for c in names
+        ])
+        keep, had = column(KEEP, "w"), column(HAD_OLD, "w")
+        unchanged = exp.and_(keep.copy(), had.copy(), same)
+        return exp.select(
+            exp.Star(),
+            alias(exp.and_(had, exp.Not(this=unchanged.copy())), EMIT_OLD),
+            alias(exp.and_(keep, exp.Not(this=unchanged.copy())), EMIT_NEW),
+        ).from_(exp.Subquery(this=with_new, alias=exp.TableAlias(this=quoted("w"))))
 
     # --- state reads --------------------------------------------------------
     def _rows(self, source: str) -> exp.Select:

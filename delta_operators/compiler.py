@@ -27,6 +27,7 @@ from sqlglot import exp
 from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, Source, UnionAll, ViewPlan, walk
 from sql_frontend.plan_sql import alias, column
 from delta_operators.program import IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
+from delta_operators.optimize import optimize
 from delta_operators.zset import WEIGHT, WEIGHT_TYPE
 
 OLD = "old"
@@ -57,6 +58,7 @@ class Options:
     changed: frozenset[str] = frozenset()  # sources with a delta in this step
     stored_new: frozenset[str] = frozenset()  # sources whose stored version already includes it
     initial: bool = False  # first computation: every source's OLD is empty
+    optimize: bool = True  # run delta_operators.optimize over the program
 
 
 @dataclass
@@ -86,10 +88,13 @@ class Context:
 
     # --- emitting ---------------------------------------------------------
     def query(
-        self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any"
+        self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any",
+        transparent: bool = False,
     ) -> str:
         out = self.temp(prefix)
-        self.program.steps.append(Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip))
+        self.program.steps.append(
+            Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent)
+        )
         return out
 
     def emit(self, step: Step) -> None:
@@ -143,7 +148,7 @@ def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:
     root_delta = ctx.delta(plan.root)
     if root_delta is not None:
         ctx.program.output = merge_output(ctx, view, plan.columns, root_delta)
-    return ctx.program
+    return optimize(ctx.program) if options.optimize else ctx.program
 
 
 def view_states(view: str, plan: ViewPlan) -> list[StateSpec]:

@@ -35,7 +35,8 @@ def merge(ctx: Context, relation: str, columns: tuple[Column, ...], delta: str, 
     columns, OLD_WEIGHT (before) and WEIGHT (after).
     """
     names = tuple(c.name for c in columns)
-    consolidated = ctx.query("cons", consolidate_sql(delta, names), drivers=(delta,), note=f"consolidate δ{relation}")
+    consolidated = ctx.query("cons", consolidate_sql(delta, names), drivers=(delta,), note=f"consolidate δ{relation}",
+                             transparent=True)
     old = ctx.temp("old")
     ctx.emit(Lookup(out=old, relation=relation, index=names, probe=consolidated, probe_columns=names,
                     positions=True, note=f"stored rows of {relation}"))

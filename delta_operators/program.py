@@ -40,6 +40,9 @@ class Query:
     drivers: tuple[str, ...]
     note: str = ""
     skip: str = "any"
+    # Lookups may probe through this query to the temp its columns are copied
+    # from: it has no filter that would make that probe set much larger.
+    transparent: bool = False
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Lookup:
     probe_columns: tuple[str, ...]
     positions: bool = False  # also return RUN/POS for a later Replace
     note: str = ""
+    probe_filter: str | None = None  # boolean column of the probe: only rows where it is true
 
     @property
     def drivers(self) -> tuple[str, ...]:
@@ -65,6 +69,25 @@ class Check:
 
 
 @dataclass
+class Stack:
+    """out := selections of one temp stacked, each with a constant weight.
+
+    For each part (filter column, weight, ((output column, source column)...)):
+    the rows where the filter column is true, with columns renamed and the
+    weight set. A plain columnar operation, so no engine query is needed.
+    """
+
+    out: str
+    source: str
+    parts: tuple[tuple[str, int, tuple[tuple[str, str], ...]], ...]
+    note: str = ""
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        return (self.source,)
+
+
+@dataclass
 class Replace:
     relation: str
     deletes: str | None  # temp holding RUN/POS of rows to delete
@@ -73,7 +96,7 @@ class Replace:
     nonnegative: bool = False  # fail if any inserted weight is negative (an engine bug)
 
 
-Step = Query | Lookup | Check
+Step = Query | Lookup | Check | Stack
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,8 @@ class Program:
                 lines.append(f"{step.out} := lookup {step.relation} by ({key}) from {step.probe}")
             elif isinstance(step, Check):
                 lines.append(f"check: {step.message}")
+            elif isinstance(step, Stack):
+                lines.append(f"{step.out} := {step.note or 'stack rows of ' + step.source}")
         for r in self.replaces:
             lines.append(f"replace rows of {r.relation}")
         return lines

@@ -83,6 +83,14 @@ class Segment:
             self.items.append((name, source))
         self.where[plan_alias] = (name, flattened)
 
+    def probe_source(self, plan_alias: str, col: str) -> tuple[str, str] | None:
+        """(temp, column) holding ``alias.col`` as plain Arrow data, if any."""
+        name, flattened = self.where[plan_alias]
+        source = dict(self.items)[name]
+        if not isinstance(source, exp.Table):
+            return None  # a scan subquery: not materialized
+        return source.name, f"{plan_alias}.{col}" if flattened else col
+
     def ref(self, plan_alias: str, col: str) -> exp.Column:
         name, flattened = self.where[plan_alias]
         return column(f"{plan_alias}.{col}" if flattened else col, name)
@@ -171,7 +179,16 @@ class SPJRule:
             (a_j, child_j), keys = self._next(ctx, bound, remaining)
             remaining = [(a, c) for a, c in remaining if a != a_j]
             rule_j = ctx.rule(child_j)
-            if keys:
+            direct = self._direct_probe(segment, keys)
+            if direct is not None:
+                # The keys are plain columns of one Arrow temp already at hand:
+                # look up straight from it, and join everything in one query.
+                probe, probe_columns, columns = direct
+                looked_up = rule_j.lookup(ctx, columns, probe, probe_columns, modes[a_j])
+                assert looked_up is not None
+                segment.add(a_j, temp_table(looked_up), sql_alias=a_j)
+                drivers.append(looked_up)
+            elif keys:
                 columns = tuple(k for k, _ in keys)
                 probes = [(f"__probe{n}", expr) for n, (_, expr) in enumerate(keys)]
                 types = {c.name: c.type for c in child_j.columns}
@@ -197,7 +214,29 @@ class SPJRule:
         note = f"term δ{start_alias}: " + ", ".join(
             a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
         )
-        return ctx.query("term", sql, drivers=tuple(drivers), note=note)
+        return ctx.query("term", sql, drivers=tuple(drivers), note=note, transparent=True)
+
+    @staticmethod
+    def _direct_probe(
+        segment: Segment, keys: list[tuple[str, exp.Expression]]
+    ) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
+        """(probe temp, its columns, index columns) when keys are plain temp columns.
+
+        Keys may come from several bound inputs; the lookup then uses the keys
+        of the one temp providing the most (a lookup by fewer columns returns
+        more rows, never fewer).
+        """
+        by_temp: dict[str, list[tuple[str, str]]] = {}
+        for key_col, expression in keys:
+            if not isinstance(expression, exp.Column):
+                continue
+            source = segment.probe_source(expression.table, expression.name)
+            if source is not None:
+                by_temp.setdefault(source[0], []).append((source[1], key_col))
+        if not by_temp:
+            return None
+        temp, pairs = max(by_temp.items(), key=lambda kv: len(kv[1]))
+        return temp, tuple(p for p, _ in pairs), tuple(k for _, k in pairs)
 
     def _take_conjuncts(self, bound: set[str], applied: list[bool]) -> list[exp.Expression]:
         out = []

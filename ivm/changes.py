@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError
 from delta_operators.zset import POS, RUN, WEIGHT
+from ivm import duck
 from ivm.binder import quote
 from ivm.catalog import TableDef
 from storage.keys import KeyCoder
@@ -88,11 +89,16 @@ def _keys_text(table: pa.Table, columns: tuple[str, ...]) -> str:
     return ", ".join(shown) + more
 
 
+def q(name: str) -> str:
+    """A quoted identifier, safe inside a ``Runner`` template."""
+    return quote(name).replace("{", "{{").replace("}", "}}")
+
+
 class ChangeNormalizer:
     """Checks a batch against a table's schema and casts it to the table's types."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection):
-        self.con = con
+    def __init__(self, runner: duck.Runner):
+        self.runner = runner
 
     def normalize(self, table: TableDef, schema: pa.Schema, data: pa.Table) -> pa.Table:
         """Table columns (in order, table types) + __op + __seq."""
@@ -162,16 +168,13 @@ class ChangeNormalizer:
         source = pa.table({c.name: columns[c.name] for c in needs})
         selects, checks = [], []
         for c in needs:
-            q = quote(c.name)
-            selects.append(f"TRY_CAST({q} AS {c.type}) AS {q}")
-            checks.append(f"({q} IS NOT NULL AND TRY_CAST({q} AS {c.type}) IS NULL) AS {quote('__bad_' + c.name)}")
-        self.con.register("__batch", source)
+            n = q(c.name)
+            selects.append(f"TRY_CAST({n} AS {c.type}) AS {n}")
+            checks.append(f"({n} IS NOT NULL AND TRY_CAST({n} AS {c.type}) IS NULL) AS {q('__bad_' + c.name)}")
         try:
-            cast = self.con.sql(f"SELECT {', '.join(selects + checks)} FROM __batch").to_arrow_table()
+            cast = self.runner.run(f"SELECT {', '.join(selects + checks)} FROM {{batch}}", batch=source)
         except duckdb.Error as e:
             raise ChangeError(f"the batch for {table.name} does not fit its columns: {e}") from None
-        finally:
-            self.con.unregister("__batch")
         for c in needs:
             bad = cast.column("__bad_" + c.name)
             if pc.any(bad).as_py():
@@ -187,25 +190,20 @@ class ChangeNormalizer:
 class ChangeApplier:
     """Turns a normalized batch into a Z-set change of one stored table."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, coder: KeyCoder):
-        self.con = con
+    def __init__(self, runner: duck.Runner, coder: KeyCoder):
+        self.runner = runner
         self.coder = coder
 
     def apply(self, table: TableDef, relation: Relation, batch: pa.Table, policy: str) -> ZsetChange:
         identity = table.identity
         existing = relation.lookup(identity, self.coder.codes(batch, identity), positions=True)
-        self.con.register("__b", batch)
-        self.con.register("__e", existing)
         try:
             if table.primary_key:
-                result = self._keyed(table, batch, policy)
+                result = self._keyed(table, batch, existing, policy)
             else:
-                result = self._bag(table, policy)
+                result = self._bag(table, batch, existing, policy)
         except duckdb.Error as e:
             raise ChangeError(f"applying the batch to {table.name} failed: {e}") from None
-        finally:
-            self.con.unregister("__b")
-            self.con.unregister("__e")
         names = list(table.column_names)
         delta = result.select(names + [WEIGHT])
         found = pc.is_valid(result.column(RUN))
@@ -220,73 +218,76 @@ class ChangeApplier:
             rows=batch.num_rows,
         )
 
-    def _keyed(self, table: TableDef, batch: pa.Table, policy: str) -> pa.Table:
+    def _keyed(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
+        """-old/+new rows per touched key, and the offending rows if any (one statement)."""
         key = table.primary_key
-        k = ", ".join(quote(c) for c in key)
-        on = " AND ".join(f"s.{quote(c)} = e.{quote(c)}" for c in key)
-        missing_check = "" if policy == "ignore" else "OR (s.__op = 'd' AND NOT s.__existed)"
-        errors = self.con.sql(
+        names = table.column_names
+        k = ", ".join(q(c) for c in key)
+        on = " AND ".join(f"s.{q(c)} = e.{q(c)}" for c in key)
+        same = " AND ".join(f"l.{q(c)} IS NOT DISTINCT FROM o.{q(c)}" for c in names)
+        lo = " AND ".join(f"l.{q(c)} = o.{q(c)}" for c in key)
+        touched = " AND ".join(f"b.{q(c)} = e.{q(c)}" for c in key)
+        missing_check = "" if policy == "ignore" else "OR (c.__op = 'd' AND NOT c.__existed)"
+        result = self.runner.run(
             f"""
             WITH s AS (
-                SELECT b.*, LAG(b.__op) OVER (PARTITION BY {k} ORDER BY b.__seq) AS __prev FROM __b b
+                SELECT b.*, LAG(b.__op) OVER (PARTITION BY {k} ORDER BY b.__seq) AS __prev FROM {{b}} b
             ), c AS (
-                SELECT s.*, CASE WHEN s.__prev IS NULL THEN e.{quote(key[0])} IS NOT NULL
+                -- did the key exist just before this row's operation?
+                SELECT s.*, CASE WHEN s.__prev IS NULL THEN e.{q(key[0])} IS NOT NULL
                                  ELSE s.__prev <> 'd' END AS __existed
-                FROM s LEFT JOIN __e e ON {on}
+                FROM s LEFT JOIN {{e}} e ON {on}
+            ), l AS (
+                SELECT * FROM {{b}} QUALIFY ROW_NUMBER() OVER (PARTITION BY {k} ORDER BY __seq DESC) = 1
+            ), o AS (
+                SELECT e.* FROM {{e}} e WHERE EXISTS (SELECT 1 FROM {{b}} b WHERE {touched})
             )
-            SELECT {k}, __op FROM c s
-            WHERE (s.__op = 'c' AND s.__existed) {missing_check}
-            ORDER BY __seq
-            """
-        ).to_arrow_table()
+            SELECT {', '.join(f'o.{q(c)} AS {q(c)}' for c in names)}, -1::BIGINT AS {WEIGHT},
+                   o.{RUN} AS {RUN}, o.{POS} AS {POS}, 0::BIGINT AS __new, NULL::VARCHAR AS __error, NULL::BIGINT AS __seq
+            FROM o LEFT JOIN l ON {lo}
+            WHERE l.__op = 'd' OR NOT ({same})
+            UNION ALL
+            SELECT {', '.join(f'l.{q(c)} AS {q(c)}' for c in names)}, 1::BIGINT, NULL::INTEGER, NULL::BIGINT,
+                   1::BIGINT, NULL::VARCHAR, NULL::BIGINT
+            FROM l LEFT JOIN o ON {lo}
+            WHERE l.__op <> 'd' AND (o.{q(key[0])} IS NULL OR NOT ({same}))
+            UNION ALL
+            SELECT {', '.join(f'c.{q(c)} AS {q(c)}' for c in names)}, 0::BIGINT, NULL::INTEGER, NULL::BIGINT,
+                   0::BIGINT, c.__op, c.__seq
+            FROM c WHERE (c.__op = 'c' AND c.__existed) {missing_check}
+            """,
+            b=batch,
+            e=existing,
+        )
+        errors = result.filter(pc.is_valid(result.column("__error")))
         if errors.num_rows:
-            dup = errors.filter(pc.equal(errors.column(OP), "c"))
+            errors = errors.sort_by("__seq")
+            dup = errors.filter(pc.equal(errors.column("__error"), "c"))
             keys = ", ".join(key)
             if dup.num_rows:
                 raise ChangeError(
                     f"duplicate key: insert ('c') into {table.name} of existing ({keys}) = {_keys_text(dup, key)}"
                 )
-            raise ChangeError(
-                f"delete ('d') from {table.name} of missing ({keys}) = {_keys_text(errors, key)}"
-            )
-        names = table.column_names
-        cols = ", ".join(quote(c) for c in names)
-        same = " AND ".join(f"l.{quote(c)} IS NOT DISTINCT FROM o.{quote(c)}" for c in names)
-        lo = " AND ".join(f"l.{quote(c)} = o.{quote(c)}" for c in key)
-        return self.con.sql(
-            f"""
-            WITH l AS (
-                SELECT * FROM __b QUALIFY ROW_NUMBER() OVER (PARTITION BY {k} ORDER BY __seq DESC) = 1
-            ), o AS (
-                SELECT e.* FROM __e e WHERE EXISTS (SELECT 1 FROM __b b WHERE {' AND '.join(f'b.{quote(c)} = e.{quote(c)}' for c in key)})
-            )
-            SELECT {', '.join(f'o.{quote(c)} AS {quote(c)}' for c in names)}, -1::BIGINT AS {WEIGHT},
-                   o.{RUN} AS {RUN}, o.{POS} AS {POS}, 0::BIGINT AS __new
-            FROM o LEFT JOIN l ON {lo}
-            WHERE l.__op = 'd' OR NOT ({same})
-            UNION ALL
-            SELECT {', '.join(f'l.{quote(c)} AS {quote(c)}' for c in names)}, 1::BIGINT AS {WEIGHT},
-                   NULL::INTEGER AS {RUN}, NULL::BIGINT AS {POS}, 1::BIGINT AS __new
-            FROM l LEFT JOIN o ON {lo}
-            WHERE l.__op <> 'd' AND (o.{quote(key[0])} IS NULL OR NOT ({same}))
-            """
-        ).to_arrow_table()
+            raise ChangeError(f"delete ('d') from {table.name} of missing ({keys}) = {_keys_text(errors, key)}")
+        return result
 
-    def _bag(self, table: TableDef, policy: str) -> pa.Table:
+    def _bag(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
         names = table.column_names
-        cols = ", ".join(quote(c) for c in names)
-        match = " AND ".join(f"d.{quote(c)} IS NOT DISTINCT FROM e.{quote(c)}" for c in names)
-        merged = self.con.sql(
+        cols = ", ".join(q(c) for c in names)
+        match = " AND ".join(f"d.{q(c)} IS NOT DISTINCT FROM e.{q(c)}" for c in names)
+        merged = self.runner.run(
             f"""
             WITH d AS (
                 SELECT {cols}, SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END)::BIGINT AS __d
-                FROM __b GROUP BY {cols} HAVING SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END) <> 0
+                FROM {{b}} GROUP BY {cols} HAVING SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END) <> 0
             )
-            SELECT {', '.join(f'd.{quote(c)} AS {quote(c)}' for c in names)}, d.__d,
+            SELECT {', '.join(f'd.{q(c)} AS {q(c)}' for c in names)}, d.__d,
                    COALESCE(e.{WEIGHT}, 0)::BIGINT AS __old, e.{RUN} AS {RUN}, e.{POS} AS {POS}
-            FROM d LEFT JOIN __e e ON {match}
-            """
-        ).to_arrow_table()
+            FROM d LEFT JOIN {{e}} e ON {match}
+            """,
+            b=batch,
+            e=existing,
+        )
         old = merged.column("__old")
         change = merged.column("__d")
         new = pc.add(old, change)

@@ -30,6 +30,7 @@ from sql_frontend.statements import CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program
 from delta_operators.zset import WEIGHT
+from ivm import duck
 from ivm.binder import Binder
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, as_table, missing_delete_policy
@@ -60,10 +61,11 @@ class Engine:
         self.store = Store()
         self.write_lock = threading.RLock()
         writer = self.duck.cursor()
-        self.coder = KeyCoder(writer)
+        runner = duck.Runner(writer)
+        self.coder = KeyCoder(runner.run)
         self.executor = Executor(writer, self.coder)
-        self.normalizer = ChangeNormalizer(writer)
-        self.applier = ChangeApplier(writer, self.coder)
+        self.normalizer = ChangeNormalizer(runner)
+        self.applier = ChangeApplier(runner, self.coder)
         self.reader = Reader(self)
         self.offset = 0
         self.closed = False

@@ -21,6 +21,7 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, ExecutionError, UnknownObjectError
 from sql_frontend.statements import normalize_name
 from delta_operators.zset import WEIGHT
+from ivm import duck
 from ivm.executor import duckdb_message
 from storage.relation import Relation
 from storage.store import Snapshot
@@ -106,8 +107,7 @@ class Reader:
         cursor, registered = self._cursor()
         self.register(cursor, registered, names, snapshot)
         try:
-            result = cursor.sql(sql)
-            table = result.to_arrow_table() if result is not None else pa.table({})
+            table = duck.arrow(cursor, sql)
         except duckdb.CatalogException as e:
             raise UnknownObjectError(duckdb_message(e)) from None
         except (duckdb.BinderException, duckdb.ParserException) as e:

@@ -12,9 +12,8 @@ equal, like its joins and GROUP BY do.
 
 from __future__ import annotations
 
-import itertools
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -31,10 +30,9 @@ def _is_integer(t: pa.DataType) -> bool:
 class KeyCoder:
     """Computes key codes; one per thread (it owns a DuckDB cursor)."""
 
-    _names = itertools.count()
-
-    def __init__(self, connection: duckdb.DuckDBPyConnection):
-        self._con = connection
+    def __init__(self, run: Callable[..., pa.Table]):
+        """``run(template, **inputs)`` executes SQL with ``{name}`` placeholders over Arrow inputs."""
+        self._run = run
         self._lock = threading.Lock()
 
     def codes(self, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
@@ -58,12 +56,7 @@ class KeyCoder:
         return np.ascontiguousarray(values.to_numpy()).view(np.uint64)
 
     def _hashed(self, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
-        name = f"__keys{next(self._names)}"
-        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+        cols = ", ".join('"' + c.replace('"', '""').replace("{", "{{").replace("}", "}}") + '"' for c in columns)
         with self._lock:
-            self._con.register(name, table.select(list(columns)))
-            try:
-                result = self._con.execute(f'SELECT hash({cols}) AS h FROM "{name}"').fetchnumpy()["h"]
-            finally:
-                self._con.unregister(name)
-        return np.asarray(result, dtype=np.uint64)
+            result = self._run(f"SELECT hash({cols}) AS h FROM {{keys}}", keys=table.select(list(columns)))
+        return np.asarray(result.column(0).to_numpy(), dtype=np.uint64)

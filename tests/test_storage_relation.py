@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delta_operators.zset import POS, RUN, WEIGHT
+from ivm import duck
 from sql_frontend.errors import InternalError
 from storage import relation as relation_module
 from storage.keys import NULL_CODE, KeyCoder
@@ -23,7 +24,7 @@ SCHEMA = pa.schema([("k", pa.int64()), ("g", pa.string()), ("v", pa.float64()), 
 
 @pytest.fixture(scope="module")
 def coder():
-    return KeyCoder(duckdb.connect())
+    return KeyCoder(duck.Runner(duckdb.connect()).run)
 
 
 def rows_table(rows: list[tuple]) -> pa.Table:
@@ -68,7 +69,7 @@ def test_relation_matches_model(ops, force_probing):
 
 
 def check_against_model(ops):
-    coder = KeyCoder(duckdb.connect())
+    coder = KeyCoder(duck.Runner(duckdb.connect()).run)
     rel = Relation.empty("t", SCHEMA, ("k",), (("g",),))
     model: dict[int, tuple] = {}
     for kind, keys in ops:

@@ -1,0 +1,216 @@
+"""Incremental maintenance versus full recompute (issue 2's first benchmark).
+
+    python -m bench.core --rows 1000000 10000000 --batches 40 --batch-size 1000
+
+For each table size it builds
+
+    orders(id PK, cust, amount, qty, status)          N rows
+    customers(id PK, nation, segment)                  N/10 rows
+    nations(id PK, name)                               25 rows
+
+and two views: a single-table GROUP BY over orders, and a 3-table join with
+GROUP BY. It then streams change batches to orders (inserts of new orders,
+updates that move orders between customers, deletes) and times each
+``apply_changes`` (ingest and maintenance of both views, as a user sees it),
+and, in the same run, DuckDB recomputing each view from native tables holding
+the same data. Reports median and p95 per batch and the ratio, and checks at
+the end that both views equal their recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+import ivm
+
+VIEWS = {
+    "per_customer": """SELECT cust, COUNT(*) AS n, SUM(amount) AS total, MAX(amount) AS biggest
+        FROM orders GROUP BY cust""",
+    "nation_segment": """SELECT n.name, c.segment, COUNT(*) AS n, SUM(o.amount) AS total, AVG(o.qty) AS avg_qty
+        FROM orders o JOIN customers c ON o.cust = c.id JOIN nations n ON c.nation = n.id
+        GROUP BY n.name, c.segment""",
+}
+SCHEMA = [
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, qty INTEGER, status VARCHAR)",
+    "CREATE TABLE customers (id BIGINT PRIMARY KEY, nation INTEGER, segment VARCHAR)",
+    "CREATE TABLE nations (id INTEGER PRIMARY KEY, name VARCHAR)",
+]
+
+
+def generate(con: duckdb.DuckDBPyConnection, rows: int) -> dict[str, pa.Table]:
+    customers = max(10, rows // 10)
+    return {
+        "nations": con.sql("SELECT i::INTEGER AS id, 'nation_' || i AS name FROM range(25) t(i)").to_arrow_table(),
+        "customers": con.sql(
+            f"""SELECT i AS id, (hash(i) % 25)::INTEGER AS nation,
+                   ['AUTOMOBILE','BUILDING','FURNITURE','HOUSEHOLD','MACHINERY'][((hash(i * 7) % 5) + 1)::BIGINT] AS segment
+                FROM range({customers}) t(i)"""
+        ).to_arrow_table(),
+        "orders": con.sql(
+            f"""SELECT i AS id, (hash(i) % {customers})::BIGINT AS cust,
+                   round((hash(i * 3) % 100000) / 100.0, 2) AS amount, (hash(i * 5) % 50)::INTEGER AS qty,
+                   ['open','shipped','cancelled'][((hash(i * 11) % 3) + 1)::BIGINT] AS status
+                FROM range({rows}) t(i)"""
+        ).to_arrow_table(),
+    }
+
+
+def change_batch(rng: np.random.Generator, next_id: int, rows: int, customers: int, size: int,
+                 deleted: set[int]) -> tuple[pa.Table, int]:
+    """40% inserts of new orders, 40% updates (moving customer/amount), 20% deletes."""
+    kinds = rng.choice(3, size=size, p=[0.4, 0.4, 0.2])
+    n_new = int((kinds == 0).sum())
+    existing = rng.choice(rows, size=size - n_new, replace=False)
+    existing = np.array([k for k in existing if k not in deleted][: size - n_new], dtype=np.int64)
+    ids = np.concatenate([np.arange(next_id, next_id + n_new), existing])
+    ops = ["c"] * n_new + ["u" if k == 1 else "d" for k in kinds[kinds != 0][: len(existing)]]
+    for k, op in zip(existing, ops[n_new:]):
+        if op == "d":
+            deleted.add(int(k))
+    n = len(ids)
+    table = pa.table({
+        "id": ids,
+        "cust": rng.integers(0, customers, n),
+        "amount": np.round(rng.random(n) * 1000, 2),
+        "qty": rng.integers(0, 50, n).astype(np.int32),
+        "status": rng.choice(["open", "shipped", "cancelled"], n),
+        "__op": ops,
+    })
+    return table, next_id + n_new
+
+
+def percentile(values: list[float], p: float) -> float:
+    return float(np.percentile(values, p))
+
+
+def recompute_times(native: duckdb.DuckDBPyConnection, sql: str, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        native.sql(sql).to_arrow_table()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_size(rows: int, batches: int, batch_size: int, seed: int) -> dict:
+    gen = duckdb.connect()
+    data = generate(gen, rows)
+    customers = data["customers"].num_rows
+    db = ivm.connect()
+    for statement in SCHEMA:
+        db.execute(statement)
+    load_start = time.perf_counter()
+    for name in ("nations", "customers", "orders"):
+        db.apply_changes(name, data[name])
+    load = time.perf_counter() - load_start
+    create = {}
+    for name, sql in VIEWS.items():
+        start = time.perf_counter()
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+        create[name] = time.perf_counter() - start
+
+    rng = np.random.default_rng(seed)
+    next_id = rows
+    deleted: set[int] = set()
+    latencies = []
+    for _ in range(batches):
+        batch, next_id = change_batch(rng, next_id, rows, customers, batch_size, deleted)
+        start = time.perf_counter()
+        db.apply_changes("orders", batch)
+        latencies.append(time.perf_counter() - start)
+
+    # Recompute in the same run, over native DuckDB tables holding the same rows.
+    native = duckdb.connect()
+    for name in ("nations", "customers", "orders"):
+        current = db.sql(f"SELECT * FROM {name}")  # noqa: F841  (read by DuckDB)
+        native.execute(f"CREATE TABLE {name} AS SELECT * FROM current")
+    result = {"rows": rows, "batch_size": batch_size, "batches": batches, "load_s": load, "views": {}}
+    for name, sql in VIEWS.items():
+        recompute = recompute_times(native, sql, repeats=max(5, batches // 4))
+        got = db.sql(f"SELECT * FROM {name}")
+        want = native.sql(sql).to_arrow_table()
+        equal = _equal(got, want)
+        result["views"][name] = {
+            "create_s": create[name],
+            "recompute_median_ms": statistics.median(recompute) * 1000,
+            "recompute_p95_ms": percentile(recompute, 95) * 1000,
+            "equal_to_recompute": equal,
+        }
+    result["batch_median_ms"] = statistics.median(latencies) * 1000
+    result["batch_p95_ms"] = percentile(latencies, 95) * 1000
+    recompute_both = sum(v["recompute_median_ms"] for v in result["views"].values())
+    result["recompute_both_median_ms"] = recompute_both
+    result["ratio"] = recompute_both / result["batch_median_ms"]
+    db.close()
+    return result
+
+
+def _equal(got: pa.Table, want: pa.Table) -> bool:
+    import math
+
+    def key(row):
+        return tuple((0, "") if v is None else (1, round(v, 6) if isinstance(v, float) else v) for v in row.values())
+
+    a = sorted(got.to_pylist(), key=key)
+    b = sorted(want.to_pylist(), key=key)
+    if len(a) != len(b):
+        return False
+    for ra, rb in zip(a, b):
+        for x, y in zip(ra.values(), rb.values()):
+            if isinstance(x, float) and isinstance(y, float):
+                if not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-6):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+def report(results: list[dict]) -> str:
+    lines = [
+        "| rows | batch | ivm per batch median (ms) | p95 (ms) | recompute both views median (ms) | ratio | views equal recompute |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results:
+        equal = all(v["equal_to_recompute"] for v in r["views"].values())
+        lines.append(
+            f"| {r['rows']:,} | {r['batch_size']} | {r['batch_median_ms']:.1f} | {r['batch_p95_ms']:.1f} | "
+            f"{r['recompute_both_median_ms']:.1f} | {r['ratio']:.1f}x | {equal} |"
+        )
+    lines.append("")
+    lines.append("| rows | view | recompute median (ms) | create (s) |")
+    lines.append("| ---: | --- | ---: | ---: |")
+    for r in results:
+        for name, v in r["views"].items():
+            lines.append(f"| {r['rows']:,} | {name} | {v['recompute_median_ms']:.1f} | {v['create_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    results = [run_size(rows, args.batches, args.batch_size, args.seed) for rows in args.rows]
+    text = report(results)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": platform.platform(), "python": platform.python_version(), "duckdb": duckdb.__version__}
+    (out / "core.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    (out / "core.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

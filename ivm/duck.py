@@ -1,0 +1,98 @@
+"""The thin layer between ivm and DuckDB's Python API.
+
+Every statement ivm runs goes through here, for two reasons of cost (a delta
+is small, so fixed costs are most of the work):
+
+* DuckDB 2.0's public calls cost two statements each: ``con.sql(q)`` binds
+  ``q`` for its schema and plans it again to run it, and an Arrow fetch after
+  ``con.execute(q)`` reads the result back through a second statement.
+  ``_submit`` (what relations use internally) plans once and returns Arrow;
+  it is private, so it is used only where present.
+* Most statements run once per batch with the same text and new data.
+  ``Runner`` prepares each text once over *holders*, objects registered once
+  whose Arrow data is swapped before each execution, which skips parsing,
+  binding and optimizing (measured: 2.4 ms -> 1.0 ms for a join with GROUP
+  BY over 1,400 rows).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+BATCH_SIZE = 131072
+
+
+def arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    submit = getattr(con, "_submit", None)
+    if submit is not None:
+        return submit(sql, None, "arrow", BATCH_SIZE).arrow_table()
+    return con.sql(sql).to_arrow_table()
+
+
+class Holder:
+    """A registered Arrow source whose data is swapped between executions."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        self.schema = table.schema
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.table.__arrow_c_stream__(requested_schema)
+
+
+_ids = itertools.count()
+
+
+class Statement:
+    """One SQL text prepared over named Arrow inputs.
+
+    The text names its inputs as ``{name}`` placeholders.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, template: str):
+        self.con = con
+        self.id = next(_ids)
+        self.template = template
+        self.holders: dict[str, Holder] = {}
+        self.ready = False
+
+    def _prepare(self, inputs: dict[str, pa.Table]) -> None:
+        self.id = next(_ids)
+        self.holders = {}
+        names = {}
+        for name, table in inputs.items():
+            registered = f"__ivm_s{self.id}_{name}"
+            self.holders[name] = Holder(table)
+            self.con.register(registered, self.holders[name])
+            names[name] = f'"{registered}"'
+        self.con.execute(f'PREPARE "__ivm_p{self.id}" AS {self.template.format(**names)}')
+        self.ready = True
+
+    def run(self, **inputs: pa.Table) -> pa.Table:
+        if not self.ready or any(not t.schema.equals(self.holders[n].schema) for n, t in inputs.items()):
+            self._prepare(inputs)
+        for name, table in inputs.items():
+            self.holders[name].table = table
+        try:
+            return arrow(self.con, f'EXECUTE "__ivm_p{self.id}"')
+        finally:
+            for holder in self.holders.values():
+                holder.table = holder.schema.empty_table()
+
+
+class Runner:
+    """Runs SQL templates over Arrow inputs on one cursor, preparing each once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self.con = con
+        self._statements: dict[str, Statement] = {}
+
+    def run(self, template: str, **inputs: pa.Table) -> pa.Table:
+        statement = self._statements.get(template)
+        if statement is None:
+            statement = self._statements[template] = Statement(self.con, template)
+        return statement.run(**inputs)
