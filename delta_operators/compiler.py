@@ -59,6 +59,7 @@ class Options:
     stored_new: frozenset[str] = frozenset()  # sources whose stored version already includes it
     initial: bool = False  # first computation: every source's OLD is empty
     optimize: bool = True  # run delta_operators.optimize over the program
+    store_output: bool = True  # merge the view's delta into a stored output relation
 
 
 @dataclass
@@ -147,19 +148,49 @@ def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:
     ctx.program.inputs = tuple(delta_input(r) for r in sorted(options.changed))
     root_delta = ctx.delta(plan.root)
     if root_delta is not None:
-        ctx.program.output = merge_output(ctx, view, plan.columns, root_delta)
+        if options.store_output:
+            ctx.program.output = merge_output(ctx, view, plan.columns, root_delta)
+        else:
+            ctx.program.output = root_delta
     return optimize(ctx.program) if options.optimize else ctx.program
 
 
-def view_states(view: str, plan: ViewPlan) -> list[StateSpec]:
-    """Every relation a view owns: its output first, then operator state."""
+def view_states(view: str, plan: ViewPlan, store_output: bool = True) -> list[StateSpec]:
+    """Every relation a view owns: its output first (when stored), then operator state."""
     from delta_operators.merge import output_state
 
     ctx = Context(view=view, plan=plan, options=Options())
-    specs = [output_state(view, plan.columns)]
+    specs = [output_state(view, plan.columns)] if store_output else []
     for node in walk(plan.root):
         specs.extend(ctx.rule(node).states(ctx))
     return specs
+
+
+def reads_only_state(plan: ViewPlan) -> bool:
+    """True when the view's rows can be computed from its own operator state alone.
+
+    Such a view needs no stored output: its rows are a cheap projection of the
+    state of its top aggregate or DISTINCT, computed when read.
+    """
+
+    def only_state(node: Node) -> bool:
+        if isinstance(node, (Aggregate, Distinct)):
+            return True
+        if isinstance(node, (SPJ, UnionAll)):
+            return all(only_state(child) for child in node.children())
+        return False
+
+    return only_state(plan.root)
+
+
+def read_sql(view: str, plan: ViewPlan) -> tuple[exp.Expression, set[str]]:
+    """SELECT of a view's rows from its operator state, and the relations it scans."""
+    ctx = Context(view=view, plan=plan, options=Options())
+    scan = ctx.rule(plan.root).scan(ctx, OLD)
+    from sql_frontend.plan_sql import subquery
+
+    select = exp.select(*[column(c.name, "v") for c in plan.columns]).from_(subquery(scan, "v"))
+    return select, set(ctx.program.scans)
 
 
 # --- SQL helpers shared by the rules ------------------------------------------

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import CatalogError, UnknownObjectError
 from sql_frontend.plan import Column, ViewPlan, is_set_valued
-from delta_operators.compiler import Options, compile_view, view_states
+from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
 from ivm.binder import Binder
 
@@ -50,6 +50,8 @@ class ViewDef:
     states: list[StateSpec]
     kind: str = "view"
     programs: dict[tuple, Program] = field(default_factory=dict)
+    # False: rows are computed on read from operator state (see reads_only_state)
+    stored_output: bool = True
 
     @property
     def columns(self) -> tuple[Column, ...]:
@@ -70,9 +72,26 @@ class ViewDef:
     def program(self, changed: frozenset[str], stored_new: frozenset[str], initial: bool = False) -> Program:
         key = (changed, stored_new & changed, initial)
         if key not in self.programs:
-            options = Options(changed=changed, stored_new=stored_new & changed, initial=initial)
+            options = Options(changed=changed, stored_new=stored_new & changed, initial=initial,
+                              store_output=self.stored_output)
             self.programs[key] = compile_view(self.name, self.plan, options)
         return self.programs[key]
+
+    def store_output(self) -> None:
+        """Switch to a stored output (a view that other views read needs one)."""
+        self.stored_output = True
+        self.states = view_states(self.name, self.plan, True)
+        self.programs.clear()
+
+    def relations(self) -> list[str]:
+        return [s.name for s in self.states]
+
+    def read_sql(self) -> tuple[exp.Expression, set[str]]:
+        """SELECT of the rows of a view without stored output, and the state it scans."""
+        cached = self.programs.get(("read",))
+        if cached is None:
+            cached = self.programs[("read",)] = read_sql(self.name, self.plan)
+        return cached
 
 
 class Catalog:
@@ -177,4 +196,5 @@ class Catalog:
 
 
 def make_view(name: str, sql: str, plan: ViewPlan) -> ViewDef:
-    return ViewDef(name=name, sql=sql, plan=plan, states=view_states(name, plan))
+    stored = not reads_only_state(plan)
+    return ViewDef(name=name, sql=sql, plan=plan, states=view_states(name, plan, stored), stored_output=stored)

@@ -260,7 +260,12 @@ class Database:
                 continue
             names.append(name)
             kinds.append("table" if definition.kind == "table" else "materialized view")
-            rows.append(snapshot[name].num_rows)
+            if definition.kind == "view" and not definition.stored_output:
+                count = engine.reader.query(f"SELECT COUNT(*) FROM {quote(name)}", exp.Table(this=exp.to_identifier(name)),
+                                            snapshot)
+                rows.append(count.column(0)[0].as_py())
+            else:
+                rows.append(snapshot[name].num_rows)
         return pa.table({"name": names, "kind": kinds, "rows": pa.array(rows, pa.int64())})
 
 

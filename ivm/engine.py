@@ -31,7 +31,7 @@ from delta_operators.compiler import delta_input
 from delta_operators.program import Program
 from delta_operators.zset import WEIGHT
 from ivm import duck
-from ivm.binder import Binder
+from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, as_table, missing_delete_policy
 from ivm.executor import Executor, RowChanges
@@ -61,7 +61,7 @@ class Engine:
         self.store = Store()
         self.write_lock = threading.RLock()
         writer = self.duck.cursor()
-        runner = duck.Runner(writer)
+        runner = self.runner = duck.Runner(writer)
         self.coder = KeyCoder(runner.run)
         self.executor = Executor(writer, self.coder)
         self.normalizer = ChangeNormalizer(runner)
@@ -151,6 +151,11 @@ class Engine:
             plan = plan_view(stmt.query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
             snapshot = self.store.snapshot
+            # A view read by another view needs stored output (for lookups and deltas).
+            converted = [self.catalog.views[s] for s in view.sources
+                         if s in self.catalog.views and not self.catalog.views[s].stored_output]
+            for upstream in converted:
+                snapshot = self._store_output(upstream, snapshot)
             fresh = {
                 spec.name: self.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
                 for spec in view.states
@@ -161,10 +166,30 @@ class Engine:
             for source in view.sources:
                 program = view.program(frozenset([source]), self._stored_new(frozenset([source])))
                 snapshot = self._ensure_indexes(program, snapshot)
-            snapshot = self._initialize(view, snapshot)
+            try:
+                snapshot = self._initialize(view, snapshot)
+            except BaseException:
+                for upstream in converted:  # nothing was published: undo the switch
+                    upstream.stored_output = False
+                    upstream.states = [s for s in upstream.states if s.name != upstream.name]
+                    upstream.programs.clear()
+                raise
             self.catalog.add_view(view)
             self.store.publish(snapshot)
             return True
+
+    def _store_output(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
+        """Give a view computed on read a stored output, filled with its rows now."""
+        rows = self.reader.query(f"SELECT * FROM {quote(view.name)}", exp.Table(this=exp.to_identifier(view.name)),
+                                 snapshot)
+        names = ", ".join(quote(c) for c in view.column_names)
+        counted = self.runner.run(
+            f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
+        ) if rows.num_rows else rows.append_column(WEIGHT, pa.array([], pa.int64()))
+        view.store_output()
+        spec = view.states[0]
+        relation = self.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
+        return snapshot.with_changes({view.name: relation.replace_all(counted, self.coder)})
 
     def _stored_new(self, changed: frozenset[str]) -> frozenset[str]:
         """Sources whose stored version already includes the step's delta (tables)."""

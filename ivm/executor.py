@@ -73,15 +73,17 @@ class Executor:
     def __init__(self, connection: duckdb.DuckDBPyConnection, coder: KeyCoder):
         self.con = connection
         self.coder = coder
-        self._steps: dict[int, StepState] = {}
+        # Keyed by id(step), holding the step itself: a freed step's id can be
+        # reused by a new step (programs are recompiled), which must never find
+        # the old step's prepared statement.
+        self._steps: dict[int, tuple[Query | Check, StepState]] = {}
 
     def _state(self, step: Query | Check) -> StepState:
-        state = self._steps.get(id(step))
-        if state is None:
+        entry = self._steps.get(id(step))
+        if entry is None or entry[0] is not step:
             names = frozenset(t.name for t in step.sql.find_all(exp.Table))
-            state = StepState(render(step.sql, DIALECT), names)
-            self._steps[id(step)] = state
-        return state
+            entry = self._steps[id(step)] = (step, StepState(render(step.sql, DIALECT), names))
+        return entry[1]
 
     def run(
         self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = ""

@@ -23,10 +23,14 @@ from sql_frontend.statements import normalize_name
 from delta_operators.zset import WEIGHT
 from ivm import duck
 from ivm.executor import duckdb_message
+from delta_operators.program import scan_name
+from ivm.binder import quote
+from sql_frontend.plan_sql import render
 from storage.relation import Relation
 from storage.store import Snapshot
 
 if TYPE_CHECKING:
+    from ivm.catalog import ViewDef
     from ivm.engine import Engine
 
 OFFSET_METADATA = b"ivm.offset"
@@ -64,7 +68,7 @@ class Reader:
                     pass
             self._cursors.clear()
 
-    def _cursor(self) -> tuple[duckdb.DuckDBPyConnection, dict[str, Relation]]:
+    def _cursor(self) -> tuple[duckdb.DuckDBPyConnection, dict[str, object]]:
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
             cursor = self.engine.duck.cursor()
@@ -89,17 +93,44 @@ class Reader:
             names.append(name)
         return names
 
-    def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, Relation],
+    def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                  names: list[str], snapshot: Snapshot) -> None:
+        """Make each named relation readable on this cursor as of ``snapshot``.
+
+        ``registered`` remembers what each name holds on this cursor (the very
+        object, not its id, so the comparison stays sound).
+        """
         catalog = self.engine.catalog
         for name in names:
             definition = catalog.get(name)
-            relation = snapshot[name]
-            # Holding the registered version (not its id) keeps the comparison sound.
-            if registered.get(name) is relation:
+            if definition.kind == "view" and not definition.stored_output:
+                self._register_computed(cursor, registered, definition, snapshot)
                 continue
+            relation = snapshot[name]
+            previous = registered.get(name)
+            if previous is relation:
+                continue
+            if previous is not None and not isinstance(previous, Relation):
+                cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")  # it was computed on read
             cursor.register(name, visible(relation, not definition.is_set))
             registered[name] = relation
+
+    def _register_computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
+                           view: "ViewDef", snapshot: Snapshot) -> None:
+        """A view without stored output: a DuckDB view over its operator state."""
+        select, scans = view.read_sql()
+        for relation_name in scans:
+            scan = scan_name(relation_name)
+            relation = snapshot[relation_name]
+            if registered.get(scan) is not relation:
+                cursor.register(scan, relation.table())
+                registered[scan] = relation
+        previous = registered.get(view.name)
+        if previous is not view:
+            if isinstance(previous, Relation):
+                cursor.unregister(view.name)
+            cursor.execute(f"CREATE OR REPLACE TEMP VIEW {quote(view.name)} AS {render(select)}")
+            registered[view.name] = view
 
     def query(self, sql: str, expression: exp.Expression, snapshot: Snapshot | None = None) -> pa.Table:
         snapshot = snapshot or self.engine.store.snapshot
