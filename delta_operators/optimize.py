@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from delta_operators.program import Check, Lookup, Program, Query, Stack
+from delta_operators.program import Lookup, Program, Query, Stack
 
 
 def optimize(program: Program) -> Program:
@@ -80,8 +80,6 @@ def inline_queries(program: Program) -> Program:
             pinned.add(step.probe)
         elif isinstance(step, Stack):
             pinned.add(step.source)
-        elif isinstance(step, Check):
-            pinned.update(step.drivers)
     for replace in program.replaces:
         pinned.update(n for n in (replace.deletes, replace.inserts) if n)
     changed = True
@@ -90,7 +88,7 @@ def inline_queries(program: Program) -> Program:
         for step in list(program.steps):
             if not isinstance(step, Query) or step.out in pinned:
                 continue
-            readers = [s for s in program.steps if s is not step and isinstance(s, (Query, Check))
+            readers = [s for s in program.steps if s is not step and isinstance(s, Query)
                        and step.out in _tables(s.sql)]
             for reader in readers:
                 reader.sql = reader.sql.with_(step.out, as_=step.sql.copy())
@@ -100,7 +98,7 @@ def inline_queries(program: Program) -> Program:
     return program
 
 
-def _merged_drivers(reader: Query | Check, inlined: Query) -> tuple[str, ...]:
+def _merged_drivers(reader: Query, inlined: Query) -> tuple[str, ...]:
     """Drivers of ``reader`` once ``inlined`` runs inside it.
 
     A product reader ("any") over a product producer is empty when any of the
@@ -113,8 +111,8 @@ def _merged_drivers(reader: Query | Check, inlined: Query) -> tuple[str, ...]:
     if not inlined.drivers:
         # The inlined query always runs: it can never justify skipping a product,
         # and a sum over it may always be non-empty.
-        return tuple(drivers) if getattr(reader, "skip", "any") == "any" else ()
-    if getattr(reader, "skip", "any") == "all" or inlined.skip == "any" or len(inlined.drivers) == 1:
+        return tuple(drivers) if reader.skip == "any" else ()
+    if reader.skip == "all" or inlined.skip == "any" or len(inlined.drivers) == 1:
         # Sum reader: skipping only when all of the wider set are empty is sound.
         # Product over a product: empty when any of the producer's drivers is.
         drivers.extend(d for d in inlined.drivers if d not in drivers)

@@ -5,7 +5,7 @@ A program is a straight-line list of steps over named temporaries:
     Query    out := one SELECT over temporaries and full relation scans
     Lookup   out := rows of a stored relation whose index columns equal the
              probe columns of a temporary (an arrangement lookup, DD-style)
-    Check    fail the batch if a SELECT returns any row (invariants)
+    Stack    out := selections of one temp with constant weights (no engine query)
 
 and, applied only after every step succeeded, a list of
 
@@ -62,13 +62,6 @@ class Lookup:
 
 
 @dataclass
-class Check:
-    sql: exp.Expression
-    message: str
-    drivers: tuple[str, ...]
-
-
-@dataclass
 class Stack:
     """out := selections of one temp stacked, each with a constant weight.
 
@@ -96,7 +89,7 @@ class Replace:
     nonnegative: bool = False  # fail if any inserted weight is negative (an engine bug)
 
 
-Step = Query | Lookup | Check | Stack
+Step = Query | Lookup | Stack
 
 
 @dataclass(frozen=True)
@@ -136,8 +129,6 @@ class Program:
             elif isinstance(step, Lookup):
                 key = ", ".join(step.index) or "all rows"
                 lines.append(f"{step.out} := lookup {step.relation} by ({key}) from {step.probe}")
-            elif isinstance(step, Check):
-                lines.append(f"check: {step.message}")
             elif isinstance(step, Stack):
                 lines.append(f"{step.out} := {step.note or 'stack rows of ' + step.source}")
         for r in self.replaces:

@@ -196,9 +196,15 @@ class ChangeApplier:
 
     def apply(self, table: TableDef, relation: Relation, batch: pa.Table, policy: str) -> ZsetChange:
         identity = table.identity
-        existing = relation.lookup(identity, self.coder.codes(batch, identity), positions=True)
+        codes = self.coder.codes(batch, identity)
+        existing = relation.lookup(identity, codes, positions=True)
         try:
-            if table.primary_key:
+            if table.primary_key and len(np.unique(codes)) == len(codes):
+                # Every key once (the usual batch): no ordering within keys to resolve.
+                # Equal codes may be a collision of different keys; those take the
+                # general path, which is never wrong, only slower.
+                result = self._keyed_once(table, batch, existing, policy)
+            elif table.primary_key:
                 result = self._keyed(table, batch, existing, policy)
             else:
                 result = self._bag(table, batch, existing, policy)
@@ -259,17 +265,58 @@ class ChangeApplier:
             b=batch,
             e=existing,
         )
-        errors = result.filter(pc.is_valid(result.column("__error")))
-        if errors.num_rows:
-            errors = errors.sort_by("__seq")
-            dup = errors.filter(pc.equal(errors.column("__error"), "c"))
-            keys = ", ".join(key)
-            if dup.num_rows:
-                raise ChangeError(
-                    f"duplicate key: insert ('c') into {table.name} of existing ({keys}) = {_keys_text(dup, key)}"
-                )
-            raise ChangeError(f"delete ('d') from {table.name} of missing ({keys}) = {_keys_text(errors, key)}")
+        self._raise_errors(table, result)
         return result
+
+    def _keyed_once(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
+        """_keyed for a batch that names each key at most once (one statement, no windows)."""
+        key = table.primary_key
+        names = table.column_names
+        on = " AND ".join(f"b.{q(c)} = e.{q(c)}" for c in key)
+        same = " AND ".join(f"b.{q(c)} IS NOT DISTINCT FROM e.{q(c)}" for c in names)
+        existed = f"e.{q(key[0])} IS NOT NULL"
+        bad = f"(b.__op = 'c' AND {existed})" + ("" if policy == "ignore" else f" OR (b.__op = 'd' AND NOT ({existed}))")
+        result = self.runner.run(
+            f"""
+            WITH j AS (
+                SELECT {', '.join(f'b.{q(c)} AS {q("b." + c)}' for c in names)},
+                       {', '.join(f'e.{q(c)} AS {q("e." + c)}' for c in names)},
+                       e.{RUN} AS {RUN}, e.{POS} AS {POS}, b.__op, b.__seq,
+                       {existed} AS __existed, ({same}) AS __same, ({bad}) AS __bad
+                FROM {{b}} b LEFT JOIN {{e}} e ON {on}
+            )
+            SELECT {', '.join(f'{q("e." + c)} AS {q(c)}' for c in names)}, -1::BIGINT AS {WEIGHT},
+                   {RUN}, {POS}, 0::BIGINT AS __new, NULL::VARCHAR AS __error, NULL::BIGINT AS __seq
+            FROM j WHERE __existed AND NOT __bad AND (__op = 'd' OR NOT __same)
+            UNION ALL
+            SELECT {', '.join(f'{q("b." + c)}' for c in names)}, 1::BIGINT, NULL::INTEGER, NULL::BIGINT,
+                   1::BIGINT, NULL::VARCHAR, NULL::BIGINT
+            FROM j WHERE __op <> 'd' AND NOT __bad AND (NOT __existed OR NOT __same)
+            UNION ALL
+            SELECT {', '.join(f'{q("b." + c)}' for c in names)}, 0::BIGINT, NULL::INTEGER, NULL::BIGINT,
+                   0::BIGINT, __op, __seq
+            FROM j WHERE __bad
+            """,
+            b=batch,
+            e=existing,
+        )
+        self._raise_errors(table, result)
+        return result
+
+    @staticmethod
+    def _raise_errors(table: TableDef, result: pa.Table) -> None:
+        errors = result.filter(pc.is_valid(result.column("__error")))
+        if not errors.num_rows:
+            return
+        key = table.primary_key
+        errors = errors.sort_by("__seq")
+        dup = errors.filter(pc.equal(errors.column("__error"), "c"))
+        keys = ", ".join(key)
+        if dup.num_rows:
+            raise ChangeError(
+                f"duplicate key: insert ('c') into {table.name} of existing ({keys}) = {_keys_text(dup, key)}"
+            )
+        raise ChangeError(f"delete ('d') from {table.name} of missing ({keys}) = {_keys_text(errors, key)}")
 
     def _bag(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
         names = table.column_names

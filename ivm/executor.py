@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import ExecutionError, InternalError
 from sql_frontend.plan_sql import quoted, render
-from delta_operators.program import Check, Lookup, Program, Query, Replace, Stack, scan_name
+from delta_operators.program import Lookup, Program, Query, Replace, Stack, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.duck import Holder
@@ -76,9 +76,9 @@ class Executor:
         # Keyed by id(step), holding the step itself: a freed step's id can be
         # reused by a new step (programs are recompiled), which must never find
         # the old step's prepared statement.
-        self._steps: dict[int, tuple[Query | Check, StepState]] = {}
+        self._steps: dict[int, tuple[Query, StepState]] = {}
 
-    def _state(self, step: Query | Check) -> StepState:
+    def _state(self, step: Query) -> StepState:
         entry = self._steps.get(id(step))
         if entry is None or entry[0] is not step:
             names = frozenset(t.name for t in step.sql.find_all(exp.Table))
@@ -96,8 +96,6 @@ class Executor:
                     temps[step.out] = self._lookup(step, temps, snapshot)
                 elif isinstance(step, Query):
                     temps[step.out] = self._query(step, temps, snapshot, registered, label)
-                elif isinstance(step, Check):
-                    self._check(step, temps, snapshot, registered, label)
                 elif isinstance(step, Stack):
                     temps[step.out] = self._stack(step, temps)
         finally:
@@ -133,7 +131,7 @@ class Executor:
             return snapshot[name[len(SCAN_PREFIX):]].table()
         return None  # a CTE name, or not ours: DuckDB resolves or reports it
 
-    def _execute(self, step: Query | Check, temps: dict[str, pa.Table], snapshot: Snapshot, registered: set[str]) -> pa.Table:
+    def _execute(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: set[str]) -> pa.Table:
         state = self._state(step)
         state.runs += 1
         if state.runs == 1:
@@ -159,7 +157,7 @@ class Executor:
             for holder in prepared.holders.values():
                 holder.table = holder.schema.empty_table()  # do not keep batches alive
 
-    def _prepare(self, step: Query | Check, inputs: dict[str, pa.Table]) -> Prepared:
+    def _prepare(self, step: Query, inputs: dict[str, pa.Table]) -> Prepared:
         sid = next(self._ids)
         prepared = Prepared(statement=f"__ivm_stmt{sid}")
         tree = step.sql.copy()
@@ -189,14 +187,6 @@ class Executor:
         if state.empty is None:
             state.empty = result.schema
         return result
-
-    def _check(
-        self, step: Check, temps: dict[str, pa.Table], snapshot: Snapshot, registered: set[str], label: str
-    ) -> None:
-        if self._skippable(step.drivers, "any", temps):
-            return
-        if self._execute(step, temps, snapshot, registered).num_rows:
-            raise InternalError(f"{label}: {step.message}")
 
     @staticmethod
     def _stack(step: Stack, temps: dict[str, pa.Table]) -> pa.Table:

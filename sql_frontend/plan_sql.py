@@ -5,7 +5,7 @@ and by tests: a plan's SQL must return what the original SELECT returns.
 
 >>> from sql_frontend.plan import Source, SPJ, Column
 >>> t = Source("t", "table", (Column("a", "INTEGER"),))
->>> node = SPJ((("x", t),), None, (("b", exp.column("a", "x")),))
+>>> node = SPJ((("x", t),), None, (("b", column("a", "x")),))
 >>> to_sql(node).sql("duckdb")
 'SELECT "x"."a" AS "b" FROM "t" AS "x"'
 """
