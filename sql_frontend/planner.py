@@ -59,6 +59,7 @@ def plan_view(
 ) -> ViewPlan:
     """Plan a materialized view body; raise a named error for anything unsupported."""
     check_supported(query, catalog.aggregate_names())
+    query = drop_order_by(query)
     schema = catalog.schema()
     check_relations(query, schema)
     output = catalog.describe(render(query))
@@ -71,6 +72,20 @@ def plan_view(
     columns = tuple(Column(n, c.type) for n, c in zip(names, output))
     relations = tuple(dict.fromkeys(s.relation for s in sources(root)))
     return ViewPlan(root=root, columns=columns, sources=relations)
+
+
+def drop_order_by(query: exp.Expression) -> exp.Expression:
+    """Remove ORDER BY clauses that have no LIMIT: a view is an unordered set of rows.
+
+    (With a LIMIT, ORDER BY decides which rows are in the view; check_supported
+    rejects that until top-K is maintained.)
+    """
+    query = query.copy()
+    for order in list(query.find_all(exp.Order)):
+        holder = order.parent
+        if isinstance(holder, (exp.Select, exp.SetOperation)) and not holder.args.get("limit"):
+            order.pop()
+    return query
 
 
 def _output_names(output: Sequence[Column], given: Sequence[str] | None) -> list[str]:

@@ -3,10 +3,10 @@
 A view is checked before anything is created, so an unsupported view never
 half-exists. The message names the construct as the user wrote it.
 
->>> check_supported(sqlglot.parse_one("SELECT a FROM t ORDER BY a", dialect="duckdb"))
+>>> check_supported(sqlglot.parse_one("SELECT a FROM t LIMIT 3", dialect="duckdb"))
 Traceback (most recent call last):
 ...
-sql_frontend.errors.UnsupportedError: ORDER BY is not supported in a materialized view; order the rows when you read the view
+sql_frontend.errors.UnsupportedError: LIMIT is not supported in a materialized view
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ def _fail(what: str, hint: str = "") -> None:
 def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
     if isinstance(node, exp.Window):
         _fail(f"window function {_func_name(node.this)}")
-    elif isinstance(node, exp.Order) and isinstance(node.parent, (exp.Select, exp.SetOperation)):
-        _fail("ORDER BY", "; order the rows when you read the view")
     elif isinstance(node, (exp.Limit, exp.Fetch)):
         _fail("LIMIT")
     elif isinstance(node, exp.Offset):

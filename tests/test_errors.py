@@ -59,7 +59,6 @@ def assert_rejected(db: ivm.Database, action, error: type, *words: str) -> None:
 
 UNSUPPORTED_VIEWS = [
     ("SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS r FROM orders", "window function"),
-    ("SELECT id FROM orders ORDER BY id", "ORDER BY"),
     ("SELECT id FROM orders LIMIT 3", "LIMIT"),
     ("SELECT id FROM orders LIMIT 3 OFFSET 1", "LIMIT"),
     ("SELECT o.id, c.region FROM orders o LEFT JOIN customers c ON o.cust = c.id", "LEFT OUTER JOIN"),
@@ -120,6 +119,14 @@ BIND_ERRORS = [
 @pytest.mark.parametrize("sql, error, words", BIND_ERRORS, ids=[w for *_, w in BIND_ERRORS])
 def test_view_that_does_not_bind_is_rejected(db, sql, error, words):
     assert_rejected(db, lambda: db.execute(f"CREATE MATERIALIZED VIEW bad AS {sql}"), error, words)
+
+
+def test_order_by_without_limit_is_ignored(db):
+    """A view is an unordered set: ORDER BY without LIMIT does not change its rows."""
+    db.execute("CREATE MATERIALIZED VIEW ordered AS SELECT id, amount FROM orders ORDER BY amount DESC")
+    assert sorted(db.sql("SELECT id FROM ordered").column("id").to_pylist()) == [1, 2]
+    db.execute("INSERT INTO orders VALUES (3, 7, 5.0, 'new')")
+    assert sorted(db.sql("SELECT id FROM ordered").column("id").to_pylist()) == [1, 2, 3]
 
 
 def test_view_column_list_must_match(db):
