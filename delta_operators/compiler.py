@@ -24,7 +24,7 @@ from typing import Protocol
 
 from sqlglot import exp
 
-from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, Source, UnionAll, ViewPlan, walk
+from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, SemiJoin, SetOp, Source, UnionAll, ViewPlan, walk
 from sql_frontend.plan_sql import alias, column
 from delta_operators.program import IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
@@ -132,11 +132,16 @@ def make_rule(node: Node) -> Rule:
     # Imported here: the rule modules import this one for Context and modes.
     from delta_operators.aggregate import AggregateRule
     from delta_operators.distinct import DistinctRule
+    from delta_operators.semijoin import SemiJoinRule
+    from delta_operators.setop import SetOpRule
     from delta_operators.source import SourceRule
     from delta_operators.spj import SPJRule
     from delta_operators.union import UnionAllRule
 
-    rules = {Source: SourceRule, SPJ: SPJRule, Aggregate: AggregateRule, Distinct: DistinctRule, UnionAll: UnionAllRule}
+    rules = {
+        Source: SourceRule, SPJ: SPJRule, Aggregate: AggregateRule, Distinct: DistinctRule, UnionAll: UnionAllRule,
+        SemiJoin: SemiJoinRule, SetOp: SetOpRule,
+    }
     return rules[type(node)](node)
 
 
@@ -174,7 +179,7 @@ def reads_only_state(plan: ViewPlan) -> bool:
     """
 
     def only_state(node: Node) -> bool:
-        if isinstance(node, (Aggregate, Distinct)):
+        if isinstance(node, (Aggregate, Distinct, SetOp)):
             return True
         if isinstance(node, (SPJ, UnionAll)):
             return all(only_state(child) for child in node.children())

@@ -11,6 +11,8 @@ multiplicities DISTINCT keeps.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from sqlglot import exp
 
 from sql_frontend.plan import Column
@@ -28,11 +30,15 @@ def output_state(view: str, columns: tuple[Column, ...]) -> StateSpec:
     return StateSpec(name=view, columns=columns, identity=names, indexes=(names,), role="view rows")
 
 
-def merge(ctx: Context, relation: str, columns: tuple[Column, ...], delta: str, nonnegative: bool) -> tuple[str, str]:
+def merge(
+    ctx: Context, relation: str, columns: tuple[Column, ...], delta: str, nonnegative: bool,
+    extra: Callable[[exp.Expression, exp.Expression], list[exp.Expression]] | None = None,
+) -> tuple[str, str]:
     """Emit the merge of ``delta`` into ``relation``.
 
     Returns (consolidated delta, merged rows): the merged temp has the row
-    columns, OLD_WEIGHT (before) and WEIGHT (after).
+    columns, OLD_WEIGHT (before) and WEIGHT (after), and the (aliased)
+    columns ``extra(before, after)`` computes from the two weights.
     """
     names = tuple(c.name for c in columns)
     consolidated = ctx.query("cons", consolidate_sql(delta, names), drivers=(delta,), note=f"consolidate δ{relation}",
@@ -50,6 +56,7 @@ def merge(ctx: Context, relation: str, columns: tuple[Column, ...], delta: str, 
             alias(exp.GT(this=after.copy(), expression=exp.Literal.number(0)), KEEP),
             alias(column(RUN, "o"), RUN),
             alias(column(POS, "o"), POS),
+            *(extra(before.copy(), after.copy()) if extra else []),
         )
         .from_(exp.Table(this=quoted(consolidated), alias=exp.TableAlias(this=quoted("d"))))
         .join(

@@ -24,15 +24,12 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from sql_frontend.plan import SPJ, Node
+from sql_frontend.plan import INTEGER_TYPES, SPJ, Node
 from sql_frontend.plan_sql import alias, column, quoted, subquery
-from delta_operators.compiler import NEW, OLD, Context, select_columns, union_all
+from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 
-INTEGER_TYPES = {
-    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
-}
 
 
 def lookup_compatible(probe_type: str, key_type: str) -> bool:
@@ -169,6 +166,17 @@ class SPJRule:
         start_alias, start_node = self.node.inputs[i]
         start = ctx.delta(start_node)
         assert start is not None
+        note = f"term δ{start_alias}: " + ", ".join(
+            a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
+        )
+        return self._pipeline(ctx, start_alias, start, modes, note)
+
+    def _pipeline(self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str) -> str:
+        """Join the rows in temp ``start`` (input ``start_alias``) with every other input.
+
+        Each other input is read in ``modes[alias]`` through an index lookup
+        when an equality reaches it, else by a scan.
+        """
         applied = [False] * len(self.conjuncts)
         segment = Segment()
         segment.add(start_alias, temp_table(start))
@@ -211,9 +219,6 @@ class SPJRule:
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
         projections.append(alias(segment.weight(), WEIGHT))
         sql = segment.select(projections, conjuncts)
-        note = f"term δ{start_alias}: " + ", ".join(
-            a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
-        )
         return ctx.query("term", sql, drivers=tuple(drivers), note=note, transparent=True)
 
     @staticmethod
@@ -302,15 +307,66 @@ class SPJRule:
         projections.append(alias(segment.weight(), WEIGHT))
         return segment.select(projections, [c.expression for c in self.conjuncts])
 
+    # --- lookups: a pipeline that starts from one input's lookup --------------
+    def _lookup_plan(self, ctx: Context, columns: tuple[str, ...]):  # noqa: ANN202
+        """(input alias, its columns, indexes into ``columns``) to start a lookup from."""
+        outputs = dict(self.node.outputs)
+        best = None
+        for a, child in self.node.inputs:
+            picked = [
+                (outputs[c].name, i) for i, c in enumerate(columns)
+                if isinstance(outputs[c], exp.Column) and outputs[c].table == a
+            ]
+            picked = list(dict((name, i) for name, i in picked).items())
+            if picked and can_lookup(ctx, child, tuple(n for n, _ in picked)):
+                if best is None or len(picked) > len(best[1]):
+                    best = (a, picked)
+        return best
+
+    def _null_column(self, columns: tuple[str, ...]) -> bool:
+        """Some looked-up column is always NULL (outer-join padding): ``=`` matches nothing."""
+        outputs = dict(self.node.outputs)
+        return any(is_null_constant(outputs[c]) for c in columns)
+
+    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        return bool(columns) and (self._null_column(columns) or self._lookup_plan(ctx, columns) is not None)
+
     def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
-        return None
+        """Rows whose ``columns`` equal the probe's (a superset), in ``mode``."""
+        if self._null_column(columns):
+            return ctx.query("empty", empty_select(self.node.columns), drivers=(), note="NULL key: no match")
+        plan = self._lookup_plan(ctx, columns)
+        if plan is None:
+            return None
+        start_alias, picked = plan
+        child = self.node.input(start_alias)
+        start = ctx.rule(child).lookup(
+            ctx, tuple(n for n, _ in picked), probe, tuple(probe_columns[i] for _, i in picked), mode
+        )
+        modes = {a: mode for a, _ in self.node.inputs if a != start_alias}
+        note = f"lookup via {start_alias}: " + ", ".join(a for a, _ in self.node.inputs) + f" [{mode}]"
+        return self._pipeline(ctx, start_alias, start, modes, note)
+
+    def old_is_empty(self, ctx: Context) -> bool:
+        return any(old_is_empty(ctx, child) for _, child in self.node.inputs)
 
     def states(self, ctx: Context) -> list[StateSpec]:
         return []
 
 
+def is_null_constant(expression: exp.Expression) -> bool:
+    while isinstance(expression, (exp.Cast, exp.Paren)):
+        expression = expression.this
+    return isinstance(expression, exp.Null)
+
+
 def can_lookup(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
-    check = getattr(ctx.rule(node), "can_lookup", None)
+    """Whether ``node``'s rows can be fetched by ``columns`` without a scan."""
+    rule = ctx.rule(node)
+    possible = getattr(rule, "lookup_possible", None)
+    if possible is not None:
+        return bool(possible(ctx, columns))
+    check = getattr(rule, "can_lookup", None)
     return bool(check and check(columns))
 
 

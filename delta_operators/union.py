@@ -53,11 +53,29 @@ class UnionAllRule:
             ]
         )
 
-    def can_lookup(self, columns: tuple[str, ...]) -> bool:
-        return False  # branch column names differ; joins against unions scan
+    def _branch_columns(self, child, columns: tuple[str, ...]) -> tuple[str, ...]:  # noqa: ANN001
+        """The names ``columns`` have in a branch (branches line up by position)."""
+        position = {c: i for i, c in enumerate(self.node.column_names)}
+        return tuple(child.column_names[position[c]] for c in columns)
+
+    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        from delta_operators.spj import can_lookup
+
+        return bool(columns) and all(
+            can_lookup(ctx, child, self._branch_columns(child, columns)) for child in self.node.inputs
+        )
 
     def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
-        return None
+        """Each branch's rows by the same columns, lined up as in the union."""
+        parts, found = [], []
+        for child in self.node.inputs:
+            rows = ctx.rule(child).lookup(ctx, self._branch_columns(child, columns), probe, probe_columns, mode)
+            if rows is None:
+                return None
+            found.append(rows)
+            source = exp.Table(this=quoted(rows), alias=exp.TableAlias(this=quoted("b")))
+            parts.append(self._aligned(child.column_names, source))
+        return ctx.query("look", union_all(parts), drivers=tuple(found), note="union rows", skip="all")
 
     def old_is_empty(self, ctx: Context) -> bool:
         from delta_operators.spj import old_is_empty

@@ -194,8 +194,9 @@ class Executor:
         parts = []
         for filter_column, weight, columns in step.parts:
             rows = source.filter(source.column(filter_column)) if source.num_rows else source
-            part = pa.table({out: rows.column(src) for out, src in columns})
-            parts.append(part.append_column(WEIGHT, pa.array(np.full(rows.num_rows, weight, np.int64))))
+            data = {out: rows.column(src) for out, src in columns}
+            data[WEIGHT] = pa.array(np.full(rows.num_rows, weight, np.int64))  # also for no columns
+            parts.append(pa.table(data))
         return pa.concat_tables(parts)
 
     def _changes(self, replace: Replace, temps: dict[str, pa.Table]) -> RowChanges | None:

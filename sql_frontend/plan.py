@@ -10,6 +10,13 @@ column references are ``alias.column`` over the node's named inputs.
     Aggregate   GROUP BY with COUNT/SUM/AVG/MIN/MAX (+ DISTINCT variants)
     Distinct    set semantics over its input
     UnionAll    bag union of inputs with the same column layout
+    SemiJoin    rows of one input with (semi) or without (anti) a match in another
+    SetOp       EXCEPT / INTERSECT, with or without ALL
+
+Outer joins, subqueries and NOT IN are not nodes of their own: the planner
+composes them from these (an outer join is the inner join plus the unmatched
+rows, an anti join, padded with NULLs), so every construct reuses the rules
+and state of a few operators.
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from sqlglot import exp
+
+
+INTEGER_TYPES = frozenset({
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+})
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,76 @@ class UnionAll(Node):
         return self.inputs
 
 
+# The aliases under which a SemiJoin's residual condition reads its two inputs.
+LEFT = "__l"
+RIGHT = "__r"
+
+
+@dataclass(eq=False)
+class SemiJoin(Node):
+    """Rows of ``left`` that have (``anti=False``) or have no (``anti=True``) match in ``right``.
+
+    A left row matches a right row when each ``keys`` pair (left column,
+    right column) is equal under SQL ``=`` (so a NULL key never matches) and
+    ``residual``, an expression over ``__l.<left column>`` and
+    ``__r.<right column>``, is true. A left row keeps its multiplicity; how
+    many right rows match does not matter. The output columns are the left's.
+    """
+
+    left: Node
+    right: Node
+    keys: tuple[tuple[str, str], ...]
+    residual: exp.Expression | None = None
+    anti: bool = False
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+
+SET_OPERATIONS = ("except", "intersect")
+
+
+@dataclass(eq=False)
+class SetOp(Node):
+    """``left EXCEPT|INTERSECT [ALL] right``; inputs line up by position, names come from ``left``.
+
+    Rows are compared as in GROUP BY (NULL equals NULL). With ALL, a row
+    appearing l times on the left and r times on the right appears
+    max(l - r, 0) times (EXCEPT) or min(l, r) times (INTERSECT); without
+    ALL, once when l > 0 and r = 0 (EXCEPT) or l > 0 and r > 0 (INTERSECT).
+    """
+
+    kind: str  # one of SET_OPERATIONS
+    all: bool
+    left: Node
+    right: Node
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+
+def with_children(node: Node, children: tuple[Node, ...]) -> Node:
+    """A copy of ``node`` reading ``children`` instead (columns are inferred again)."""
+    if isinstance(node, Source):
+        return node
+    if isinstance(node, SPJ):
+        aliases = [a for a, _ in node.inputs]
+        return SPJ(tuple(zip(aliases, children)), node.predicate, node.outputs)
+    if isinstance(node, Aggregate):
+        return Aggregate(children[0], node.keys, node.aggregates)
+    if isinstance(node, Distinct):
+        return Distinct(children[0])
+    if isinstance(node, UnionAll):
+        return UnionAll(tuple(children))
+    if isinstance(node, SemiJoin):
+        return SemiJoin(children[0], children[1], node.keys, node.residual, node.anti)
+    if isinstance(node, SetOp):
+        return SetOp(node.kind, node.all, children[0], children[1])
+    raise TypeError(f"unknown plan node {type(node).__name__}")
+
+
 @dataclass
 class ViewPlan:
     """A planned view: the root node and the names/types users see."""
@@ -178,6 +260,10 @@ def is_set_valued(node: Node) -> bool:
     """True when the node can never hold duplicate rows."""
     if isinstance(node, (Distinct, Aggregate)):
         return True
+    if isinstance(node, SetOp):
+        return not node.all or is_set_valued(node.left)  # min(l, r) and l - r never exceed l
+    if isinstance(node, SemiJoin):
+        return is_set_valued(node.left)  # a filter of the left rows
     if isinstance(node, SPJ) and len(node.inputs) == 1:
         # A filter over a set stays a set only when it keeps every column.
         (alias, child), = node.inputs

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from sql_frontend.plan import SPJ, Aggregate, AggCall, Distinct, Node, Source, UnionAll
+from sql_frontend.plan import LEFT, RIGHT, SPJ, Aggregate, AggCall, Distinct, Node, SemiJoin, SetOp, Source, UnionAll
 
 
 OPERATORS = (exp.Binary, exp.Unary, exp.Between, exp.In)
@@ -101,7 +101,39 @@ def to_sql(node: Node) -> exp.Expression:
         for part in parts[1:]:
             result = exp.union(result, part, distinct=False)
         return result
+    if isinstance(node, SemiJoin):
+        return _semi_join_sql(node)
+    if isinstance(node, SetOp):
+        left = exp.select(exp.Star()).from_(subquery(to_sql(node.left), "__a"))
+        right = exp.select(exp.Star()).from_(subquery(to_sql(node.right), "__b"))
+        cls = exp.Except if node.kind == "except" else exp.Intersect
+        return cls(this=left, expression=right, distinct=not node.all)
     raise TypeError(f"no SQL rendering for {type(node).__name__}")
+
+
+def match_condition(node: SemiJoin) -> exp.Expression:
+    """The condition under which a left row (``__l``) matches a right row (``__r``)."""
+    parts: list[exp.Expression] = [
+        exp.EQ(this=column(lk, LEFT), expression=column(rk, RIGHT)) for lk, rk in node.keys
+    ]
+    if node.residual is not None:
+        parts.append(node.residual.copy())
+    return exp.and_(*parts) if parts else exp.true()
+
+
+def _semi_join_sql(node: SemiJoin) -> exp.Select:
+    """``SELECT l.* FROM left l WHERE [NOT] EXISTS (SELECT 1 FROM right r WHERE match)``."""
+    found = exp.Exists(
+        this=exp.select(exp.Literal.number(1))
+        .from_(subquery(to_sql(node.right), RIGHT))
+        .where(match_condition(node))
+    )
+    test: exp.Expression = exp.Not(this=found) if node.anti else found
+    return (
+        exp.select(*[alias(column(c, LEFT), c) for c in node.left.column_names])
+        .from_(subquery(to_sql(node.left), LEFT))
+        .where(test)
+    )
 
 
 def _spj_sql(node: SPJ) -> exp.Select:
