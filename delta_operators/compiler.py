@@ -179,8 +179,10 @@ def reads_only_state(plan: ViewPlan) -> bool:
     """
 
     def only_state(node: Node) -> bool:
-        if isinstance(node, (Aggregate, Distinct, SetOp)):
+        if isinstance(node, (Aggregate, Distinct)):
             return True
+        if isinstance(node, SetOp):
+            return not node.all  # reads show each row once: only without ALL is that its multiplicity
         if isinstance(node, (SPJ, UnionAll)):
             return all(only_state(child) for child in node.children())
         return False

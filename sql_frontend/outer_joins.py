@@ -118,6 +118,8 @@ def unmatched(b: "Builder", preserved: FromClause, other: FromClause, conds: lis
     right = other.flatten(
         filters=o_only, extra=[(n, o) for n, (_, o) in zip(names, pairs)], only=residual_refs
     )
+    if not right.outputs:  # only whether a row exists matters
+        right = SPJ(right.inputs, right.predicate, (("__one", exp.Literal.number(1)),))
     left, right, keys, equalities = align_keys(b.typed, b.describe, left, right, names)
     matcher = [_two_sided(r, p_aliases, o_aliases) for r in residual] + equalities
     anti = SemiJoin(left, right, keys, exp.and_(*matcher) if matcher else None, anti=True)

@@ -193,6 +193,7 @@ def apply(b: "Builder", fc: FromClause, where: list[exp.Expression], predicates:
             pairs.append((lname, rname, t is not None))
         read = {c.name for r in p.residual for c in r.find_all(exp.Column) if c.table == RIGHT}
         outputs += [(name, column(name, RIGHT_INPUT)) for name in sorted(read)]
+        outputs = outputs or [("__one", exp.Literal.number(1))]  # only whether a row exists matters
         right = b.typed(SPJ(((RIGHT_INPUT, p.right),), None, tuple(outputs)))
         planned.append((p, right, pairs))
     if left_casts:

@@ -15,14 +15,14 @@ import pytest
 from sqlglot import exp
 
 import ivm
-from sql_frontend.plan import SPJ, Aggregate, Distinct, Source, UnionAll, walk
+from sql_frontend.plan import SPJ, Aggregate, Distinct, SemiJoin, SetOp, Source, UnionAll, walk
 from sql_frontend.plan_sql import parenthesize, render, to_sql
 from sql_frontend.statements import parse_query
 from tests.oracle.compare import multiset_diff
-from tests.oracle.fixtures import oracle_schema, oracle_views
+from tests.oracle.fixtures import VIEW_SETS, oracle_schema, oracle_views
 from tests.oracle.model import Model, generate_batch
 
-VIEWS = oracle_views()
+VIEWS = [v for name in VIEW_SETS for v in oracle_views(name)]
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +103,47 @@ def test_parenthesize_keeps_precedence():
     assert parenthesize(tree).sql() == "x * (a - b)"
     con = duckdb.connect()
     assert con.execute(f"SELECT {render(tree)} FROM (SELECT 2 AS x, 5 AS a, 3 AS b)").fetchone()[0] == 4
+
+
+def test_left_join_is_inner_join_plus_padded_anti_join(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT o.id, c.region FROM orders o LEFT JOIN customers c ON o.cust = c.id")
+    semis = [n for n in walk(root) if isinstance(n, SemiJoin)]
+    assert len(semis) == 1 and semis[0].anti and semis[0].residual is None
+    assert any(isinstance(n, UnionAll) for n in walk(root))
+
+
+def test_where_rejecting_nulls_turns_outer_join_inner(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT o.id FROM orders o LEFT JOIN customers c ON o.cust = c.id WHERE c.tier + 1 > 2")
+    assert not any(isinstance(n, (SemiJoin, UnionAll)) for n in walk(root))
+
+
+def test_not_in_is_a_union_of_anti_joins(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT id FROM customers WHERE tier NOT IN (SELECT val FROM events)")
+    semis = [n for n in walk(root) if isinstance(n, SemiJoin)]
+    assert len(semis) == 3 and all(s.anti for s in semis)
+
+
+def test_correlated_scalar_subquery_joins_a_grouped_aggregate(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT o.id FROM orders o WHERE o.qty > (SELECT AVG(i.qty) FROM items i WHERE i.order_id = o.id)")
+    agg = next(n for n in walk(root) if isinstance(n, Aggregate))
+    assert len(agg.keys) == 1, "grouped by the correlation column"
+    assert not any(isinstance(n, SemiJoin) for n in walk(root)), "the comparison rejects NULLs: an inner join"
+
+
+def test_shared_join_condition_leaves_the_or(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT o.id FROM orders o, customers c WHERE (o.cust = c.id AND o.qty > 1) "
+                       "OR (o.cust = c.id AND c.tier = 2)")
+    spj = next(n for n in walk(root) if isinstance(n, SPJ))
+    assert any(isinstance(c, exp.EQ) for c in spj.predicate.flatten() if isinstance(spj.predicate, exp.And))
+
+
+def test_except_all_is_a_set_operation_node(loaded):
+    db, _ = loaded
+    root = plan_of(db, "SELECT qty FROM orders EXCEPT ALL SELECT val FROM events")
+    op = next(n for n in walk(root) if isinstance(n, SetOp))
+    assert op.kind == "except" and op.all

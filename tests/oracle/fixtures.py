@@ -33,5 +33,10 @@ def oracle_schema() -> list[str]:
     return read_statements(FIXTURES / "oracle_schema.sql")
 
 
-def oracle_views() -> list[ViewFixture]:
-    return read_views(FIXTURES / "oracle_views.sql")
+def oracle_views(name: str = "") -> list[ViewFixture]:
+    """The views of ``oracle_views.sql``, or of ``oracle_views_<name>.sql`` (all over one schema)."""
+    return read_views(FIXTURES / (f"oracle_views_{name}.sql" if name else "oracle_views.sql"))
+
+
+# Every catalogue of views over the oracle's schema (issue 2's core views, then issue 3's).
+VIEW_SETS = ("", "joins", "setops", "subqueries")
