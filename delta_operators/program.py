@@ -123,9 +123,13 @@ class Program:
 
     def describe(self, dialect: str = "duckdb") -> list[str]:
         lines = []
+        prefix = scan_name("")
         for step in self.steps:
             if isinstance(step, Query):
-                lines.append(f"{step.out} := {step.note or 'query'}")
+                scanned = sorted({t.name[len(prefix):] for t in step.sql.find_all(exp.Table)
+                                  if t.name.startswith(prefix)})
+                reads = f"  [reads all of {', '.join(scanned)}]" if scanned else ""
+                lines.append(f"{step.out} := {step.note or 'query'}{reads}")
             elif isinstance(step, Lookup):
                 key = ", ".join(step.index) or "all rows"
                 lines.append(f"{step.out} := lookup {step.relation} by ({key}) from {step.probe}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, Source, UnionAll, ViewPlan
-from sql_frontend.plan_sql import render
+from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, SemiJoin, SetOp, Source, UnionAll, ViewPlan
+from sql_frontend.plan_sql import match_condition, render
 from delta_operators.compiler import Context, Options
 from delta_operators.program import Program, StateSpec
 
@@ -20,7 +20,20 @@ RULES = {
     Aggregate: "incremental: per-group counts/sums; MIN/MAX rescan a group only when its extreme is deleted",
     Distinct: "incremental: keeps each row's multiplicity; emits rows whose presence flips",
     UnionAll: "incremental: union of the inputs' deltas",
+    SetOp: "incremental: keeps each row's left and right counts; emits rows whose output multiplicity changes",
 }
+SEMI_RULES = {
+    False: "incremental: keeps the right side's match count per key; looks up left rows only for keys "
+           "whose count crosses zero",
+    True: "incremental: keeps each left row's number of matching right rows, from the inner join's delta "
+          "(product rule)",
+}
+
+
+def rule_text(node: Node) -> str:
+    if isinstance(node, SemiJoin):
+        return SEMI_RULES[node.residual is not None]
+    return RULES.get(type(node), "")
 
 
 def _describe_node(node: Node) -> str:
@@ -40,6 +53,12 @@ def _describe_node(node: Node) -> str:
         return "Distinct"
     if isinstance(node, UnionAll):
         return f"UnionAll of {len(node.inputs)} inputs"
+    if isinstance(node, SemiJoin):
+        kind = "AntiJoin" if node.anti else "SemiJoin"
+        text = f"{kind} on {render(match_condition(node))}"
+        return f"{text}  ({node.origin})" if node.origin else text
+    if isinstance(node, SetOp):
+        return f"{node.kind.upper()}{' ALL' if node.all else ''} of 2 inputs"
     return type(node).__name__
 
 
@@ -56,7 +75,7 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
     def visit(node: Node, depth: int, seen: set[int]) -> None:
         pad = "  " * (depth + 1)
         lines.append(f"{pad}{_describe_node(node)}")
-        lines.append(f"{pad}  {RULES.get(type(node), '')}")
+        lines.append(f"{pad}  {rule_text(node)}")
         for spec in state_by_node.get(id(node), []):
             key = ", ".join(spec.identity) or "single row"
             lines.append(f"{pad}  state {spec.name}: {spec.role}, keyed by ({key})")
@@ -74,6 +93,11 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
         lines.append(f"on a change to {source}:")
         for step in program.describe():
             lines.append(f"  {step}")
+        if program.scans:
+            lines.append("  not incremental: the steps marked [reads all of …] read whole relations "
+                         "(each runs only when its inputs are not empty)")
+        else:
+            lines.append("  incremental: no step reads a whole relation")
     return lines
 
 

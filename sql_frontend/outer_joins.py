@@ -122,7 +122,8 @@ def unmatched(b: "Builder", preserved: FromClause, other: FromClause, conds: lis
         right = SPJ(right.inputs, right.predicate, (("__one", exp.Literal.number(1)),))
     left, right, keys, equalities = align_keys(b.typed, b.describe, left, right, names)
     matcher = [_two_sided(r, p_aliases, o_aliases) for r in residual] + equalities
-    anti = SemiJoin(left, right, keys, exp.and_(*matcher) if matcher else None, anti=True)
+    origin = f"rows of {', '.join(preserved.aliases)} without a match in {', '.join(other.aliases)} (outer join)"
+    anti = SemiJoin(left, right, keys, exp.and_(*matcher) if matcher else None, anti=True, origin=origin)
     parts: list[Node] = [b.typed(anti)]
     if p_only:
         never = exp.Not(this=exp.Coalesce(this=exp.Paren(this=exp.and_(*p_only)), expressions=[exp.false()]))

@@ -177,6 +177,7 @@ class SemiJoin(Node):
     residual: exp.Expression | None = None
     anti: bool = False
     columns: tuple[Column, ...] = ()
+    origin: str = ""  # the SQL it plans, for EXPLAIN ("EXISTS", "unmatched rows of LEFT JOIN c", ...)
 
     def children(self) -> tuple[Node, ...]:
         return (self.left, self.right)
@@ -219,7 +220,7 @@ def with_children(node: Node, children: tuple[Node, ...]) -> Node:
     if isinstance(node, UnionAll):
         return UnionAll(tuple(children))
     if isinstance(node, SemiJoin):
-        return SemiJoin(children[0], children[1], node.keys, node.residual, node.anti)
+        return SemiJoin(children[0], children[1], node.keys, node.residual, node.anti, origin=node.origin)
     if isinstance(node, SetOp):
         return SetOp(node.kind, node.all, children[0], children[1])
     raise TypeError(f"unknown plan node {type(node).__name__}")

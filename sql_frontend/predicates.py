@@ -54,6 +54,7 @@ class Predicate:
     residual: list[exp.Expression] = field(default_factory=list)  # outer aliases and __r.<right column>
     anti: bool = False
     null_aware: bool = False  # NOT IN: the last pair is (x, y)
+    origin: str = ""  # the SQL, for EXPLAIN
 
 
 def _unparen(e: exp.Expression) -> exp.Expression:
@@ -71,6 +72,13 @@ def is_predicate(conjunct: exp.Expression) -> bool:
 
 
 def from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Predicate:
+    predicate = _from_conjunct(b, conjunct, outer)
+    text = conjunct.sql("duckdb")
+    predicate.origin = text if len(text) <= 100 else text[:97] + "..."
+    return predicate
+
+
+def _from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Predicate:
     e = _unparen(conjunct)
     negated = isinstance(e, exp.Not)
     if negated:
@@ -87,7 +95,9 @@ def from_join(b: "Builder", item: exp.Expression, on: exp.Expression | None, out
     body = exp.select(exp.Literal.number(1)).from_(item.copy())
     if on is not None:
         body = body.where(on.copy())
-    return _exists(b, body, outer, anti=anti)
+    predicate = _exists(b, body, outer, anti=anti)
+    predicate.origin = f"{'ANTI' if anti else 'SEMI'} JOIN {item.sql('duckdb')}"
+    return predicate
 
 
 def _exists(b: "Builder", query: exp.Expression, outer: set[str], anti: bool) -> Predicate:
@@ -202,9 +212,9 @@ def apply(b: "Builder", fc: FromClause, where: list[exp.Expression], predicates:
     for p, right, pairs in planned:
         residual = [_left_refs(r, fc) for r in p.residual]
         if p.null_aware:
-            node = _not_in(b, node, right, pairs, residual)
+            node = _not_in(b, node, right, pairs, residual, p.origin)
         else:
-            node = _semi(b, node, right, pairs, residual, p.anti)
+            node = _semi(b, node, right, pairs, residual, p.anti, p.origin)
     fc.wrap(node, b.fresh("__sj"))
 
 
@@ -227,10 +237,11 @@ def _split(pairs: list[tuple[str, str, bool]]) -> _Keys:
     return out
 
 
-def _semi(b: "Builder", left: Node, right: Node, pairs, residual, anti: bool) -> Node:  # noqa: ANN001
+def _semi(b: "Builder", left: Node, right: Node, pairs, residual, anti: bool, origin: str) -> Node:  # noqa: ANN001
     k = _split(pairs)
     condition = residual + k.equalities
-    return b.typed(SemiJoin(left, right, tuple(k.keys), exp.and_(*condition) if condition else None, anti))
+    return b.typed(SemiJoin(left, right, tuple(k.keys), exp.and_(*condition) if condition else None, anti,
+                            origin=origin))
 
 
 def _filtered(node: Node, name: str, is_null: bool) -> SPJ:
@@ -240,11 +251,13 @@ def _filtered(node: Node, name: str, is_null: bool) -> SPJ:
     return SPJ((("__n", node),), test, tuple((c, column(c, "__n")) for c in node.column_names))
 
 
-def _not_in(b: "Builder", left: Node, right: Node, pairs, residual) -> Node:  # noqa: ANN001
+def _not_in(b: "Builder", left: Node, right: Node, pairs, residual, origin: str) -> Node:  # noqa: ANN001
     """x NOT IN (S) with SQL's NULL semantics, as anti joins (see the module docstring)."""
     *correlation, (x, y, _) = pairs
-    present = _semi(b, b.typed(_filtered(left, x, is_null=False)), right, pairs, residual, anti=True)
+    present = _semi(b, b.typed(_filtered(left, x, is_null=False)), right, pairs, residual, True,
+                    f"{origin}: non-NULL values not in the subquery")
     nulls = b.typed(_filtered(right, y, is_null=True))
-    no_null = _semi(b, present, nulls, correlation, residual, anti=True)
-    missing = _semi(b, b.typed(_filtered(left, x, is_null=True)), right, correlation, residual, anti=True)
+    no_null = _semi(b, present, nulls, correlation, residual, True, f"{origin}: ... which holds no NULL")
+    missing = _semi(b, b.typed(_filtered(left, x, is_null=True)), right, correlation, residual, True,
+                    f"{origin}: NULL values, kept while the subquery is empty")
     return b.typed(UnionAll((no_null, missing)))
