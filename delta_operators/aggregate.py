@@ -444,6 +444,9 @@ class AggregateRule:
     def can_lookup(self, columns: tuple[str, ...]) -> bool:
         return bool(columns) and set(columns) <= set(self.keys)
 
+    def unique(self, columns: tuple[str, ...]) -> bool:
+        return set(self.keys) <= set(columns)  # one row per group
+
     def old_is_empty(self, ctx: Context) -> bool:
         return ctx.options.initial
 

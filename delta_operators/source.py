@@ -60,6 +60,9 @@ class SourceRule:
     def can_lookup(self, columns: tuple[str, ...]) -> bool:
         return bool(columns)  # any columns of a stored relation can be indexed
 
+    def unique(self, columns: tuple[str, ...]) -> bool:
+        return bool(self.node.key) and set(self.node.key) <= set(columns)
+
     def old_is_empty(self, ctx: Context) -> bool:
         return ctx.options.initial and ctx.changed(self.node.relation)
 

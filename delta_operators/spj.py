@@ -188,6 +188,12 @@ class SPJRule:
             remaining = [(a, c) for a, c in remaining if a != a_j]
             rule_j = ctx.rule(child_j)
             direct = self._direct_probe(segment, keys)
+            # A lookup that may fan out (several rows per probe) first drops the
+            # rows the joined inputs' own conditions reject: one more query, but
+            # the lookup and every later step then see only rows that survive.
+            fans_out = bool(keys) and not is_unique(ctx, child_j, tuple(k for k, _ in keys))
+            if fans_out and self._applicable(bound, applied):
+                direct = None
             if direct is not None:
                 # The keys are plain columns of one Arrow temp already at hand:
                 # look up straight from it, and join everything in one query.
@@ -243,6 +249,9 @@ class SPJRule:
         temp, pairs = max(by_temp.items(), key=lambda kv: len(kv[1]))
         return temp, tuple(p for p, _ in pairs), tuple(k for _, k in pairs)
 
+    def _applicable(self, bound: set[str], applied: list[bool]) -> bool:
+        return any(not applied[n] and c.aliases <= bound for n, c in enumerate(self.conjuncts))
+
     def _take_conjuncts(self, bound: set[str], applied: list[bool]) -> list[exp.Expression]:
         out = []
         for n, c in enumerate(self.conjuncts):
@@ -271,9 +280,15 @@ class SPJRule:
     def _next(
         self, ctx: Context, bound: set[str], remaining: list[tuple[str, Node]]
     ) -> tuple[tuple[str, Node], list[tuple[str, exp.Expression]]]:
-        """Pick the next input: one reachable by an index lookup if possible."""
+        """Pick the next input: one reachable by an index lookup if possible.
+
+        Among those, one whose lookup finds at most one row per probe comes
+        first (it cannot multiply the rows), then one with a filter of its
+        own (it may drop them); otherwise the FROM order.
+        """
         types = {a: {c.name: c.type for c in node.columns} for a, node in self.node.inputs}
         connected = None
+        best, best_score = None, None
         for a_j, child_j in remaining:
             keys: list[tuple[str, exp.Expression]] = []
             for c in self.conjuncts:
@@ -294,8 +309,14 @@ class SPJRule:
                         and side_j.name not in [k for k, _ in keys]
                     ):
                         keys.append((side_j.name, side_b))
-            if keys and can_lookup(ctx, child_j, tuple(k for k, _ in keys)):
-                return (a_j, child_j), keys
+            columns = tuple(k for k, _ in keys)
+            if keys and can_lookup(ctx, child_j, columns):
+                filtered = any(c.aliases == {a_j} for c in self.conjuncts)
+                score = (is_unique(ctx, child_j, columns), filtered)
+                if best_score is None or score > best_score:
+                    best, best_score = ((a_j, child_j), keys), score
+        if best is not None:
+            return best
         return (connected or remaining[0]), []
 
     # --- state ------------------------------------------------------------
@@ -358,6 +379,12 @@ def is_null_constant(expression: exp.Expression) -> bool:
     while isinstance(expression, (exp.Cast, exp.Paren)):
         expression = expression.this
     return isinstance(expression, exp.Null)
+
+
+def is_unique(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
+    """Whether a lookup of ``node`` by ``columns`` finds at most one row per probe."""
+    check = getattr(ctx.rule(node), "unique", None)
+    return bool(check and check(columns))
 
 
 def can_lookup(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:

@@ -125,6 +125,11 @@ class Catalog:
     def relation_kind(self, name: str) -> str:
         return self.get(name).kind
 
+    def relation_key(self, name: str) -> tuple[str, ...]:
+        """The primary key of a table (views have none: their rows may repeat)."""
+        definition = self.get(name)
+        return definition.primary_key if isinstance(definition, TableDef) else ()
+
     def schema(self) -> dict[str, dict[str, str]]:
         out = {}
         for d in list(self.tables.values()) + list(self.views.values()):

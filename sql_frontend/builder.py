@@ -40,6 +40,8 @@ class CatalogReader(Protocol):
 
     def relation_kind(self, name: str) -> str: ...
 
+    def relation_key(self, name: str) -> tuple[str, ...]: ...
+
     def schema(self) -> dict[str, dict[str, str]]: ...
 
     def describe(self, sql: str) -> tuple[Column, ...]: ...
@@ -87,6 +89,7 @@ class Builder:
                 relation=name,
                 kind=self.catalog.relation_kind(name),
                 columns=self.catalog.relation_columns(name),
+                key=self.catalog.relation_key(name),
             )
         return self._sources[name]
 

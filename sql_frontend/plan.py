@@ -72,6 +72,7 @@ class Source(Node):
     relation: str
     kind: str  # "table" | "view"
     columns: tuple[Column, ...]
+    key: tuple[str, ...] = ()  # primary key, if any: a lookup by it finds at most one row
 
 
 @dataclass(eq=False)
