@@ -1,7 +1,8 @@
 """TPC-H data, its 22 queries as materialized views, and a refresh stream.
 
     python -m bench.tpch --scale 0.01 --batches 10       # maintain all 22 views, time each batch
-    python -m bench.tpch --explain                        # which parts of each view are incremental
+    python -m bench.tpch --explain                        # EXPLAIN of every view
+    python -m bench.tpch --report                         # per query: what is incremental, what is not
 
 Data comes from ``tpchgen-cli`` (the ``bench`` extra), generated as Parquet
 into a directory and loaded with ``apply_changes``. The refresh stream
@@ -238,6 +239,40 @@ def _reorder(rows: pa.Table, table: str) -> pa.Table:
     return rows.select(names + ["__op"])
 
 
+# --- what is incremental ---------------------------------------------------------------
+
+
+def incrementality(explain: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(operators of note, source table -> relations a change to it reads in full) from EXPLAIN."""
+    notes = []
+    text = "\n".join(explain)
+    for marker, label in (("AntiJoin", "anti join"), ("SemiJoin", "semi join"), ("EXCEPT", "EXCEPT"),
+                          ("INTERSECT", "INTERSECT"), ("=MIN(", "MIN"), ("=MAX(", "MAX"),
+                          ("(DISTINCT", "aggregate over DISTINCT values")):
+        if marker in text:
+            notes.append(label)
+    if "number of matching right rows" in text:
+        notes.append("per-row match counts (non-equi correlation)")
+    reads: dict[str, list[str]] = {}
+    source = None
+    for line in explain:
+        if line.startswith("on a change to "):
+            source = line[len("on a change to "):].rstrip(":")
+            reads[source] = []
+        elif source and " := " in line and "[reads all of " in line:
+            reads[source] += line.split("[reads all of ")[1].rstrip("]").split(", ")
+    return notes, {s: sorted(set(r)) for s, r in reads.items()}
+
+
+def report(db, names) -> None:  # noqa: ANN001
+    print("| query | operators of note | changes that read whole relations |")
+    print("| --- | --- | --- |")
+    for name in names:
+        notes, reads = incrementality(db.sql(f"EXPLAIN {name}").column(0).to_pylist())
+        scans = "; ".join(f"{s}: {', '.join(r)}" for s, r in reads.items() if r) or "none"
+        print(f"| {name} | {', '.join(notes) or '-'} | {scans} |")
+
+
 # --- the benchmark -------------------------------------------------------------------
 
 
@@ -247,7 +282,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--new-orders", type=int, default=10)
     parser.add_argument("--data", type=Path, default=None, help="directory for the generated Parquet files")
-    parser.add_argument("--explain", action="store_true", help="print which parts of each view are incremental")
+    parser.add_argument("--explain", action="store_true", help="print EXPLAIN of every view")
+    parser.add_argument("--report", action="store_true", help="print which parts of each view are incremental")
     parser.add_argument("--check", action="store_true", help="compare every view with DuckDB after each batch")
     args = parser.parse_args()
 
@@ -269,6 +305,9 @@ def main() -> int:
             created[name] = body
         except UnsupportedError as e:
             print(f"{label}: not created: {e}")
+    if args.report:
+        report(db, created)
+        return 0
     if args.explain:
         for name in created:
             print("\n".join(db.sql(f"EXPLAIN {name}").column(0).to_pylist()))

@@ -309,6 +309,9 @@ class SPJRule:
                         and side_j.name not in [k for k, _ in keys]
                     ):
                         keys.append((side_j.name, side_b))
+            # Look up by the equalities the input has an index for (an aggregate by
+            # its group keys, not by an aggregate value): the rest are re-checked.
+            keys = [(k, e) for k, e in keys if can_lookup(ctx, child_j, (k,))]
             columns = tuple(k for k, _ in keys)
             if keys and can_lookup(ctx, child_j, columns):
                 filtered = any(c.aliases == {a_j} for c in self.conjuncts)

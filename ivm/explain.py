@@ -87,8 +87,10 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
             visit(child, depth + 1, seen)
 
     visit(plan.root, 0, set())
-    output = next(s for s in states if s.name == name)
-    lines.append(f"output: stored in {output.name}, rows keyed by their values with a multiplicity")
+    if any(s.name == name for s in states):
+        lines.append(f"output: stored in {name}, rows keyed by their values with a multiplicity")
+    else:
+        lines.append("output: not stored; read from the state of the operators above")
     for source, program in programs.items():
         lines.append(f"on a change to {source}:")
         for step in program.describe():

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from sqlglot import exp
 
-from sql_frontend.builder import AGG_ALIAS, Builder, CatalogReader, unique_name  # noqa: F401
+from sql_frontend.builder import Builder, CatalogReader, unique_name
 from sql_frontend.correlation import conjuncts as conjuncts_of
 from sql_frontend.errors import BindError
 from sql_frontend.factor_or import factor_disjunctions
