@@ -87,7 +87,7 @@ def hoist(
         alias = b.fresh("__sq")
         if not is_correlated(select):
             node = b.typed(b.query(select))
-            sub.replace(column(node.columns[0].name, alias))
+            expression = _replace(expression, sub, column(node.columns[0].name, alias))
             hoisted.append(Hoisted(alias, node))
             continue
         if not correlated:
@@ -96,8 +96,15 @@ def hoist(
                 "supported in a materialized view"
             )
         replacement, node, pairs = _grouped(b, select, outer, alias)
-        sub.replace(replacement)
+        expression = _replace(expression, sub, replacement)
         hoisted.append(Hoisted(alias, node, pairs))
+    return expression
+
+
+def _replace(expression: exp.Expression, old: exp.Expression, new: exp.Expression) -> exp.Expression:
+    if old is expression:
+        return new
+    old.replace(new)
     return expression
 
 
