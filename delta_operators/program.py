@@ -43,6 +43,9 @@ class Query:
     # Lookups may probe through this query to the temp its columns are copied
     # from: it has no filter that would make that probe set much larger.
     transparent: bool = False
+    # Always materialized, never inlined into its readers: a step that is
+    # skipped unless this temp has rows (its driver) must see it computed.
+    pinned: bool = False
 
 
 @dataclass

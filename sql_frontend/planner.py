@@ -26,16 +26,23 @@ from sql_frontend.plan import (
     Column,
     Distinct,
     Node,
+    Recursive,
+    RecursiveRef,
     Source,
+    TopK,
     UnionAll,
     ViewPlan,
+    Window,
     sources,
     walk,
+    with_children,
 )
 from sql_frontend.plan_sql import column, render, to_sql
 from sql_frontend.resolve import check_relations, resolve
 from sql_frontend.statements import DIALECT, normalize_name
 from sql_frontend.supported import check_supported
+from sql_frontend.top_k import has_limit, plan_top_k
+from sql_frontend.windows import has_windows, plan_windows
 
 AGG_ALIAS = "__agg"
 
@@ -77,13 +84,13 @@ def plan_view(
 def drop_order_by(query: exp.Expression) -> exp.Expression:
     """Remove ORDER BY clauses that have no LIMIT: a view is an unordered set of rows.
 
-    (With a LIMIT, ORDER BY decides which rows are in the view; check_supported
-    rejects that until top-K is maintained.)
+    (With a LIMIT or OFFSET, ORDER BY decides which rows are in the view: it
+    becomes a TopK node.)
     """
     query = query.copy()
     for order in list(query.find_all(exp.Order)):
         holder = order.parent
-        if isinstance(holder, (exp.Select, exp.SetOperation)) and not holder.args.get("limit"):
+        if isinstance(holder, (exp.Select, exp.SetOperation)) and not has_limit(holder):
             order.pop()
     return query
 
@@ -119,6 +126,8 @@ class Builder:
     def query(self, q: exp.Expression) -> Node:
         if isinstance(q, exp.Subquery):
             return self.query(q.this)
+        if has_limit(q):
+            return plan_top_k(self, q)
         if isinstance(q, exp.Union):
             parts = [self.query(q.this), self.query(q.expression)]
             union = UnionAll(inputs=tuple(_flatten_unions(parts)))
@@ -137,6 +146,8 @@ class Builder:
         return self._sources[name]
 
     def select(self, sel: exp.Select) -> Node:
+        if has_windows(sel):
+            return plan_windows(self, sel)
         from_ = sel.args.get("from_")
         if from_ is None:
             raise UnsupportedError("SELECT without FROM is not supported in a materialized view")
@@ -323,6 +334,8 @@ def merge_spj(root: Node) -> Node:
             result = Distinct(visit(node.input))
         elif isinstance(node, UnionAll):
             result = UnionAll(tuple(visit(c) for c in node.inputs))
+        elif isinstance(node, (Window, TopK, Recursive)):
+            result = with_children(node, visit)
         else:
             result = node
         memo[id(node)] = result
@@ -387,11 +400,15 @@ def _alias_renamer(renames: dict[str, str]) -> Callable[[exp.Expression], exp.Ex
 def infer_types(root: Node, describe: Callable[[str], tuple[Column, ...]]) -> None:
     """Fill in ``columns`` of every derived node from DuckDB's binder."""
     for node in walk(root):
-        if isinstance(node, Source):
-            continue
+        if isinstance(node, (Source, RecursiveRef)):
+            continue  # typed when built
         described = describe(render(to_sql(node)))
         if isinstance(node, SPJ):
             names = [n for n, _ in node.outputs]
+        elif isinstance(node, Window):
+            names = list(node.input.column_names) + [n for n, _ in node.calls]
+        elif isinstance(node, Recursive):
+            names = [c.name for c in node.columns]
         elif isinstance(node, Aggregate):
             names = list(node.keys) + [c.name for c in node.aggregates]
             types = {c.name: c.type for c in described}

@@ -234,6 +234,8 @@ def _keyed_op(rng: random.Random, spec: TableSpec, scratch: Model, emit: Callabl
         group_col = spec.group
         target = rng.choice(existing)[group_col] if group_col else None
         members = [r for r in existing if r.get(group_col) == target and r.get(spec.extreme) is not None]
+        if rng.random() < 0.3:  # the table's own MIN/MAX: the top row of an ORDER BY … LIMIT
+            members = [r for r in existing if r.get(spec.extreme) is not None]
         finite = [r for r in members if not (isinstance(r[spec.extreme], float) and math.isnan(r[spec.extreme]))]
         if finite:
             pick = min if rng.random() < 0.5 else max

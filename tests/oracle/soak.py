@@ -1,6 +1,6 @@
 """Soak the oracle outside pytest: many seeded streams, no shrinking.
 
-    python -m tests.oracle.soak --seeds 50 --batches 10 [--views a,b]
+    python -m tests.oracle.soak --seeds 50 --batches 10 [--views a,b] [--fixture oracle_views_topk.sql]
 
 Prints each failing seed with the first difference; exits 1 if any failed.
 """
@@ -12,7 +12,7 @@ import random
 import sys
 import time
 
-from tests.oracle.fixtures import oracle_schema, oracle_views
+from tests.oracle.fixtures import oracle_schema, read_fixture_views
 from tests.oracle.harness import Harness, play
 
 TABLES = ["customers", "orders", "items", "events"]
@@ -43,8 +43,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--initial", type=int, default=20)
     parser.add_argument("--views", default="")
+    parser.add_argument("--fixture", default="oracle_views.sql", help="view file under tests/fixtures")
     args = parser.parse_args()
-    views = oracle_views()
+    views = read_fixture_views(args.fixture)
     if args.views:
         wanted = set(args.views.split(","))
         views = [v for v in views if v.name in wanted]
