@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Program, Query, Stack
+from delta_operators.program import Lookup, Loop, Program, Query, Stack
 
 
 def optimize(program: Program) -> Program:
@@ -78,6 +78,8 @@ def inline_queries(program: Program) -> Program:
     for step in program.steps:
         if isinstance(step, Query) and step.pinned:
             pinned.add(step.out)
+        elif isinstance(step, Loop):
+            pinned.update(step.reads())
         elif isinstance(step, Lookup):
             pinned.add(step.probe)
         elif isinstance(step, Stack):

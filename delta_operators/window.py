@@ -41,10 +41,9 @@ class WindowRule:
         return ctx.state_name(self.node, "window")
 
     def states(self, ctx: Context) -> list[StateSpec]:
-        by = ", ".join(self.partition) or "nothing: one partition"
+        role = "input rows with their window values" + ("" if self.partition else " (one partition)")
         return [StateSpec(name=self.state(ctx), columns=self.node.columns, identity=(),
-                          indexes=(self.partition,) if self.partition else (),
-                          role=f"input rows with their window values, indexed by partition ({by})")]
+                          indexes=(self.partition,) if self.partition else (), role=role)]
 
     # --- delta ------------------------------------------------------------
     def delta(self, ctx: Context) -> str | None:

@@ -40,6 +40,7 @@ from sql_frontend.plan import (
 from sql_frontend.plan_sql import column, render, to_sql
 from sql_frontend.resolve import check_relations, resolve
 from sql_frontend.statements import DIALECT, normalize_name
+from sql_frontend.recursion import check_recursion, is_recursive, plan_recursive
 from sql_frontend.supported import check_supported
 from sql_frontend.top_k import has_limit, plan_top_k
 from sql_frontend.windows import has_windows, plan_windows
@@ -74,6 +75,7 @@ def plan_view(
     resolved = resolve(query, schema)
     root = Builder(catalog).query(resolved)
     root = merge_spj(root)
+    check_recursion(root)
     infer_types(root, catalog.describe)
     root = name_outputs(root, names, [c.type for c in output])
     columns = tuple(Column(n, c.type) for n, c in zip(names, output))
@@ -122,6 +124,8 @@ class Builder:
     def __init__(self, catalog: CatalogReader):
         self.catalog = catalog
         self._sources: dict[str, Source] = {}
+        self.bound: dict[str, Node] = {}  # names planned as a node (recursive CTEs), see recursion.py
+        self.recursions: dict[str, Node] = {}
 
     def query(self, q: exp.Expression) -> Node:
         if isinstance(q, exp.Subquery):
@@ -146,6 +150,8 @@ class Builder:
         return self._sources[name]
 
     def select(self, sel: exp.Select) -> Node:
+        if is_recursive(sel):
+            return plan_recursive(self, sel)
         if has_windows(sel):
             return plan_windows(self, sel)
         from_ = sel.args.get("from_")
@@ -176,7 +182,8 @@ class Builder:
 
     def _add_input(self, source: exp.Expression, inputs: list[tuple[str, Node]]) -> None:
         if isinstance(source, exp.Table):
-            node: Node = self.source(normalize_name(source.this))
+            relation = normalize_name(source.this)
+            node: Node = self.bound[relation] if relation in self.bound else self.source(relation)
             name = source.alias_or_name
         elif isinstance(source, exp.Subquery):
             node = self.query(source.this)

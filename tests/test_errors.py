@@ -111,6 +111,12 @@ ORDERED_UNSUPPORTED = [
     ("SELECT id, string_agg(status, ',') OVER (ORDER BY id) AS s FROM orders", "window function"),
     ("SELECT id, RANK() OVER w AS r FROM orders WINDOW w AS (ORDER BY amount)", "named window"),
     ("SELECT DISTINCT cust FROM orders ORDER BY amount LIMIT 2", "ORDER BY an expression"),
+    ("WITH RECURSIVE r(a, b) AS (SELECT id, cust FROM orders UNION SELECT x.a, y.b FROM r x JOIN r y ON x.b = y.a) "
+     "SELECT a, b FROM r", "non-linear recursion"),
+    ("WITH RECURSIVE r(a, n) AS (SELECT id, 1 FROM orders UNION SELECT r.a, COUNT(*) FROM r JOIN orders o "
+     "ON r.a = o.cust GROUP BY r.a) SELECT a FROM r", "an aggregate in the recursive step"),
+    ("WITH RECURSIVE r(a) AS (SELECT id FROM orders UNION SELECT DISTINCT o.cust FROM r JOIN orders o ON r.a = o.id) "
+     "SELECT a FROM r", "DISTINCT in the recursive step"),
 ]
 
 

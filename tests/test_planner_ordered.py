@@ -21,7 +21,7 @@ from tests.oracle.fixtures import oracle_schema, read_fixture_views
 from tests.oracle.harness import without_limit
 from tests.oracle.model import Model, generate_batch
 
-FILES = ["oracle_views_windows.sql", "oracle_views_topk.sql"]
+FILES = ["oracle_views_windows.sql", "oracle_views_topk.sql", "oracle_views_recursive.sql"]
 VIEWS = [v for f in FILES for v in read_fixture_views(f)]
 
 

@@ -105,7 +105,22 @@ def schema_specs() -> dict[str, TableSpec]:
         group="kind",
         extreme="val",
     )
-    return {t.name: t for t in (customers, orders, items, events)}
+    # A graph for recursive views: few nodes, so cycles, shared paths and
+    # NULL endpoints are common; updates move edges.
+    links = TableSpec(
+        name="links",
+        columns=["id", "src", "dst"],
+        key=["id"],
+        arrow=pa.schema([("id", pa.int64()), ("src", pa.int32()), ("dst", pa.int32())]),
+        gen=lambda rng: {
+            "id": rng.randint(1, 30),
+            "src": _maybe(rng, rng.randint(1, 8), 0.08),
+            "dst": _maybe(rng, rng.randint(1, 8), 0.08),
+        },
+        group="src",
+        extreme="dst",
+    )
+    return {t.name: t for t in (customers, orders, items, events, links)}
 
 
 def _row_key(spec: TableSpec, row: Row) -> tuple:
