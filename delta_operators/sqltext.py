@@ -40,6 +40,21 @@ def order_by(keys: Sequence[SortKey], table: str, reverse: bool = False) -> str:
     return ", ".join(items)
 
 
+def sorts_before_or_with(keys: Sequence[SortKey], left: str, right: str) -> str:
+    """``left`` sorts before ``right`` or ties with it, by ``keys`` (lexicographic, NULL placement included)."""
+    equal: list[str] = []
+    alternatives = []
+    for k in keys:
+        a, b = f"{q(left)}.{q(k.column)}", f"{q(right)}.{q(k.column)}"
+        op = ">" if k.descending else "<"
+        null_first = f"({a} IS NULL AND {b} IS NOT NULL)" if k.nulls_first else f"({a} IS NOT NULL AND {b} IS NULL)"
+        before = f"COALESCE({a} {op} {b}, FALSE) OR {null_first}"
+        alternatives.append(" AND ".join(equal + [f"({before})"]))
+        equal.append(f"{a} IS NOT DISTINCT FROM {b}")
+    alternatives.append(" AND ".join(equal))
+    return "(" + " OR ".join(f"({alt})" for alt in alternatives) + ")"
+
+
 def same(names: Sequence[str], left: str, right: str) -> str:
     """NULL-safe equality of ``names`` between two tables (TRUE for none)."""
     if not names:

@@ -29,8 +29,8 @@ from sqlglot import exp
 from sql_frontend.plan import Column, Source, TopK
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
-from delta_operators.sqltext import columns, order_by, parse, q, same
-from delta_operators.zset import WEIGHT
+from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
+from delta_operators.zset import POS, RUN, WEIGHT
 
 WOUT = "__wout"  # copies of the row in the output
 COMPLETE = "__complete"  # the buffer holds the whole input
@@ -75,37 +75,49 @@ class TopKRule:
         old = ctx.temp("tkold")
         ctx.emit(Lookup(out=old, relation=self.state(ctx), index=(), probe=delta_in, probe_columns=(),
                         positions=True, note="the buffer"))
-        candidates = ctx.query("tkcand", self._candidates_sql(delta_in, old), drivers=(delta_in,),
+        entering = ctx.query("tkin", self._entering_sql(delta_in, old), drivers=(delta_in,), pinned=True,
+                             note="changed rows that sort into the buffer (none: nothing else runs)")
+        candidates = ctx.query("tkcand", self._candidates_sql(entering, old), drivers=(entering,),
                                note="buffer plus the changes that sort into it")
-        need = ctx.query("tkneed", self._need_sql(old, candidates), drivers=(delta_in,),
+        need = ctx.query("tkneed", self._need_sql(old, candidates), drivers=(entering,),
                          note="refill needed? (buffer shorter than LIMIT + OFFSET)", pinned=True)
         refill = ctx.query("tkrefill", self._refill_sql(ctx, need), drivers=(need,), pinned=True,
                            note=f"refill: the first {self.size} rows of the input (scans it)")
-        new = ctx.query("tknew", self._new_buffer_sql(old, candidates, refill), drivers=(delta_in,),
+        new = ctx.query("tknew", self._new_buffer_sql(old, candidates, refill), drivers=(entering,),
                         note="new buffer and output copies per row")
-        ctx.replace(Replace(relation=self.state(ctx), deletes=old, inserts=new, keep=KEEP))
+        ctx.replace(Replace(relation=self.state(ctx), deletes=new, inserts=new, keep=KEEP))
         change = f"n.{q(WOUT)} - n.{q(WOLD)}"
         out = f"SELECT {columns(self.names, 'n')}, {change} AS {q(WEIGHT)} FROM {q(new)} AS n WHERE {change} <> 0"
         if self.complement:
             out = (f"SELECT {columns(self.names, 'd')}, d.{q(WEIGHT)} FROM {q(delta_in)} AS d "
                    f"UNION ALL SELECT {columns(self.names, 'n')}, -({change}) FROM {q(new)} AS n WHERE {change} <> 0")
-        return ctx.query("topk", parse(out), drivers=(delta_in,), note="output rows gained and lost")
+            return ctx.query("topk", parse(out), drivers=(delta_in, new), skip="all",
+                             note="output rows gained and lost")
+        return ctx.query("topk", parse(out), drivers=(new,), note="output rows gained and lost")
 
-    def _candidates_sql(self, delta_in: str, old: str) -> exp.Expression:
-        """B + δX restricted to keys ≤ T: per row its new buffer weight and old output copies."""
+    def _entering_sql(self, delta_in: str, old: str) -> exp.Expression:
+        """Rows of δX with key ≤ T, the buffer's last key (all of δX when the buffer is complete)."""
+        c, k = self.names, [key.column for key in self.keys]
+        return parse(f"""
+            WITH last AS (SELECT {columns(k, 'b')} FROM {q(old)} AS b
+                          ORDER BY {order_by(self.keys, 'b', reverse=True)} LIMIT 1),
+            st AS (SELECT COALESCE(BOOL_AND(b.{q(COMPLETE)}), TRUE) AS __tk_complete FROM {q(old)} AS b)
+            SELECT {columns(c, 'd')}, d.{q(WEIGHT)}
+            FROM {q(delta_in)} AS d CROSS JOIN st LEFT JOIN last AS t ON TRUE
+            WHERE st.__tk_complete OR {sorts_before_or_with(self.keys, 'd', 't')}
+        """)
+
+    def _candidates_sql(self, entering: str, old: str) -> exp.Expression:
+        """B + δX|key ≤ T: per row its new buffer weight and old output copies."""
         c = self.names
         return parse(f"""
-            WITH meta AS (SELECT COALESCE(BOOL_AND(b.{q(COMPLETE)}), TRUE) AS __tk_complete FROM {q(old)} AS b),
-            u AS (SELECT {columns(c, 'b')}, b.{q(WEIGHT)} AS __tk_w, b.{q(WOUT)} AS __tk_wold, TRUE AS __tk_inbuf FROM {q(old)} AS b
+            SELECT {columns(c, 'u')}, CAST(SUM(u.__tk_w) AS BIGINT) AS {q(WEIGHT)},
+                   CAST(SUM(u.__tk_wold) AS BIGINT) AS {q(WOLD)}
+            FROM (SELECT {columns(c, 'b')}, b.{q(WEIGHT)} AS __tk_w, b.{q(WOUT)} AS __tk_wold FROM {q(old)} AS b
                   UNION ALL
-                  SELECT {columns(c, 'd')}, d.{q(WEIGHT)}, 0, FALSE FROM {q(delta_in)} AS d),
-            r AS (SELECT u.*, RANK() OVER (ORDER BY {order_by(self.keys, 'u')}) AS __tk_rk FROM u),
-            lim AS (SELECT MAX(CASE WHEN r.__tk_inbuf THEN r.__tk_rk END) AS __tk_rt FROM r)
-            SELECT {columns(c, 'r')}, CAST(SUM(r.__tk_w) AS BIGINT) AS {q(WEIGHT)}, CAST(SUM(r.__tk_wold) AS BIGINT) AS {q(WOLD)}
-            FROM r CROSS JOIN lim CROSS JOIN meta
-            WHERE meta.__tk_complete OR r.__tk_inbuf OR r.__tk_rk <= lim.__tk_rt
-            GROUP BY {columns(c, 'r')}
-            HAVING SUM(r.__tk_w) <> 0 OR SUM(r.__tk_wold) <> 0
+                  SELECT {columns(c, 'd')}, d.{q(WEIGHT)}, 0 FROM {q(entering)} AS d) AS u
+            GROUP BY {columns(c, 'u')}
+            HAVING SUM(u.__tk_w) <> 0 OR SUM(u.__tk_wold) <> 0
         """)
 
     def _need_sql(self, old: str, candidates: str) -> exp.Expression:
@@ -142,6 +154,7 @@ class TopKRule:
     def _new_buffer_sql(self, old: str, candidates: str, refill: str) -> exp.Expression:
         """Per row: new buffer weight, output copies before and after, whether it stays buffered."""
         c, size, need = self.names, self.size, self.need
+        keys = [k.column for k in self.keys]
         # Output positions [lo, hi); without LIMIT the rule tracks the first OFFSET rows instead.
         lo, hi = (0, self.node.offset) if self.complement else (self.node.offset, need)
         return parse(f"""
@@ -157,25 +170,30 @@ class TopKRule:
                        FROM nb LEFT JOIN c AS o ON {same(c, 'nb', 'o')}),
             ranked AS (
                 SELECT joined.*,
-                    CAST(SUM(joined.{q(WEIGHT)}) OVER (ORDER BY {order_by(self.keys, 'joined')})
-                      - SUM(joined.{q(WEIGHT)}) OVER (PARTITION BY {columns([k.column for k in self.keys], 'joined')})
-                      AS BIGINT) AS __tk_before,
                     CAST(SUM(joined.{q(WEIGHT)}) OVER (ORDER BY {order_by(self.keys, 'joined')}, joined.__tk_wold > 0 DESC
                                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                      - joined.{q(WEIGHT)} AS BIGINT) AS __tk_start,
-                    CAST(SUM(joined.{q(WEIGHT)}) OVER () AS BIGINT) AS __tk_total
-                FROM joined)
+                      - joined.{q(WEIGHT)} AS BIGINT) AS __tk_start
+                FROM joined),
+            total AS (SELECT COALESCE(SUM(nb.{q(WEIGHT)}), 0) AS __tk_total FROM nb),
+            boundary AS (SELECT {columns(keys, 'ranked')} FROM ranked
+                         WHERE ranked.__tk_start < {size} AND ranked.__tk_start + ranked.{q(WEIGHT)} >= {size})
             SELECT {columns(c, 'ranked')}, ranked.{q(WEIGHT)},
                 GREATEST(0, LEAST(ranked.__tk_start + ranked.{q(WEIGHT)}, {hi}) - GREATEST(ranked.__tk_start, {lo}))
                   AS {q(WOUT)},
                 ranked.__tk_wold AS {q(WOLD)},
-                ranked.__tk_total <= {2 * size} OR ranked.__tk_before < {size} AS {q(KEEP)},
-                CASE WHEN flag.__tk_refilled THEN flag.__tk_complete ELSE st.__tk_complete AND ranked.__tk_total <= {2 * size} END
-                  AS {q(COMPLETE)}
-            FROM ranked CROSS JOIN flag CROSS JOIN st
+                total.__tk_total <= {2 * size} OR {sorts_before_or_with(self.keys, 'ranked', 'boundary')} AS {q(KEEP)},
+                CASE WHEN flag.__tk_refilled THEN flag.__tk_complete ELSE st.__tk_complete AND total.__tk_total <= {2 * size} END
+                  AS {q(COMPLETE)},
+                o.{q(RUN)}, o.{q(POS)}
+            FROM ranked CROSS JOIN flag CROSS JOIN st CROSS JOIN total LEFT JOIN boundary ON TRUE
+            LEFT JOIN {q(old)} AS o ON {same(c, 'ranked', 'o')}
             UNION ALL
-            SELECT {columns(c, 'c')}, 0, 0, c.{q(WOLD)}, FALSE, FALSE FROM c
-            WHERE c.{q(WOLD)} > 0 AND NOT EXISTS (SELECT 1 FROM nb WHERE {same(c, 'nb', 'c')})
+            SELECT {columns(c, 'x')}, 0, 0, COALESCE(c.{q(WOLD)}, 0), FALSE, FALSE, o.{q(RUN)}, o.{q(POS)}
+            FROM (SELECT {columns(c, 'c')} FROM c WHERE c.{q(WOLD)} > 0
+                  UNION SELECT {columns(c, 'o')} FROM {q(old)} AS o) AS x
+            LEFT JOIN c ON {same(c, 'x', 'c')}
+            LEFT JOIN {q(old)} AS o ON {same(c, 'x', 'o')}
+            WHERE NOT EXISTS (SELECT 1 FROM nb WHERE {same(c, 'nb', 'x')})
         """)
 
     # --- reads ------------------------------------------------------------
