@@ -90,11 +90,11 @@ class Context:
     # --- emitting ---------------------------------------------------------
     def query(
         self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any",
-        transparent: bool = False,
+        transparent: bool = False, pinned: bool = False,
     ) -> str:
         out = self.temp(prefix)
         self.program.steps.append(
-            Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent)
+            Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent, pinned=pinned)
         )
         return out
 
@@ -142,7 +142,18 @@ def make_rule(node: Node) -> Rule:
         Source: SourceRule, SPJ: SPJRule, Aggregate: AggregateRule, Distinct: DistinctRule, UnionAll: UnionAllRule,
         SemiJoin: SemiJoinRule, SetOp: SetOpRule,
     }
+    rules.update(ordered_and_recursive_rules())
     return rules[type(node)](node)
+
+
+def ordered_and_recursive_rules() -> dict[type, type]:
+    """Rules of the window, top-K and recursive nodes (imported late, as above)."""
+    from sql_frontend.plan import Recursive, RecursiveRef, TopK, Window
+    from delta_operators.recursive import RecursiveRefRule, RecursiveRule
+    from delta_operators.top_k import TopKRule
+    from delta_operators.window import WindowRule
+
+    return {Window: WindowRule, TopK: TopKRule, Recursive: RecursiveRule, RecursiveRef: RecursiveRefRule}
 
 
 def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Program, Query, Stack
+from delta_operators.program import Lookup, Loop, Program, Query, Stack
 
 
 def optimize(program: Program) -> Program:
@@ -76,7 +76,11 @@ def push_probes(program: Program) -> Program:
 def inline_queries(program: Program) -> Program:
     pinned = {program.output} | set(program.inputs)
     for step in program.steps:
-        if isinstance(step, Lookup):
+        if isinstance(step, Query) and step.pinned:
+            pinned.add(step.out)
+        elif isinstance(step, Loop):
+            pinned.update(step.reads())
+        elif isinstance(step, Lookup):
             pinned.add(step.probe)
         elif isinstance(step, Stack):
             pinned.add(step.source)
@@ -91,11 +95,20 @@ def inline_queries(program: Program) -> Program:
             readers = [s for s in program.steps if s is not step and isinstance(s, Query)
                        and step.out in _tables(s.sql)]
             for reader in readers:
-                reader.sql = reader.sql.with_(step.out, as_=step.sql.copy())
+                reader.sql = _with_first(reader.sql, step.out, step.sql.copy())
                 reader.drivers = _merged_drivers(reader, step)
             program.steps.remove(step)
             changed = True
     return program
+
+
+def _with_first(sql: exp.Expression, name: str, body: exp.Expression) -> exp.Expression:
+    """``sql`` with a CTE ``name`` placed before its own CTEs (which may read it)."""
+    combined = sql.with_(name, as_=body)
+    with_ = combined.args.get("with_")
+    if with_ is not None and len(with_.expressions) > 1:
+        with_.set("expressions", [with_.expressions[-1], *with_.expressions[:-1]])
+    return combined
 
 
 def _merged_drivers(reader: Query, inlined: Query) -> tuple[str, ...]:

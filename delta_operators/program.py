@@ -6,6 +6,8 @@ A program is a straight-line list of steps over named temporaries:
     Lookup   out := rows of a stored relation whose index columns equal the
              probe columns of a temporary (an arrangement lookup, DD-style)
     Stack    out := selections of one temp with constant weights (no engine query)
+    Loop     repeat a list of steps, feeding some of its temps to the next round,
+             until one of them is empty (semi-naive evaluation of recursion)
 
 and, applied only after every step succeeded, a list of
 
@@ -43,6 +45,9 @@ class Query:
     # Lookups may probe through this query to the temp its columns are copied
     # from: it has no filter that would make that probe set much larger.
     transparent: bool = False
+    # Always materialized, never inlined into its readers: a step that is
+    # skipped unless this temp has rows (its driver) must see it computed.
+    pinned: bool = False
 
 
 @dataclass
@@ -89,7 +94,48 @@ class Replace:
     nonnegative: bool = False  # fail if any inserted weight is negative (an engine bug)
 
 
-Step = Query | Lookup | Stack
+@dataclass
+class Loop:
+    """Run ``body`` in rounds until the temp ``until`` is empty (a fixpoint).
+
+    Loop variables are temps the body reads: before the first round each is
+    set from a temp outside the loop (``init``: (variable, temp)), after each
+    round from a temp of the body (``next``: (variable, body temp)). After the
+    loop the variables hold their last values, and each ``collect`` output
+    holds the rows a body temp had in every round, concatenated. More than
+    ``max_rounds`` rounds is an error naming ``what`` (a recursion that does
+    not reach a fixpoint).
+    """
+
+    init: tuple[tuple[str, str], ...]
+    body: list["Step"]
+    next: tuple[tuple[str, str], ...]
+    until: str
+    collect: tuple[tuple[str, str], ...] = ()
+    max_rounds: int = 1000
+    what: str = "a recursive step"
+    note: str = ""
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        return ()
+
+    def reads(self) -> set[str]:
+        """Every temp name the body may read (so optimizers keep them)."""
+        names = {t for _, t in self.init}
+        for step in self.body:
+            if isinstance(step, Query):
+                names.update(t.name for t in step.sql.find_all(exp.Table))
+            elif isinstance(step, Lookup):
+                names.add(step.probe)
+            elif isinstance(step, Stack):
+                names.add(step.source)
+            elif isinstance(step, Loop):
+                names.update(step.reads())
+        return names
+
+
+Step = Query | Lookup | Stack | Loop
 
 
 @dataclass(frozen=True)
@@ -122,19 +168,26 @@ class Program:
     indexes: set[IndexSpec] = field(default_factory=set)
 
     def describe(self, dialect: str = "duckdb") -> list[str]:
-        lines = []
-        prefix = scan_name("")
-        for step in self.steps:
-            if isinstance(step, Query):
-                scanned = sorted({t.name[len(prefix):] for t in step.sql.find_all(exp.Table)
-                                  if t.name.startswith(prefix)})
-                reads = f"  [reads all of {', '.join(scanned)}]" if scanned else ""
-                lines.append(f"{step.out} := {step.note or 'query'}{reads}")
-            elif isinstance(step, Lookup):
-                key = ", ".join(step.index) or "all rows"
-                lines.append(f"{step.out} := lookup {step.relation} by ({key}) from {step.probe}")
-            elif isinstance(step, Stack):
-                lines.append(f"{step.out} := {step.note or 'stack rows of ' + step.source}")
+        lines = describe_steps(self.steps)
         for r in self.replaces:
             lines.append(f"replace rows of {r.relation}")
         return lines
+
+
+def describe_steps(steps: list[Step], indent: str = "") -> list[str]:
+    lines = []
+    prefix = scan_name("")
+    for step in steps:
+        if isinstance(step, Query):
+            scanned = sorted({t.name[len(prefix):] for t in step.sql.find_all(exp.Table) if t.name.startswith(prefix)})
+            reads = f"  [reads all of {', '.join(scanned)}]" if scanned else ""
+            lines.append(f"{indent}{step.out} := {step.note or 'query'}{reads}")
+        elif isinstance(step, Lookup):
+            key = ", ".join(step.index) or "all rows"
+            lines.append(f"{indent}{step.out} := lookup {step.relation} by ({key}) from {step.probe}")
+        elif isinstance(step, Stack):
+            lines.append(f"{indent}{step.out} := {step.note or 'stack rows of ' + step.source}")
+        elif isinstance(step, Loop):
+            lines.append(f"{indent}repeat until {step.until} is empty (at most {step.max_rounds} rounds): {step.note}")
+            lines.extend(describe_steps(step.body, indent + "    "))
+    return lines

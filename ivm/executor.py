@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import ExecutionError, InternalError
 from sql_frontend.plan_sql import quoted, render
-from delta_operators.program import Lookup, Program, Query, Replace, Stack, scan_name
+from delta_operators.program import Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.duck import Holder
@@ -89,20 +89,51 @@ class Executor:
         self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = ""
     ) -> tuple[dict[str, pa.Table], list[RowChanges]]:
         temps: dict[str, pa.Table] = dict(inputs)
-        registered: set[str] = set()  # plain registrations of one-off runs
+        # Plain registrations of one-off runs, with the data each name holds (a
+        # loop gives a name new data every round).
+        registered: dict[str, pa.Table] = {}
         try:
-            for step in program.steps:
-                if isinstance(step, Lookup):
-                    temps[step.out] = self._lookup(step, temps, snapshot)
-                elif isinstance(step, Query):
-                    temps[step.out] = self._query(step, temps, snapshot, registered, label)
-                elif isinstance(step, Stack):
-                    temps[step.out] = self._stack(step, temps)
+            self._steps_run(program.steps, temps, snapshot, registered, label)
         finally:
             for name in registered:
                 self.con.unregister(name)
         changes = [self._changes(r, temps) for r in program.replaces]
         return temps, [c for c in changes if c is not None]
+
+    def _steps_run(self, steps: list[Step], temps: dict[str, pa.Table], snapshot: Snapshot,
+                   registered: dict[str, pa.Table], label: str) -> None:
+        for step in steps:
+            if isinstance(step, Lookup):
+                temps[step.out] = self._lookup(step, temps, snapshot)
+            elif isinstance(step, Query):
+                temps[step.out] = self._query(step, temps, snapshot, registered, label)
+            elif isinstance(step, Stack):
+                temps[step.out] = self._stack(step, temps)
+            elif isinstance(step, Loop):
+                self._loop(step, temps, snapshot, registered, label)
+
+    def _loop(self, loop: Loop, temps: dict[str, pa.Table], snapshot: Snapshot,
+              registered: dict[str, pa.Table], label: str) -> None:
+        """Rounds of the body until ``until`` is empty; see program.Loop."""
+        for variable, source in loop.init:
+            temps[variable] = temps[source]
+        collected: dict[str, list[pa.Table]] = {out: [] for out, _ in loop.collect}
+        for _ in range(loop.max_rounds):
+            self._steps_run(loop.body, temps, snapshot, registered, label)
+            for out, source in loop.collect:
+                collected[out].append(temps[source])
+            for variable, source in loop.next:
+                temps[variable] = temps[source]
+            if temps[loop.until].num_rows == 0:
+                break
+        else:
+            prefix = f"{label}: " if label else ""
+            raise ExecutionError(
+                f"{prefix}{loop.what} did not reach a fixpoint within {loop.max_rounds} rounds "
+                "(recursion over a cycle with UNION ALL, or a step that keeps producing new rows)"
+            )
+        for out, parts in collected.items():
+            temps[out] = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
     # --- steps -----------------------------------------------------------------
     def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
@@ -131,16 +162,16 @@ class Executor:
             return snapshot[name[len(SCAN_PREFIX):]].table()
         return None  # a CTE name, or not ours: DuckDB resolves or reports it
 
-    def _execute(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: set[str]) -> pa.Table:
+    def _execute(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table]) -> pa.Table:
         state = self._state(step)
         state.runs += 1
         if state.runs == 1:
             # A one-off run (first computations run once): plain registrations.
-            for name in state.names - registered:
+            for name in state.names:
                 data = self._data(name, temps, snapshot)
-                if data is not None:
+                if data is not None and registered.get(name) is not data:
                     self.con.register(name, data)
-                    registered.add(name)
+                    registered[name] = data
             return duck.arrow(self.con, state.text)
         prepared = state.prepared
         inputs = {name: self._data(name, temps, snapshot) for name in state.names}
@@ -175,7 +206,7 @@ class Executor:
         return prepared
 
     def _query(
-        self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: set[str], label: str
+        self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table], label: str
     ) -> pa.Table:
         state = self._state(step)
         if self._skippable(step.drivers, step.skip, temps) and state.empty is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, SemiJoin, SetOp, Source, UnionAll, ViewPlan
+from sql_frontend.plan import (
+    SPJ, Aggregate, Distinct, Node, Recursive, RecursiveRef, SemiJoin, SetOp, Source, TopK, UnionAll, ViewPlan, Window,
+)
 from sql_frontend.plan_sql import match_condition, render
 from delta_operators.compiler import Context, Options
 from delta_operators.program import Program, StateSpec
@@ -21,6 +23,11 @@ RULES = {
     Distinct: "incremental: keeps each row's multiplicity; emits rows whose presence flips",
     UnionAll: "incremental: union of the inputs' deltas",
     SetOp: "incremental: keeps each row's left and right counts; emits rows whose output multiplicity changes",
+    Window: "incremental per partition: recomputes only the partitions a change touches",
+    TopK: "incremental: keeps a buffer of the first rows in sort order; rescans the input only "
+          "when deletions leave fewer than LIMIT + OFFSET rows in it",
+    Recursive: "incremental: semi-naive rounds over the changed facts only",
+    RecursiveRef: "the recursive CTE inside its own step (the previous round's facts)",
 }
 SEMI_RULES = {
     False: "incremental: keeps the right side's match count per key; looks up left rows only for keys "
@@ -59,6 +66,25 @@ def _describe_node(node: Node) -> str:
         return f"{text}  ({node.origin})" if node.origin else text
     if isinstance(node, SetOp):
         return f"{node.kind.upper()}{' ALL' if node.all else ''} of 2 inputs"
+    return _describe_ordered_or_recursive(node)
+
+
+def _describe_ordered_or_recursive(node: Node) -> str:
+    if isinstance(node, Window):
+        source = dict(node.input.outputs) if isinstance(node.input, SPJ) else {}
+        by = ", ".join(f"{p} (= {render(source[p])})" if p in source else p for p in node.partition)
+        calls = ", ".join(f"{name}={render(call)}" for name, call in node.calls)
+        return f"Window partition by {by or '(nothing: one partition)'}  computing {calls}"
+    if isinstance(node, TopK):
+        order = ", ".join(k.sql() for k in node.order)
+        limit = "no LIMIT" if node.limit is None else f"LIMIT {node.limit}"
+        return f"TopK order by {order}  {limit} OFFSET {node.offset}"
+    if isinstance(node, Recursive):
+        kind = "UNION (set: delete and re-derive, with derivation counts)" if node.distinct else \
+            "UNION ALL (bag: counting)"
+        return f"Recursive {node.name} {kind}; children: base, then the recursive step"
+    if isinstance(node, RecursiveRef):
+        return f"RecursiveRef {node.name}"
     return type(node).__name__
 
 
@@ -77,8 +103,7 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
         lines.append(f"{pad}{_describe_node(node)}")
         lines.append(f"{pad}  {rule_text(node)}")
         for spec in state_by_node.get(id(node), []):
-            key = ", ".join(spec.identity) or "single row"
-            lines.append(f"{pad}  state {spec.name}: {spec.role}, keyed by ({key})")
+            lines.append(f"{pad}  state {spec.name}: {spec.role}, {_keyed(spec)}")
         if id(node) in seen:
             lines.append(f"{pad}  (shared, shown above)")
             return
@@ -101,6 +126,15 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
         else:
             lines.append("  incremental: no step reads a whole relation")
     return lines
+
+
+def _keyed(spec: StateSpec) -> str:
+    if spec.identity:
+        return f"keyed by ({', '.join(spec.identity)})"
+    indexes = [", ".join(i) for i in spec.indexes if i]
+    if indexes:
+        return "indexed by " + ", ".join(f"({i})" for i in indexes)
+    return "read whole"
 
 
 def _nodes(root: Node):

@@ -9,7 +9,9 @@ One SELECT block is planned in this order, each step its own module:
     GROUP BY / HAVING   an Aggregate and the SPJ over it
     SELECT DISTINCT     a Distinct on top
 
-Set operations become UnionAll (+ Distinct for UNION) and SetOp nodes.
+Set operations become UnionAll (+ Distinct for UNION) and SetOp nodes;
+ORDER BY … LIMIT a TopK (top_k), window functions a Window (windows), and
+WITH RECURSIVE a Recursive node (recursion).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from sql_frontend.outer_joins import outer_join
 from sql_frontend.plan import SPJ, AggCall, Aggregate, Column, Distinct, Node, SetOp, Source, UnionAll
 from sql_frontend.plan_sql import column
 from sql_frontend.predicates import Predicate, apply, from_conjunct, from_join, is_predicate
+from sql_frontend.recursion import is_recursive, plan_recursive
 from sql_frontend.scalars import Hoisted, hoist, inside_aggregate
 from sql_frontend.scope import FromClause, needed_columns
 from sql_frontend.statements import DIALECT, normalize_name
+from sql_frontend.top_k import has_limit, plan_top_k
+from sql_frontend.windows import has_windows, plan_windows
 
 AGG_ALIAS = "__agg"
 
@@ -57,6 +62,8 @@ class Builder:
         self._infer = infer
         self._sources: dict[str, Source] = {}
         self._names = itertools.count()
+        self.bound: dict[str, Node] = {}  # names planned as a node (recursive CTEs), see recursion.py
+        self.recursions: dict[str, Node] = {}
 
     def describe(self, sql: str) -> tuple[Column, ...]:
         return self.catalog.describe(sql)
@@ -72,6 +79,8 @@ class Builder:
     def query(self, q: exp.Expression) -> Node:
         if isinstance(q, exp.Subquery):
             return self.query(q.this)
+        if has_limit(q):
+            return plan_top_k(self, q)
         if isinstance(q, exp.Union):
             parts = [self.query(q.this), self.query(q.expression)]
             union = UnionAll(inputs=tuple(_flatten_unions(parts)))
@@ -95,6 +104,10 @@ class Builder:
 
     # --- one SELECT block ------------------------------------------------------
     def select(self, sel: exp.Select) -> Node:
+        if is_recursive(sel):
+            return plan_recursive(self, sel)
+        if has_windows(sel):
+            return plan_windows(self, sel)
         from_ = sel.args.get("from_")
         if from_ is None:
             raise UnsupportedError("SELECT without FROM is not supported in a materialized view")
@@ -139,7 +152,8 @@ class Builder:
 
     def _item(self, source: exp.Expression) -> tuple[str, Node]:
         if isinstance(source, exp.Table):
-            return source.alias_or_name, self.source(normalize_name(source.this))
+            relation = normalize_name(source.this)
+            return source.alias_or_name, self.bound[relation] if relation in self.bound else self.source(relation)
         if isinstance(source, exp.Subquery):
             return source.alias, self.typed(self.query(source.this))
         raise UnsupportedError(f"{type(source).__name__.upper()} in FROM")

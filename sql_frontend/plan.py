@@ -12,6 +12,9 @@ column references are ``alias.column`` over the node's named inputs.
     UnionAll    bag union of inputs with the same column layout
     SemiJoin    rows of one input with (semi) or without (anti) a match in another
     SetOp       EXCEPT / INTERSECT, with or without ALL
+    Window      window functions, evaluated per partition
+    TopK        ORDER BY … LIMIT/OFFSET: the rows at some sort positions
+    Recursive   WITH RECURSIVE (linear): base, and a step reading RecursiveRef
 
 Outer joins, subqueries and NOT IN are not nodes of their own: the planner
 composes them from these (an outer join is the inner join plus the unmatched
@@ -21,8 +24,8 @@ and state of a few operators.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
 
 from sqlglot import exp
 
@@ -224,6 +227,12 @@ def with_children(node: Node, children: tuple[Node, ...]) -> Node:
         return SemiJoin(children[0], children[1], node.keys, node.residual, node.anti, origin=node.origin)
     if isinstance(node, SetOp):
         return SetOp(node.kind, node.all, children[0], children[1])
+    if isinstance(node, (Window, TopK)):
+        return replace(node, input=children[0])
+    if isinstance(node, Recursive):  # keeps its RecursiveRef: the step must still read it
+        return replace(node, base=children[0], step=children[1])
+    if isinstance(node, RecursiveRef):
+        return node
     raise TypeError(f"unknown plan node {type(node).__name__}")
 
 
@@ -274,4 +283,98 @@ def is_set_valued(node: Node) -> bool:
             e.name for e in refs
         } >= set(child.column_names)
         return keeps_all and is_set_valued(child)
+    if isinstance(node, (Window, TopK)):
+        return is_set_valued(node.input)
+    if isinstance(node, Recursive):
+        return node.distinct
     return False
+
+
+# --- ordered and recursive nodes (issue 3, part B) ------------------------------
+
+WINDOW_INPUT = "__wi"  # table alias under which window expressions read their input
+
+
+@dataclass(eq=False)
+class Window(Node):
+    """Window functions over ``input``; each row gets one value per call.
+
+    ``calls`` are (output name, sqlglot Window expression) whose column
+    references read ``WINDOW_INPUT.column``. Every call partitions by at least
+    the columns in ``partition``, so a row's window values depend only on the
+    rows that share its ``partition`` values. Output: the input's columns, then
+    one column per call.
+    """
+
+    input: Node
+    partition: tuple[str, ...]
+    calls: tuple[tuple[str, exp.Expression], ...]
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+@dataclass(frozen=True)
+class SortKey:
+    """One ORDER BY item over an input column, with DuckDB's NULL placement made explicit."""
+
+    column: str
+    descending: bool = False
+    nulls_first: bool = False
+
+    def ordered(self, table: str | None = None) -> exp.Ordered:
+        col = exp.Column(this=exp.to_identifier(self.column, quoted=True),
+                         table=exp.to_identifier(table, quoted=True) if table else None)
+        return exp.Ordered(this=col, desc=self.descending, nulls_first=self.nulls_first)
+
+    def sql(self) -> str:
+        return (f"{self.column}{' DESC' if self.descending else ''}"
+                f" NULLS {'FIRST' if self.nulls_first else 'LAST'}")
+
+
+@dataclass(eq=False)
+class TopK(Node):
+    """``ORDER BY order LIMIT limit OFFSET offset``: the rows at those sort positions.
+
+    Rows tied on ``order`` at a boundary are interchangeable: any choice among
+    them is a correct result (as in SQL). ``limit`` None keeps every row after
+    ``offset``. Output columns are the input's.
+    """
+
+    input: Node
+    order: tuple[SortKey, ...]
+    limit: int | None
+    offset: int = 0
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+@dataclass(eq=False)
+class RecursiveRef(Node):
+    """The recursive CTE as its own recursive step reads it (the previous iteration)."""
+
+    name: str
+    columns: tuple[Column, ...] = ()
+
+
+@dataclass(eq=False)
+class Recursive(Node):
+    """``WITH RECURSIVE name AS (base UNION [ALL] step)``: the least fixpoint.
+
+    ``step`` reads ``ref`` exactly once (linear recursion). With ``distinct``
+    (UNION) the result is a set; with UNION ALL it is the bag
+    base + step(base) + step(step(base)) + ….
+    """
+
+    name: str
+    base: Node
+    step: Node
+    ref: RecursiveRef
+    distinct: bool
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.base, self.step)

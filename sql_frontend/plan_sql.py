@@ -12,9 +12,14 @@ and by tests: a plan's SQL must return what the original SELECT returns.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from sqlglot import exp
 
-from sql_frontend.plan import LEFT, RIGHT, SPJ, Aggregate, AggCall, Distinct, Node, SemiJoin, SetOp, Source, UnionAll
+from sql_frontend.plan import (
+    LEFT, RIGHT, SPJ, WINDOW_INPUT, Aggregate, AggCall, Distinct, Node, Recursive, RecursiveRef, SemiJoin, SetOp,
+    Source, TopK, UnionAll, Window,
+)
 
 
 OPERATORS = (exp.Binary, exp.Unary, exp.Between, exp.In)
@@ -108,6 +113,8 @@ def to_sql(node: Node) -> exp.Expression:
         right = exp.select(exp.Star()).from_(subquery(to_sql(node.right), "__b"))
         cls = exp.Except if node.kind == "except" else exp.Intersect
         return cls(this=left, expression=right, distinct=not node.all)
+    if isinstance(node, (Window, TopK, Recursive, RecursiveRef)):
+        return _ordered_or_recursive_sql(node)
     raise TypeError(f"no SQL rendering for {type(node).__name__}")
 
 
@@ -145,4 +152,51 @@ def _spj_sql(node: SPJ) -> exp.Select:
         select = select.from_(source) if i == 0 else select.join(source, join_type="cross")
     if node.predicate is not None:
         select = select.where(node.predicate.copy())
+    return select
+
+
+# --- window, top-K and recursive nodes --------------------------------------------
+
+# The recursive references being rendered inside their WITH RECURSIVE; any
+# other reference (a step rendered alone, to infer its types) is empty.
+_OPEN_RECURSIONS: ContextVar[frozenset[int]] = ContextVar("open_recursions", default=frozenset())
+
+
+def recursive_table(ref: RecursiveRef) -> str:
+    """The CTE name under which a recursive reference reads its relation."""
+    return f"__rec_{ref.name}"
+
+
+def _ordered_or_recursive_sql(node: Node) -> exp.Expression:
+    if isinstance(node, Window):
+        inner = subquery(to_sql(node.input), WINDOW_INPUT)
+        return exp.select(
+            *[alias(column(c.name, WINDOW_INPUT), c.name) for c in node.input.columns],
+            *[alias(e.copy(), n) for n, e in node.calls],
+        ).from_(inner)
+    if isinstance(node, TopK):
+        select = exp.select(*[alias(column(c.name, "__top"), c.name) for c in node.input.columns])
+        select = select.from_(subquery(to_sql(node.input), "__top"))
+        select = select.order_by(*[k.ordered("__top") for k in node.order])
+        if node.limit is not None:
+            select = select.limit(node.limit)
+        return select.offset(node.offset) if node.offset else select
+    if isinstance(node, RecursiveRef):
+        names = [c.name for c in node.columns]
+        if id(node) in _OPEN_RECURSIONS.get():
+            return exp.select(*[alias(column(n, "__r"), n) for n in names]).from_(
+                table(recursive_table(node), "__r"))
+        return exp.select(*[
+            alias(exp.cast(exp.null(), exp.DataType.build(c.type, dialect="duckdb")), c.name) for c in node.columns
+        ]).where(exp.false())
+    assert isinstance(node, Recursive)
+    token = _OPEN_RECURSIONS.set(_OPEN_RECURSIONS.get() | {id(node.ref)})
+    try:
+        body = exp.union(to_sql(node.base), to_sql(node.step), distinct=node.distinct)
+    finally:
+        _OPEN_RECURSIONS.reset(token)
+    name = recursive_table(node.ref)
+    cte = exp.CTE(this=body, alias=exp.TableAlias(this=quoted(name), columns=[quoted(c.name) for c in node.columns]))
+    select = exp.select(*[alias(column(c.name, "__r"), c.name) for c in node.columns]).from_(table(name, "__r"))
+    select.set("with_", exp.With(expressions=[cte], recursive=True))
     return select

@@ -28,16 +28,21 @@ from sql_frontend.plan import (
     Aggregate,
     Column,
     Node,
+    Recursive,
+    RecursiveRef,
     Source,
     ViewPlan,
+    Window,
     sources,
     walk,
     with_children,
 )
 from sql_frontend.plan_sql import column, render, to_sql
+from sql_frontend.recursion import check_recursion
 from sql_frontend.resolve import check_relations, resolve
 from sql_frontend.statements import DIALECT
 from sql_frontend.supported import check_supported
+from sql_frontend.top_k import has_limit
 
 
 def plan_view(
@@ -53,6 +58,7 @@ def plan_view(
     resolved = factor_disjunctions(resolve(query, schema))
     root = Builder(catalog, infer_types).query(resolved)
     root = merge_spj(root)
+    check_recursion(root)
     infer_types(root, catalog.describe)
     root = name_outputs(root, names, [c.type for c in output])
     columns = tuple(Column(n, c.type) for n, c in zip(names, output))
@@ -63,13 +69,13 @@ def plan_view(
 def drop_order_by(query: exp.Expression) -> exp.Expression:
     """Remove ORDER BY clauses that have no LIMIT: a view is an unordered set of rows.
 
-    (With a LIMIT, ORDER BY decides which rows are in the view; check_supported
-    rejects that until top-K is maintained.)
+    (With a LIMIT or OFFSET, ORDER BY decides which rows are in the view: it
+    becomes a TopK node.)
     """
     query = query.copy()
     for order in list(query.find_all(exp.Order)):
         holder = order.parent
-        if isinstance(holder, (exp.Select, exp.SetOperation)) and not holder.args.get("limit"):
+        if isinstance(holder, (exp.Select, exp.SetOperation)) and not has_limit(holder):
             order.pop()
     return query
 
@@ -172,11 +178,15 @@ def _alias_renamer(renames: dict[str, str]) -> Callable[[exp.Expression], exp.Ex
 def infer_types(root: Node, describe: Callable[[str], tuple[Column, ...]]) -> None:
     """Fill in ``columns`` of every derived node from DuckDB's binder."""
     for node in walk(root):
-        if isinstance(node, Source):
-            continue
+        if isinstance(node, (Source, RecursiveRef)):
+            continue  # typed when built
         described = describe(render(to_sql(node)))
         if isinstance(node, SPJ):
             names = [n for n, _ in node.outputs]
+        elif isinstance(node, Window):
+            names = list(node.input.column_names) + [n for n, _ in node.calls]
+        elif isinstance(node, Recursive):
+            names = [c.name for c in node.columns]
         elif isinstance(node, Aggregate):
             names = list(node.keys) + [c.name for c in node.aggregates]
             types = {c.name: c.type for c in described}

@@ -68,7 +68,9 @@ def _is_cte_reference(table: exp.Table, name: str) -> bool:
         with_ = scope.args.get("with_") or scope.args.get("with")
         if isinstance(with_, exp.With):
             for cte in with_.expressions:
-                if normalize_name(cte.alias) == name and not table.find_ancestor(exp.CTE) is cte:
+                if normalize_name(cte.alias) == name and (
+                    with_.args.get("recursive") or table.find_ancestor(exp.CTE) is not cte
+                ):
                     return True
         scope = scope.parent
     return False
@@ -100,7 +102,11 @@ def inline_ctes(query: exp.Expression) -> exp.Expression:
             ctes = dict(ctes)
             for cte in with_.expressions:
                 # A CTE may read earlier CTEs of the same WITH.
-                ctes[normalize_name(cte.alias)] = visit(cte.this, ctes)
+                name = normalize_name(cte.alias)
+                body = visit(cte.this, ctes)
+                if with_.args.get("recursive") and _reads(body, name):
+                    body = recursive_query(cte, body)
+                ctes[name] = body
             node.set("with_" if "with_" in node.args else "with", None)
         for child in list(node.iter_expressions()):
             if isinstance(child, exp.Table) and isinstance(child.this, exp.Identifier):
@@ -118,3 +124,29 @@ def inline_ctes(query: exp.Expression) -> exp.Expression:
         return node
 
     return visit(query, {})
+
+
+def _reads(query: exp.Expression, name: str) -> bool:
+    return any(
+        isinstance(t.this, exp.Identifier) and normalize_name(t.this) == name for t in query.find_all(exp.Table)
+    )
+
+
+def recursive_query(cte: exp.CTE, body: exp.Expression) -> exp.Select:
+    """A recursive CTE as a self-contained query: ``WITH RECURSIVE name AS (body) SELECT * FROM name``.
+
+    Inlined like any CTE; the planner turns it into one Recursive node.
+    """
+    alias = cte.args["alias"].copy()
+    first = body
+    while isinstance(first, exp.SetOperation):
+        first = first.this
+    names = [c.name for c in alias.columns] or [p.alias_or_name for p in first.expressions]
+    if not alias.columns:
+        alias.set("columns", [exp.to_identifier(n, quoted=True) for n in names])
+    ref = alias.this.copy()
+    select = exp.select(
+        *[exp.alias_(exp.column(n, ref.name, quoted=True), n, quoted=True) for n in names]
+    ).from_(exp.Table(this=ref, alias=exp.TableAlias(this=ref.copy())))
+    select.set("with_", exp.With(expressions=[exp.CTE(this=body, alias=alias)], recursive=True))
+    return select

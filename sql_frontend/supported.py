@@ -3,10 +3,10 @@
 A view is checked before anything is created, so an unsupported view never
 half-exists. The message names the construct as the user wrote it.
 
->>> check_supported(sqlglot.parse_one("SELECT a FROM t LIMIT 3", dialect="duckdb"))
+>>> check_supported(sqlglot.parse_one("SELECT a FROM t GROUP BY ROLLUP (a)", dialect="duckdb"))
 Traceback (most recent call last):
 ...
-sql_frontend.errors.UnsupportedError: LIMIT is not supported in a materialized view
+sql_frontend.errors.UnsupportedError: ROLLUP is not supported in a materialized view
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sqlglot  # noqa: F401  (used by the doctest)
 from sqlglot import exp
 
 from sql_frontend.errors import UnsupportedError
+from sql_frontend.windows import check_window
 
 # Aggregates with an incremental rule in delta_operators/aggregate.py.
 SUPPORTED_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
@@ -56,11 +57,9 @@ def _fail(what: str, hint: str = "") -> None:
 
 def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
     if isinstance(node, exp.Window):
-        _fail(f"window function {_func_name(node.this)}")
-    elif isinstance(node, (exp.Limit, exp.Fetch)):
-        _fail("LIMIT")
-    elif isinstance(node, exp.Offset):
-        _fail("OFFSET")
+        check_window(node)
+    elif isinstance(node, (exp.Limit, exp.Fetch, exp.Offset)):
+        pass  # a TopK node: sql_frontend.top_k checks the counts and the ORDER BY
     elif isinstance(node, exp.Join):
         _check_join(node)
     elif isinstance(node, exp.Lateral):
@@ -79,10 +78,6 @@ def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
         _fail("VALUES in FROM")
     elif isinstance(node, (exp.Any, exp.All)):
         _fail(f"{type(node).__name__.upper()} (subquery)", "; write it with IN, EXISTS or an aggregate")
-    elif isinstance(node, exp.With) and node.args.get("recursive"):
-        _fail("WITH RECURSIVE")
-    elif isinstance(node, exp.Qualify):
-        _fail("QUALIFY")
     elif isinstance(node, exp.TableSample):
         _fail("TABLESAMPLE")
     elif isinstance(node, (exp.Pivot,)):
@@ -94,7 +89,7 @@ def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
             _fail("DISTINCT ON")
     elif isinstance(node, exp.Placeholder) or isinstance(node, exp.Parameter):
         _fail("a query parameter")
-    elif isinstance(node, exp.AggFunc):
+    elif isinstance(node, exp.AggFunc) and not _is_window_function(node):
         _check_aggregate(node)
     elif isinstance(node, _NONDETERMINISTIC_NODES):
         _fail(f"non-deterministic function {_func_name(node)}")
@@ -104,6 +99,14 @@ def _check_node(node: exp.Expression, aggregates: set[str]) -> None:
             _fail(f"non-deterministic function {name}")
         if isinstance(node, exp.Anonymous) and name in aggregates:
             _fail(f"aggregate function {name}")
+
+
+def _is_window_function(node: exp.Expression) -> bool:
+    """True for the function of an OVER (...) clause (checked by check_window)."""
+    parent = node.parent
+    while isinstance(parent, (exp.Filter, exp.IgnoreNulls, exp.RespectNulls)):
+        parent = parent.parent
+    return isinstance(parent, exp.Window) and not isinstance(node.parent, exp.Where)
 
 
 def _check_join(join: exp.Join) -> None:

@@ -59,3 +59,43 @@ def multiset_diff(actual: pa.Table, expected: pa.Table) -> str | None:
         f"{len(got)} rows vs {len(want)} expected; "
         f"unexpected: {list(extra.elements())[:6]}; missing: {list(missing.elements())[:6]}"
     )
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else round(value, 6)
+    if isinstance(value, decimal.Decimal):
+        return round(float(value), 6)
+    return value
+
+
+def _project(table: pa.Table, names: list[str]) -> Counter:
+    return Counter(tuple(_normal(v) for v in row) for row in rows_of(table.select(names)))
+
+
+def tie_aware_diff(actual: pa.Table, expected: pa.Table, candidates: pa.Table,
+                   keys: tuple[str, ...], ranks: tuple[str, ...]) -> str | None:
+    """None when ``actual`` is a correct answer of a query whose ORDER BY has ties.
+
+    With ties, SQL leaves open which of the tied rows a LIMIT keeps and how a
+    ROW_NUMBER numbers them. A result is correct when (1) its multiset of
+    ``keys`` (sort keys and rank values: what ties cannot change) equals the
+    reference's, and (2) without the ``ranks`` columns, its rows are rows the
+    query could have chosen (a sub-multiset of ``candidates``) and as many
+    as the reference has.
+    """
+    if actual.column_names != expected.column_names:
+        return f"columns differ: {actual.column_names} != {expected.column_names}"
+    if actual.num_rows != expected.num_rows:
+        return f"{actual.num_rows} rows vs {expected.num_rows} expected"
+    got, want = _project(actual, list(keys)), _project(expected, list(keys))
+    if got != want:
+        return (f"sort keys differ: unexpected {list((got - want).elements())[:6]}; "
+                f"missing {list((want - got).elements())[:6]}")
+    rest = [c for c in actual.column_names if c not in ranks]
+    chosen = _project(actual, rest)
+    allowed = _project(candidates, rest)
+    extra = chosen - allowed
+    if extra:
+        return f"rows that are not candidates: {list(extra.elements())[:6]}"
+    return None

@@ -13,6 +13,11 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 class ViewFixture:
     name: str
     sql: str
+    # Tie-aware comparison (ORDER BY ties make the chosen rows ambiguous), from
+    # "-- ties: keys=a,b [ranks=rn]" and "-- candidates: <SELECT>" lines:
+    ties: tuple[str, ...] = ()  # columns whose multiset is determined (sort keys, ranks)
+    ranks: tuple[str, ...] = ()  # columns whose values depend on how ties were broken
+    candidates: str | None = None  # the rows the view may choose from (default: no LIMIT/OFFSET)
 
 
 def read_statements(path: Path) -> list[str]:
@@ -25,8 +30,26 @@ def read_views(path: Path) -> list[ViewFixture]:
     for block in re.split(r"^-- name:\s*", path.read_text(), flags=re.M)[1:]:
         name, _, body = block.partition("\n")
         sql = "\n".join(l for l in body.splitlines() if not l.strip().startswith("--")).strip().rstrip(";")
-        views.append(ViewFixture(name.strip(), sql.strip()))
+        views.append(ViewFixture(name.strip(), sql.strip(), **_annotations(body)))
     return views
+
+
+def _annotations(body: str) -> dict:
+    found: dict = {}
+    for line in body.splitlines():
+        line = line.strip()
+        if line.startswith("-- ties:"):
+            for item in line[len("-- ties:"):].split():
+                key, _, value = item.partition("=")
+                found["ties" if key == "keys" else key] = tuple(v for v in value.split(",") if v)
+        elif line.startswith("-- candidates:"):
+            found["candidates"] = line[len("-- candidates:"):].strip().rstrip(";")
+    return found
+
+
+def read_fixture_views(name: str) -> list[ViewFixture]:
+    """Views of another fixture file of the oracle (e.g. ``oracle_views_windows.sql``)."""
+    return read_views(FIXTURES / name)
 
 
 def oracle_schema() -> list[str]:
@@ -40,3 +63,5 @@ def oracle_views(name: str = "") -> list[ViewFixture]:
 
 # Every catalogue of views over the oracle's schema (issue 2's core views, then issue 3's).
 VIEW_SETS = ("", "joins", "setops", "subqueries")
+# Window, top-K and recursive views (their own tests: test_oracle_ordered, test_oracle_recursive).
+ORDERED_SETS = ("windows", "topk", "recursive")

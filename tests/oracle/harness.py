@@ -13,9 +13,10 @@ import random
 from typing import Callable, Sequence
 
 import duckdb
+import sqlglot
 
 import ivm
-from tests.oracle.compare import multiset_diff
+from tests.oracle.compare import multiset_diff, tie_aware_diff
 from tests.oracle.fixtures import ViewFixture
 from tests.oracle.model import Model, generate_batch, ops_to_arrow
 
@@ -63,10 +64,23 @@ class Harness:
         for view in self.created:
             got = self.db.sql(f"SELECT * FROM {view.name}")
             want = self.ref.sql(f"SELECT * FROM {view.name}").to_arrow_table()
-            diff = multiset_diff(got, want)
+            diff = self._tie_aware(view, got, want) if view.ties else multiset_diff(got, want)
             if diff:
                 problems.append(f"view {view.name}: {diff}\n    {view.sql}")
         assert not problems, f"{context}\n" + "\n".join(problems)
+
+
+    def _tie_aware(self, view: ViewFixture, got, want) -> str | None:
+        candidates = self.ref.sql(view.candidates or without_limit(view.sql)).to_arrow_table()
+        return tie_aware_diff(got, want, candidates, view.ties, view.ranks)
+
+
+def without_limit(sql: str) -> str:
+    """The query without its outermost LIMIT/OFFSET: every row it may choose from."""
+    tree = sqlglot.parse_one(sql, dialect="duckdb")
+    for key in ("limit", "offset"):
+        tree.set(key, None)
+    return tree.sql("duckdb")
 
 
 def play(

@@ -105,7 +105,22 @@ def schema_specs() -> dict[str, TableSpec]:
         group="kind",
         extreme="val",
     )
-    return {t.name: t for t in (customers, orders, items, events)}
+    # A graph for recursive views: few nodes, so cycles, shared paths and
+    # NULL endpoints are common; updates move edges.
+    links = TableSpec(
+        name="links",
+        columns=["id", "src", "dst"],
+        key=["id"],
+        arrow=pa.schema([("id", pa.int64()), ("src", pa.int32()), ("dst", pa.int32())]),
+        gen=lambda rng: {
+            "id": rng.randint(1, 30),
+            "src": _maybe(rng, rng.randint(1, 8), 0.08),
+            "dst": _maybe(rng, rng.randint(1, 8), 0.08),
+        },
+        group="src",
+        extreme="dst",
+    )
+    return {t.name: t for t in (customers, orders, items, events, links)}
 
 
 def _row_key(spec: TableSpec, row: Row) -> tuple:
@@ -234,6 +249,8 @@ def _keyed_op(rng: random.Random, spec: TableSpec, scratch: Model, emit: Callabl
         group_col = spec.group
         target = rng.choice(existing)[group_col] if group_col else None
         members = [r for r in existing if r.get(group_col) == target and r.get(spec.extreme) is not None]
+        if rng.random() < 0.3:  # the table's own MIN/MAX: the top row of an ORDER BY … LIMIT
+            members = [r for r in existing if r.get(spec.extreme) is not None]
         finite = [r for r in members if not (isinstance(r[spec.extreme], float) and math.isnan(r[spec.extreme]))]
         if finite:
             pick = min if rng.random() < 0.5 else max

@@ -1,6 +1,6 @@
 """Soak the oracle outside pytest: many seeded streams, no shrinking.
 
-    python -m tests.oracle.soak --seeds 50 --batches 10 [--set joins] [--views a,b]
+    python -m tests.oracle.soak --seeds 50 --batches 10 [--set joins|setops|subqueries|windows|topk|recursive] [--views a,b]
 
 Prints each failing seed with the first difference; exits 1 if any failed.
 """
@@ -12,7 +12,7 @@ import random
 import sys
 import time
 
-from tests.oracle.fixtures import VIEW_SETS, oracle_schema, oracle_views
+from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
 from tests.oracle.harness import Harness, play
 
 TABLES = ["customers", "orders", "items", "events"]
@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--initial", type=int, default=20)
     parser.add_argument("--views", default="")
-    parser.add_argument("--set", default="", choices=VIEW_SETS, help="view catalogue (default: the core one)")
+    parser.add_argument("--set", default="", choices=VIEW_SETS + ORDERED_SETS, help="view catalogue (default: the core one)")
     args = parser.parse_args()
     views = oracle_views(args.set)
     if args.views:
