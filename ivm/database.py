@@ -81,7 +81,8 @@ class Database:
 
     @property
     def offset(self) -> int:
-        """Offset of the last change visible to reads."""
+        """Offset of the last change visible to reads (every acknowledged one: this waits like a read)."""
+        self._engine.wait_visible()
         return self._engine.store.snapshot.offset
 
     # --- statements ---------------------------------------------------------------
