@@ -12,13 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pytest
 
 import ivm
 from storage.log import ChangeLog, Record
-from tests.oracle.compare import multiset_diff
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = [
@@ -197,22 +195,6 @@ def test_a_view_created_late_sees_stored_and_logged_data(tmp_path):
     db.apply_changes("orders", orders(range(10, 15), cust=4, amount=2.0))  # only in the log
     db.execute("CREATE MATERIALIZED VIEW late AS SELECT cust, SUM(amount) AS s FROM orders GROUP BY cust")
     assert rows(db, "SELECT * FROM late") == [{"cust": 3, "s": 10.0}, {"cust": 4, "s": 10.0}]
-    db.close()
-
-
-def test_stored_views_read_by_duckdb_match(tmp_path):
-    db = make(tmp_path)
-    db.apply_changes("orders", orders(range(20), cust=1, amount=7.0))
-    db.execute("INSERT INTO events VALUES ('a', 1), ('a', 1), ('b', NULL)")
-    db.checkpoint()
-    con = duckdb.connect()
-    for view in ("big", "totals", "kinds", "orders"):
-        files = db.stored_files(view)
-        listing = ", ".join(f"'{f}'" for f in files)
-        # Every stored relation has a __weight column: the number of copies of the row.
-        outside = con.sql(f"SELECT t.* EXCLUDE (__weight) FROM read_parquet([{listing}]) t, range(t.__weight)")
-        outside = outside.to_arrow_table()
-        assert multiset_diff(outside, db.sql(f"SELECT * FROM {view}")) is None, view
     db.close()
 
 
