@@ -35,6 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+import duckdb
 import pyarrow as pa
 
 from ivm.changes import OP, SEQ, q
@@ -59,7 +60,10 @@ class DurableEngine(Engine):
         self.unstored: deque[tuple[int, float, int, str]] = deque()  # (offset, time, rows, table) past the checkpoint
         self.generation = uuid.uuid4().hex  # changes with every DDL
         self.log = ChangeLog(self.path / "log", self.settings.segment_bytes)
-        self.maintainer = Maintainer(self, Worker(self._small_db.cursor()), Worker(self.duck.cursor()))
+        # The maintainer gets its own single-threaded DuckDB instance: sharing the
+        # ingest's would make the two threads contend inside DuckDB.
+        self._fold_db = duckdb.connect(config={"threads": 1})
+        self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()))
         self.checkpointer = Checkpointer(self, self.path)
         self.replayed = 0
         try:
@@ -116,6 +120,7 @@ class DurableEngine(Engine):
             self.log.close()
             self._release()
             super().close()
+            self._fold_db.close()
 
     def _release(self) -> None:
         if self._lock_fd is not None:
