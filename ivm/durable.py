@@ -43,8 +43,9 @@ from ivm.checkpoints import Checkpointer
 from ivm.engine import Engine, Settings, Worker
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
-from sql_frontend.errors import ChangeError, IvmError
+from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
 from sql_frontend.statements import CreateTable, CreateView, Drop
+from storage.checkpoint import unstorable
 from storage.log import ChangeLog, Record
 from storage.relation import Relation
 
@@ -188,10 +189,27 @@ class DurableEngine(Engine):
                 return done
 
     def create_table(self, stmt: CreateTable, columns=None) -> bool:
-        return self._ddl(lambda: Engine.create_table(self, stmt, columns))
+        return self._ddl(lambda: self._storable(Engine.create_table(self, stmt, columns), stmt.name, "table"))
 
     def create_view(self, stmt: CreateView) -> bool:
-        return self._ddl(lambda: Engine.create_view(self, stmt))
+        return self._ddl(lambda: self._storable(Engine.create_view(self, stmt), stmt.name, "view"))
+
+    def _storable(self, created: bool, name: str, kind: str) -> bool:
+        """Undo a CREATE whose relations durable storage cannot hold, with a clear error."""
+        if not created:
+            return False
+        view = self.catalog.views.get(name)
+        schemas = [self.store.snapshot[name].schema] if view is None else (
+            [self.store.snapshot[s.name].schema for s in view.states]
+            + ([] if view.stored_output else [self.arrow_schema(view.columns)]))
+        for schema in schemas:
+            problem = unstorable(schema)
+            if problem is not None:
+                Engine.drop(self, Drop(kind=kind, name=name))
+                what = "table" if kind == "table" else "materialized view"
+                raise UnsupportedError(f"{what} {name} cannot be stored durably: {problem} "
+                                       "(cast it to a storable type, e.g. VARCHAR)")
+        return True
 
     def drop(self, stmt: Drop) -> bool:
         return self._ddl(lambda: Engine.drop(self, stmt))

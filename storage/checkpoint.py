@@ -9,6 +9,11 @@ offset it reflects (``ivm.offset``), the catalog generation
 (``ivm.generation``), and an app transaction (app id ``ivm``, version = the
 offset), so the offset is committed atomically with the data.
 
+Delta Lake lacks a few Arrow types; such columns are stored as the nearest
+type that holds every value (``storable_type``: TIME as int64 microseconds,
+unsigned integers as the next wider signed type) and cast back on load.
+Relations with types it cannot hold at all (INTERVAL) are refused at DDL.
+
 A checkpoint is atomic across relations: first each changed relation gets a
 Delta commit, then ``DIR/checkpoint.json`` (the manifest: offset, catalog,
 each relation's Delta version, producer sequence numbers) is written to a
@@ -33,6 +38,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import Schema as DeltaSchema
 
 from storage.hooks import hook
 
@@ -57,7 +63,34 @@ class StoredVersion:
         return StoredVersion(doc["dir"], doc["version"], doc["bytes"], doc["rows"])
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
+def storable_type(t: pa.DataType) -> pa.DataType:
+    """The type a column is stored as: Delta Lake has no TIME, unsigned integers,
+    second-precision or non-"UTC"-named zoned timestamps. Loading casts back."""
+    if pa.types.is_time(t):
+        return pa.int64()  # microseconds (or nanoseconds) since midnight
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width, pa.decimal128(20, 0))
+    if pa.types.is_timestamp(t):
+        unit = "us" if t.unit == "s" else t.unit
+        return pa.timestamp(unit, tz="UTC" if t.tz else None)
+    return t
+
+
+def storable_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, storable_type(f.type), f.nullable) for f in schema])
+
+
+def unstorable(schema: pa.Schema) -> str | None:
+    """Why a relation with this schema cannot be stored, or None."""
+    for field in storable_schema(schema):
+        try:
+            DeltaSchema.from_arrow(pa.schema([field]))
+        except Exception:  # deltalake raises its own exception types per version
+            return f"column {field.name} has type {field.type}, which Delta Lake cannot store"
+    return None
+
+
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -91,7 +124,7 @@ class RelationFiles:
         if reused is None:
             new = not path.exists()
             write_deltalake(
-                str(path), table, mode="overwrite", schema_mode="overwrite",
+                str(path), table.cast(storable_schema(table.schema)), mode="overwrite", schema_mode="overwrite",
                 commit_properties=CommitProperties(
                     custom_metadata={"ivm.offset": str(offset), "ivm.generation": generation},
                     app_transactions=[Transaction(app_id=APP_ID, version=offset)],
