@@ -273,3 +273,38 @@ def test_types_delta_lacks_are_stored_losslessly_or_refused(tmp_path):
     for name, table in before.items():
         assert db.sql(f"SELECT * FROM {name}").equals(table), name
     db.close()
+
+
+def test_concurrent_producers_share_syncs(tmp_path, monkeypatch):
+    import threading
+
+    from storage import hooks
+
+    db = make(tmp_path)
+    monkeypatch.setitem(hooks._HOOKS, "log.before_sync", 0.05)  # producers arrive while one syncs
+    offsets: list[int] = []
+
+    def produce(first: int) -> None:
+        for i in range(5):
+            offsets.append(db.apply_changes("orders", orders([first + i])))
+
+    threads = [threading.Thread(target=produce, args=(100 * t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(offsets) == list(range(1, 31))
+    assert db.status()["log_syncs"] < 30
+    assert db.sql("SELECT COUNT(*) AS n FROM big").to_pylist() == [{"n": 30}]
+    db.close()
+
+
+def test_reads_wait_for_every_acknowledged_batch(tmp_path):
+    db = make(tmp_path, fold_delay=1.0)  # the maintainer lags behind the acknowledgements
+    for i in range(5):
+        db.apply_changes("orders", orders([i], cust=1, amount=float(i + 6)))
+    assert db.status()["relations"][0]["buffer_rows"] > 0  # status does not wait: the buffer is visible
+    assert rows(db, "SELECT * FROM totals") == [{"cust": 1, "total": 40.0, "n": 5}]
+    assert db.offset == 5
+    assert all(r["buffer_rows"] == 0 for r in db.status()["relations"])
+    db.close()
