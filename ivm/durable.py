@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -41,6 +42,7 @@ import pyarrow as pa
 from ivm.changes import OP, SEQ, q
 from ivm.checkpoints import Checkpointer
 from ivm.engine import Engine, Settings, Worker
+from ivm.ingest_group import Pending, Ticket, convert_unit
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
@@ -58,7 +60,10 @@ class DurableEngine(Engine):
         self._lock_fd = self._lock_directory()
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
         self._pending_indexes: dict[str, tuple] = {}
-        self.unstored: deque[tuple[int, float, int, str]] = deque()  # (offset, time, rows, table) past the checkpoint
+        # (offset, time, rows, table) of accepted batches past the checkpoint; the
+        # lock makes iteration safe against appends from producers.
+        self._unstored: deque[tuple[int, float, int, str]] = deque()
+        self._unstored_lock = threading.Lock()
         self.generation = uuid.uuid4().hex  # changes with every DDL
         self.log = ChangeLog(self.path / "log", self.settings.segment_bytes)
         # The maintainer gets its own single-threaded DuckDB instance: sharing the
@@ -66,6 +71,7 @@ class DurableEngine(Engine):
         self._fold_db = duckdb.connect(config={"threads": 1})
         self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()))
         self.checkpointer = Checkpointer(self, self.path)
+        self._pending = Pending()
         self.replayed = 0
         try:
             self._recover()
@@ -96,17 +102,6 @@ class DurableEngine(Engine):
         self.replayed = len(records)
         self.recovery_seconds = time.perf_counter() - start
 
-    def _replay(self, record: Record) -> None:
-        definition = self.catalog.table(record.table)
-        relation = self.head(record.table)
-        try:
-            prepared = self.convert(definition, record.batch, record.policy, relation, self.worker(record.batch.num_rows))
-        except ChangeError as e:
-            raise IvmError(f"replaying change log offset {record.offset} failed (the log does not match the "
-                           f"checkpoint): {e}") from e
-        self._accept(record.table, record.offset, prepared.change.delta, prepared.updated, record.timestamp,
-                     record.source, record.seq)
-
     def close(self) -> None:
         if self.closed:
             return
@@ -132,29 +127,57 @@ class DurableEngine(Engine):
     def ingest(self, table: str, data: Any, on_missing_delete: str | None = None,
                source: str | None = None, seq: int | None = None) -> int:
         check_producer(source, seq)
+        ticket = Ticket(table, data, on_missing_delete, source, seq)
+        self._pending.add(ticket)
         with self.write_lock:
-            self.log.check()
-            known = self.producers.known(source, seq) if source is not None else None
-            if known is None:
-                prepared = self.prepare(table, data, on_missing_delete)
-                offset = self.offset + 1
-                now = time.time()
-                self.log.append(Record(offset, table, prepared.batch, prepared.policy, source, seq, now))
-                self._accept(table, offset, prepared.change.delta, prepared.updated, now, source, seq)
-        if known is not None:
-            self.log.wait_durable(known)
-            return known
-        self.log.wait_durable(offset)
+            while not ticket.done:  # convert every waiting batch, ours among them (ivm/ingest_group.py)
+                tickets = self._pending.take_unit()
+                try:
+                    self._accept_unit(tickets)
+                except BaseException as e:
+                    for other in tickets:
+                        if not other.done:
+                            other.error, other.done = e, True
+        if ticket.error is not None:
+            raise ticket.error
+        self.log.wait_durable(ticket.offset)
         self.maintainer.wake()
-        return offset
+        return ticket.offset
 
-    def _accept(self, table: str, offset: int, delta: pa.Table, updated: Relation, now: float,
-                source: str | None, seq: int | None) -> None:
-        self.offset = offset
-        self.heads[table] = updated
-        self.producers.record(source, seq, offset)
-        self.unstored.append((offset, now, delta.num_rows, table))
-        self.maintainer.enqueue(Entry(offset, table, delta, updated, now))
+    def _accept_unit(self, tickets: list[Ticket]) -> None:
+        """Convert, log and queue a unit of batches; each gets its offset (not yet durable)."""
+        self.log.check()
+        unit = convert_unit(self, tickets)
+        if not unit.tickets:
+            return
+        now = time.time()
+        for ticket in unit.tickets:
+            offset = self.offset + 1
+            self.log.append(Record(offset, ticket.table, ticket.batch, ticket.policy, ticket.source, ticket.seq, now))
+            self.offset = ticket.offset = offset
+            self.producers.record(ticket.source, ticket.seq, offset)
+            self._note_unstored(offset, now, ticket.delta.num_rows if ticket.delta is not None else 0, ticket.table)
+            ticket.done = True
+        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now))
+
+    def _replay(self, record: Record) -> None:
+        definition = self.catalog.table(record.table)
+        try:
+            prepared = self.convert(definition, record.batch, record.policy, self.head(record.table),
+                                    self.worker(record.batch.num_rows))
+        except ChangeError as e:
+            raise IvmError(f"replaying change log offset {record.offset} failed (the log does not match the "
+                           f"checkpoint): {e}") from e
+        self.offset = record.offset
+        self.heads[record.table] = prepared.updated
+        self.producers.record(record.source, record.seq, record.offset)
+        self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
+        self.maintainer.enqueue(Entry(record.offset, {record.table: [prepared.change.delta]},
+                                      {record.table: prepared.updated}, record.timestamp))
+
+    def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
+        with self._unstored_lock:
+            self._unstored.append((offset, now, rows, table))
 
     def head(self, table: str) -> Relation:
         relation = self.heads.get(table) or self.store.snapshot[table]
@@ -216,18 +239,23 @@ class DurableEngine(Engine):
 
     # --- checkpoints and maintenance ---------------------------------------------------------
     def checkpoint_due(self) -> bool:
-        if not self.unstored:
-            return False
         published = self.store.snapshot.offset
         if published <= self.checkpointer.offset:
             return False
-        rows = sum(e[2] for e in self.unstored if e[0] <= published)
-        return (rows >= self.settings.checkpoint_rows
-                or time.time() - self.unstored[0][1] >= self.settings.checkpoint_seconds)
+        unstored = self.unstored()
+        rows = sum(e[2] for e in unstored if e[0] <= published)
+        return bool(unstored) and (rows >= self.settings.checkpoint_rows
+                                   or time.time() - unstored[0][1] >= self.settings.checkpoint_seconds)
+
+    def unstored(self) -> list[tuple[int, float, int, str]]:
+        """(offset, time, rows, table) of each accepted batch the last checkpoint does not hold."""
+        with self._unstored_lock:
+            return list(self._unstored)
 
     def after_checkpoint(self, offset: int) -> None:
-        while self.unstored and self.unstored[0][0] <= offset:
-            self.unstored.popleft()
+        with self._unstored_lock:
+            while self._unstored and self._unstored[0][0] <= offset:
+                self._unstored.popleft()
         self.log.roll()
         self.log.delete_covered(offset, self.settings.log_retention_seconds)
 

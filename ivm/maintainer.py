@@ -47,11 +47,16 @@ log = logging.getLogger("ivm.maintainer")
 
 @dataclass
 class Entry:
+    """Accepted batches up to ``offset`` (one, or a unit converted together)."""
+
     offset: int
-    table: str
-    delta: pa.Table  # table columns + weight
-    version: Relation  # the table after this batch
+    deltas: dict[str, list[pa.Table]]  # per table: Z-set deltas (table columns + weight)
+    versions: dict[str, Relation]  # per table: the table after these batches
     timestamp: float
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for tables in self.deltas.values() for t in tables)
 
 
 class Maintainer:
@@ -81,7 +86,7 @@ class Maintainer:
     def enqueue(self, entry: Entry) -> None:
         with self.cond:
             self.queue.append(entry)
-            self.queued_rows += entry.delta.num_rows
+            self.queued_rows += entry.rows
 
     def wake(self) -> None:
         with self.cond:
@@ -91,7 +96,8 @@ class Maintainer:
         with self.cond:
             out: dict[str, int] = {}
             for entry in self.queue:
-                out[entry.table] = out.get(entry.table, 0) + entry.delta.num_rows
+                for table, deltas in entry.deltas.items():
+                    out[table] = out.get(table, 0) + sum(t.num_rows for t in deltas)
             return out
 
     # --- readers' side ---------------------------------------------------------------
@@ -135,10 +141,10 @@ class Maintainer:
             taken: list[Entry] = []
             rows = 0
             while self.queue and self.queue[0].offset <= durable:
-                if taken and rows + self.queue[0].delta.num_rows > self.engine.settings.fold_rows:
+                if taken and rows + self.queue[0].rows > self.engine.settings.fold_rows:
                     break
                 entry = self.queue.popleft()
-                rows += entry.delta.num_rows
+                rows += entry.rows
                 taken.append(entry)
             self.queued_rows -= rows
             return taken
@@ -154,9 +160,10 @@ class Maintainer:
             versions: dict[str, Relation] = {}
             parts: dict[str, list[pa.Table]] = {}
             for entry in entries:
-                versions[entry.table] = entry.version
-                if entry.delta.num_rows:
-                    parts.setdefault(entry.table, []).append(entry.delta)
+                versions.update(entry.versions)
+                for table, deltas in entry.deltas.items():
+                    parts.setdefault(table, []).extend(d for d in deltas if d.num_rows)
+            parts = {table: tables for table, tables in parts.items() if tables}
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self.large if rows > LARGE_BATCH else self.small

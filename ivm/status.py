@@ -45,7 +45,7 @@ def engine_status(engine: "Engine") -> dict:
     durable = isinstance(engine, DurableEngine)
     snapshot = engine.store.snapshot
     now = time.time()
-    unstored = list(engine.unstored) if durable else []
+    unstored = engine.unstored() if durable else []
     queued = engine.maintainer.queued_by_table() if durable else {}
     stored_offset = engine.checkpointer.offset if durable else None
     relations = []

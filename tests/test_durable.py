@@ -46,6 +46,14 @@ def make(path, **options):
     return db
 
 
+def close_without_checkpoint(db) -> None:
+    """Close like a crash would leave it: batches only in the log."""
+    engine = db._engine
+    engine.checkpointer.stop()
+    engine.checkpointer.checkpoint = lambda force=False: False
+    db.close()
+
+
 def run_child(code: str, path: Path) -> subprocess.CompletedProcess:
     """Run Python in a child process (PYTHONPATH = this checkout) and return its result."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -127,13 +135,8 @@ def test_a_torn_log_tail_is_truncated_and_reported(tmp_path):
     db = make(tmp_path, checkpoint_seconds=3600)
     db.apply_changes("orders", orders([1]))
     db.apply_changes("orders", orders([2]))
-    engine = db._engine
-    engine.checkpointer.stop()  # keep the records in the log: close would checkpoint them
-    segment = engine.log.segments()[-1][1]
-    # Simulate a crash: no checkpoint at close, then half a record at the tail.
-    engine.log.close()
-    engine.checkpointer.checkpoint = lambda force=False: False
-    db.close()
+    segment = db._engine.log.segments()[-1][1]
+    close_without_checkpoint(db)  # then half a record at the tail, as a crash mid-write leaves it
     torn = Record(3, "orders", orders([3]), source=None).encode()
     with open(segment, "ab") as f:
         f.write(torn[: len(torn) - 7])
@@ -307,4 +310,33 @@ def test_reads_wait_for_every_acknowledged_batch(tmp_path):
     assert rows(db, "SELECT * FROM totals") == [{"cust": 1, "total": 40.0, "n": 5}]
     assert db.offset == 5
     assert all(r["buffer_rows"] == 0 for r in db.status()["relations"])
+    db.close()
+
+
+def test_batches_converted_together_keep_their_own_outcomes(tmp_path):
+    from ivm.ingest_group import Ticket
+
+    db = make(tmp_path)
+    engine = db._engine
+    tickets = [
+        Ticket("orders", orders([1, 2], op="c"), None, None, None),
+        Ticket("orders", orders([1], amount=20.0, op="u"), None, None, None),
+        Ticket("orders", orders([2], op="c"), None, None, None),  # 2 exists by now: fails alone
+        Ticket("events", pa.table({"kind": ["k"], "val": [1]}), None, "src", 7),
+        Ticket("orders", orders([2], op="d"), None, None, None),
+        Ticket("orders", orders([3], op="c"), None, "src", 7),  # same (source, seq): next unit, deduplicated
+    ]
+    for ticket in tickets:
+        engine._pending.add(ticket)
+    last = db.apply_changes("orders", orders([5], op="c"))  # converts everything pending first
+    assert [t.offset for t in tickets] == [1, 2, 0, 3, 4, 3]
+    assert "duplicate key" in str(tickets[2].error) and all(t.error is None for t in tickets if t is not tickets[2])
+    assert last == 5
+    assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    assert rows(db, "SELECT * FROM big") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    close_without_checkpoint(db)
+    db = ivm.connect(tmp_path)  # the log replays batch by batch to the same state
+    assert db.status()["recovered_records"] == 5
+    assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    assert rows(db, "SELECT * FROM kinds") == [{"kind": "k", "val": 1}]
     db.close()
