@@ -7,7 +7,8 @@ thread has its own DuckDB cursor. Before a query runs, every
 table and view it names is registered on that cursor as the Arrow data of
 the snapshot taken when the read began (zero-copy; re-registered only when
 the version changed). All relations in one read therefore reflect the same
-change offset, and a read never waits for writers.
+change offset. A read never takes the write lock; in a durable database it
+may wait for the maintainer (read your writes), never for a producer.
 """
 
 from __future__ import annotations
