@@ -147,6 +147,8 @@ class ChangeLog:
     def open(self, after: int) -> list[Record]:
         """Repair the tail, remove leftovers of an interrupted compaction, and
         return the change records with an offset above ``after`` (in order)."""
+        for tmp in self.dir.glob(f"*{SUFFIX}.tmp"):
+            tmp.unlink()  # a compaction interrupted before its rename: the old segments stand
         segments = self._drop_compaction_leftovers(self.segments())
         records: list[Record] = []
         last = after
