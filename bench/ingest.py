@@ -192,10 +192,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--fold-delay", type=float, default=0.0, help="the maintainer's fold_delay (seconds)")
+    parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args)}
-    with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results["fdatasync_40KB"] = sync_cost(Path(tmp))
         print("fdatasync 40 KB:", json.dumps(results["fdatasync_40KB"]), flush=True)
         db = ivm.connect(Path(tmp) / "db", fold_delay=args.fold_delay)
