@@ -16,13 +16,64 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--shell", action=argparse.BooleanOptionalAction, default=None,
                       help="open a SQL shell afterwards (default: when stdin is a terminal)")
 
+    status = commands.add_parser("status", help="offsets, lags and sizes of a durable database")
+    status.add_argument("--data", required=True, help="the database directory")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compact = commands.add_parser("compact", help="checkpoint, compact the retained log, vacuum stored files")
+    compact.add_argument("--data", required=True, help="the database directory")
+
     args = parser.parse_args(argv)
+    if args.command in ("status", "compact"):
+        return _maintenance(args)
     if args.command == "demo":
         from ivm.demo import run
 
         shell = sys.stdin.isatty() if args.shell is None else args.shell
         run(batches=args.batches, rows=args.rows, shell=shell)
     return 0
+
+
+def _maintenance(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import ivm
+
+    if not (Path(args.data) / "checkpoint.json").exists() and not (Path(args.data) / "log").exists():
+        print(f"ivm: {args.data} is not an ivm database directory", file=sys.stderr)
+        return 2
+    try:
+        db = ivm.connect(args.data)
+    except ivm.IvmError as e:
+        print(f"ivm: {e}", file=sys.stderr)
+        return 1
+    with db:
+        if args.command == "compact":
+            print(json.dumps(db.compact()))
+            return 0
+        facts = db.status()
+        if args.json:
+            print(json.dumps(facts, indent=1))
+            return 0
+        _print_status(facts)
+    return 0
+
+
+def _print_status(facts: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    overview = {k: v for k, v in facts.items() if k != "relations"}
+    for key, value in overview.items():
+        console.print(f"[bold]{key}[/bold]: {value}")
+    table = Table()
+    columns = list(facts["relations"][0]) if facts["relations"] else []
+    for column in columns:
+        table.add_column(column)
+    for row in facts["relations"]:
+        table.add_row(*("" if row[c] is None else str(row[c]) for c in columns))
+    console.print(table)
 
 
 if __name__ == "__main__":

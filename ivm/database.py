@@ -14,6 +14,8 @@ the same path as ``apply_changes``.
 
 from __future__ import annotations
 
+import os
+from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
@@ -29,6 +31,7 @@ from sql_frontend.statements import (
     Drop,
     Explain,
     Insert,
+    Maintenance,
     Query,
     SetOption,
     Show,
@@ -42,18 +45,24 @@ from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from ivm.explain import explain_view
+from ivm.status import engine_status, status_table
 
 
 class Database:
     """An ivm database. Thread-safe: writes serialize, reads run concurrently."""
 
-    def __init__(self, path: str | None = None, *, threads: int | None = None):
-        if path is not None:
-            raise UnsupportedError(
-                "durable storage (ivm.connect(path)) is not available yet; use ivm.connect() for an in-memory database"
-            )
-        self.path = path
-        self._engine = Engine(Settings(threads=threads))
+    def __init__(self, path: str | os.PathLike | None = None, **options: Any):
+        unknown = set(options) - {f.name for f in fields(Settings)}
+        if unknown:
+            raise TypeError(f"unknown option(s) for ivm.connect: {', '.join(sorted(unknown))}")
+        settings = Settings(**options)
+        self.path = None if path is None else str(path)
+        if path is None:
+            self._engine = Engine(settings)
+        else:
+            from ivm.durable import DurableEngine
+
+            self._engine = DurableEngine(path, settings)
 
     # --- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -72,7 +81,8 @@ class Database:
 
     @property
     def offset(self) -> int:
-        """Offset of the last change visible to reads."""
+        """Offset of the last change visible to reads (every acknowledged one: this waits like a read)."""
+        self._engine.wait_visible()
         return self._engine.store.snapshot.offset
 
     # --- statements ---------------------------------------------------------------
@@ -97,10 +107,45 @@ class Database:
             result = table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
         return result
 
-    def apply_changes(self, table: str, changes: Any, *, on_missing_delete: str | None = None) -> int:
-        """Apply a change batch (with an optional ``__op`` column); return its offset."""
+    def apply_changes(self, table: str, changes: Any, *, on_missing_delete: str | None = None,
+                      source: str | None = None, seq: int | None = None) -> int:
+        """Apply a change batch (with an optional ``__op`` column); return its offset.
+
+        With ``source`` and ``seq`` the producer is idempotent: a batch whose
+        (source, seq) was applied before is not applied again, and its
+        original offset is returned. In a durable database the offset is
+        returned once the batch is on disk.
+        """
         self._check_open()
-        return self._engine.ingest(table.lower(), changes, on_missing_delete)
+        return self._engine.ingest(table.lower(), changes, on_missing_delete, source, seq)
+
+    def status(self) -> dict:
+        """Offsets, lags and sizes: the database's and, under "relations", each relation's."""
+        self._check_open()
+        return engine_status(self._engine)
+
+    def checkpoint(self) -> int:
+        """Store everything acknowledged now (durable databases); return the stored offset."""
+        self._check_open()
+        return self._durable("CHECKPOINT").checkpoint()
+
+    def compact(self) -> dict:
+        """Checkpoint, keep the latest change per key in the retained log, drop unneeded files."""
+        self._check_open()
+        return self._durable("COMPACT").compact()
+
+    def stored_files(self, name: str) -> list[str]:
+        """Parquet files of the stored version of a table or view (what other engines read)."""
+        self._check_open()
+        self._engine.catalog.get(name.lower())
+        return self._durable("stored_files").checkpointer.files_of(name.lower())
+
+    def _durable(self, what: str):
+        from ivm.durable import DurableEngine
+
+        if not isinstance(self._engine, DurableEngine):
+            raise UnsupportedError(f"{what} needs a durable database (ivm.connect(path)); this one is in memory")
+        return self._engine
 
     def _run(self, statement: Statement) -> tuple[int, pa.Table | None]:
         engine = self._engine
@@ -125,7 +170,15 @@ class Database:
             lines = self._explain(statement)
             return 0, pa.table({"explain": pa.array(lines, pa.string())})
         if isinstance(statement, Show):
+            if statement.what == "status":
+                return 0, status_table(engine_status(engine))
             return 0, self._show(statement)
+        if isinstance(statement, Maintenance):
+            if statement.what == "checkpoint":
+                offset = self.checkpoint()
+                return 0, pa.table({"offset": pa.array([offset], pa.int64())})
+            result = self.compact()
+            return 0, pa.table({k: [v] for k, v in result.items()})
         if isinstance(statement, SetOption):
             raise UnsupportedError(f"unknown setting {statement.name}")
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
@@ -273,6 +326,11 @@ def _is_moving_update(batch: pa.Table) -> bool:
     return (batch.schema.metadata or {}).get(b"ivm.update") == b"moving"
 
 
-def connect(path: str | None = None, **options: Any) -> Database:
-    """Open a database: in memory when ``path`` is None."""
+def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
+    """Open a database: in memory when ``path`` is None, else durable in that directory.
+
+    Options (see ``ivm.engine.Settings``): threads; for durable databases
+    fold_rows, fold_delay, checkpoint_rows, checkpoint_seconds,
+    log_retention_seconds, segment_bytes.
+    """
     return Database(path, **options)

@@ -33,8 +33,9 @@ from delta_operators.zset import WEIGHT
 from ivm import duck
 from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
-from ivm.changes import ChangeApplier, ChangeNormalizer, as_table, missing_delete_policy
+from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.executor import Executor, RowChanges
+from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
 from storage.keys import KeyCoder
 from storage.relation import Relation
@@ -44,11 +45,28 @@ from storage.store import Snapshot, Store
 @dataclass
 class Settings:
     threads: int | None = None
+    # Durable databases only (see ivm/durable.py):
+    fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
+    fold_delay: float = 0.0  # seconds the maintainer waits for more changes before folding
+    checkpoint_rows: int = 1_000_000  # changed rows that trigger a checkpoint ...
+    checkpoint_seconds: float = 60.0  # ... or the age of the oldest change not stored
+    log_retention_seconds: float | None = 0.0  # keep checkpointed log segments this long (None: forever)
+    segment_bytes: int = 64 << 20  # change-log segment size
 
 
 def check_name(name: str, what: str) -> None:
     if name.startswith("__") or "." in name or not name:
         raise CatalogError(f"{what} name {name!r} is reserved (names may not start with __ or contain '.')")
+
+
+@dataclass
+class Prepared:
+    """A validated batch: what the log stores and what it does to its table."""
+
+    batch: pa.Table  # normalized: table columns, __op, __seq
+    policy: str
+    change: ZsetChange
+    updated: Relation  # the table after the batch
 
 
 # Batches above this many rows are processed by the parallel DuckDB instance.
@@ -86,6 +104,13 @@ class Engine:
         self.reader = Reader(self)
         self.offset = 0
         self.closed = False
+        self.producers = Producers()
+        # Views whose maintenance failed after their changes were acknowledged
+        # (durable databases): name -> error message. Reads of them raise.
+        self.failed: dict[str, str] = {}
+
+    def wait_visible(self) -> None:
+        """Block until reads see every acknowledged change (in memory: they always do)."""
 
     def worker(self, rows: int) -> Worker:
         return self.large if rows > LARGE_BATCH else self.small
@@ -256,43 +281,86 @@ class Engine:
             return True
 
     # --- changes ------------------------------------------------------------------------
-    def ingest(self, table: str, data: Any, on_missing_delete: str | None = None) -> int:
+    def ingest(self, table: str, data: Any, on_missing_delete: str | None = None,
+               source: str | None = None, seq: int | None = None) -> int:
         """Apply one change batch atomically; return its offset."""
+        check_producer(source, seq)
         with self.write_lock:
-            definition = self.catalog.table(table)
-            data = as_table(data)
-            policy = missing_delete_policy(data, on_missing_delete)
+            if source is not None:
+                known = self.producers.known(source, seq)
+                if known is not None:
+                    return known
             snapshot = self.store.snapshot
-            relation = snapshot[table]
-            worker = self.worker(data.num_rows)
-            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
-            batch = worker.normalizer.normalize(definition, schema, data)
-            change = worker.applier.apply(definition, relation, batch, policy)
-            updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, worker.coder)
-            snapshot = snapshot.with_changes({table: updated})
-            deltas = {table: change.delta} if change.delta.num_rows else {}
-            snapshot = self._maintain(deltas, snapshot, self.worker(change.delta.num_rows))
+            prepared = self.prepare(table, data, on_missing_delete)
+            snapshot = snapshot.with_changes({table: prepared.updated})
+            deltas = {table: prepared.change.delta} if prepared.change.delta.num_rows else {}
+            snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
             self.offset += 1
             self.store.publish(snapshot.with_changes({}, offset=self.offset))
+            self.producers.record(source, seq, self.offset)
             return self.offset
 
-    def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
-        """Run every affected view's program; return the snapshot with all changes."""
+    def head(self, table: str) -> Relation:
+        """The table including every accepted batch (in memory: the published version)."""
+        return self.store.snapshot[table]
+
+    def prepare(self, table: str, data: Any, on_missing_delete: str | None) -> Prepared:
+        """Normalize a batch and convert it to a Z-set change of the table (as of every earlier batch)."""
+        definition = self.catalog.table(table)
+        relation = self.head(table)
+        data = as_table(data)
+        policy = missing_delete_policy(data, on_missing_delete)
+        worker = self.worker(data.num_rows)
+        schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+        batch = worker.normalizer.normalize(definition, schema, data)
+        return self.convert(definition, batch, policy, relation, worker)
+
+    def convert(self, definition: TableDef, batch: pa.Table, policy: str, relation: Relation,
+                worker: Worker) -> Prepared:
+        change = worker.applier.apply(definition, relation, batch, policy)
+        updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, worker.coder)
+        return Prepared(batch, policy, change, updated)
+
+    def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
+                  isolate: bool = False) -> Snapshot:
+        """Run every affected view's program; return the snapshot with all changes.
+
+        With ``isolate`` (changes already acknowledged), a view whose program
+        fails is marked failed, with the error, instead of failing the batch;
+        so are the views that read it. The other views go on.
+        """
         all_changes: list[RowChanges] = []
         stored_new = frozenset(deltas)
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
+            if isolate and self._skip_failed(view):
+                continue
             changed = frozenset(s for s in view.sources if s in deltas and deltas[s].num_rows)
             if not changed:
                 continue
             program = view.program(changed, stored_new & changed)
-            snapshot = self._ensure_indexes(program, snapshot, worker)
-            inputs = {delta_input(s): deltas[s] for s in changed}
-            temps, changes = worker.executor.run(program, inputs, snapshot, label=f"view {name}")
+            try:
+                snapshot = self._ensure_indexes(program, snapshot, worker)
+                inputs = {delta_input(s): deltas[s] for s in changed}
+                temps, changes = worker.executor.run(program, inputs, snapshot, label=f"view {name}")
+            except Exception as e:
+                if not isolate:
+                    raise
+                self.failed[name] = f"{type(e).__name__}: {e}"
+                continue
             if program.output is not None:
                 deltas[name] = temps[program.output]
             all_changes.extend(changes)
         return snapshot.with_changes(self._commit(all_changes, snapshot, worker))
+
+    def _skip_failed(self, view: ViewDef) -> bool:
+        if view.name in self.failed:
+            return True
+        upstream = [s for s in view.sources if s in self.failed]
+        if upstream:
+            self.failed[view.name] = f"it reads materialized view {upstream[0]}, which failed"
+            return True
+        return False
 
     @staticmethod
     def _commit(changes: list[RowChanges], snapshot: Snapshot, worker: Worker) -> dict[str, Relation]:

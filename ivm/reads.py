@@ -1,10 +1,14 @@
 """Reads: ad-hoc SQL over one consistent snapshot of tables and views.
 
-Each reading thread has its own DuckDB cursor. Before a query runs, every
+A read first waits until the published snapshot holds every change
+acknowledged before it started (durable databases fold acknowledged changes
+into the views in the background; see ivm/maintainer.py). Each reading
+thread has its own DuckDB cursor. Before a query runs, every
 table and view it names is registered on that cursor as the Arrow data of
 the snapshot taken when the read began (zero-copy; re-registered only when
 the version changed). All relations in one read therefore reflect the same
-change offset, and a read never waits for writers.
+change offset. A read never takes the write lock; in a durable database it
+may wait for the maintainer (read your writes), never for a producer.
 """
 
 from __future__ import annotations
@@ -103,6 +107,12 @@ class Reader:
         catalog = self.engine.catalog
         for name in names:
             definition = catalog.get(name)
+            failed = self.engine.failed.get(name)
+            if failed is not None:
+                raise ExecutionError(
+                    f"materialized view {name} failed while being maintained and is not readable: {failed} "
+                    "(its tables kept every change; DROP the view and create it again)"
+                )
             if definition.kind == "view" and not definition.stored_output:
                 self._register_computed(cursor, registered, definition, snapshot)
                 continue
@@ -133,7 +143,9 @@ class Reader:
             registered[view.name] = view
 
     def query(self, sql: str, expression: exp.Expression, snapshot: Snapshot | None = None) -> pa.Table:
-        snapshot = snapshot or self.engine.store.snapshot
+        if snapshot is None:
+            self.engine.wait_visible()  # read your writes: every acknowledged change
+            snapshot = self.engine.store.snapshot
         names = self.relations_in(expression)
         cursor, registered = self._cursor()
         self.register(cursor, registered, names, snapshot)

@@ -110,8 +110,15 @@ class Show:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class Maintenance:
+    """CHECKPOINT (store everything now) or COMPACT (checkpoint, compact the log, vacuum)."""
+
+    what: str  # "checkpoint" | "compact"
+
+
 Statement = (
-    CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show
+    CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
 )
 
 
@@ -159,7 +166,23 @@ def _first_line(error: Exception) -> str:
 QUERY_TYPES = (exp.Select, exp.Union, exp.Except, exp.Intersect, exp.Values, exp.Describe)
 
 
+MAINTENANCE = ("checkpoint", "compact")
+
+
+def _maintenance(tree: exp.Expression) -> Maintenance | None:
+    """CHECKPOINT / COMPACT, which sqlglot reads as a bare column name."""
+    word = tree.this if isinstance(tree, exp.Alias) else tree
+    if not isinstance(word, exp.Column) or word.table or word.name.lower() not in MAINTENANCE:
+        return None
+    if word is not tree:
+        raise UnsupportedError(f"{word.name.upper()} takes no arguments (it applies to the whole database)")
+    return Maintenance(what=word.name.lower())
+
+
 def _statement(tree: exp.Expression) -> Statement:
+    maintenance = _maintenance(tree)
+    if maintenance is not None:
+        return maintenance
     if isinstance(tree, QUERY_TYPES):
         return Query(tree, tree.sql(DIALECT))
     if isinstance(tree, exp.Create):
@@ -385,6 +408,10 @@ def _command(tree: exp.Command) -> Statement:
         return _explain(rest)
     if word == "SHOW":
         return _show(rest)
+    if word in ("CHECKPOINT", "COMPACT"):
+        if rest:
+            raise UnsupportedError(f"{word} takes no arguments (it applies to the whole database)")
+        return Maintenance(what=word.lower())
     if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
         # sqlglot falls back to a raw command when it cannot parse a statement.
         raise SqlSyntaxError(f"syntax error in: {word} {rest[:80]}")

@@ -1,0 +1,225 @@
+"""Durable ingest: acknowledgement latency and sustained throughput (issue 4, acceptance 4).
+
+    python -m bench.ingest --initial 1000000 --batches 300 --producers 1 4
+
+Measures, on a database in a fresh temporary directory:
+
+* the machine's sync cost: ``fdatasync`` after appending 40 KB (about one
+  1,000-row record), median and p99;
+* acknowledgement latency of 1,000-row batches (``apply_changes`` until it
+  returns the offset, i.e. the record is on disk), one producer, with three
+  views maintained in the background: median, p95, p99;
+* sustained rows/s with the three views maintained: P producer threads send
+  batches for the whole run, the clock stops when the views reflect the last
+  acknowledged batch (a read returns), so maintenance is included;
+* read-your-writes wait: a read issued right after an acknowledgement waits
+  for the maintainer to fold it: median and p99 of that read;
+* the same stream on an in-memory database (synchronous maintenance, no log),
+  for comparison.
+
+Views: a per-customer aggregate (computed on read from its state), a join of
+orders and customers grouped by region, and a filter/projection (stored).
+Batches: 1,000 upserts each, 80% new order ids and 20% updates of existing
+ones. The views are checked against DuckDB recomputing them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+import ivm
+
+SCHEMA = [
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, status VARCHAR)",
+    "CREATE TABLE customers (id BIGINT PRIMARY KEY, region VARCHAR)",
+]
+VIEWS = {
+    "per_customer": "SELECT cust, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY cust",
+    "per_region": """SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total
+        FROM orders o JOIN customers c ON o.cust = c.id GROUP BY c.region""",
+    "large_orders": "SELECT id, cust, amount FROM orders WHERE amount > 990",
+}
+CUSTOMERS = 10_000
+STATUSES = np.array(["open", "closed", "cancelled"], dtype=object)
+
+
+def pct(values: list[float], p: float) -> float:
+    return float(np.percentile(np.array(values), p)) if values else float("nan")
+
+
+def sync_cost(directory: Path, n: int = 200) -> dict:
+    path = directory / "sync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    data = b"x" * 40_000
+    times = []
+    try:
+        for _ in range(n):
+            start = time.perf_counter()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - start) * 1e3)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"median_ms": statistics.median(times), "p99_ms": pct(times, 99)}
+
+
+class Stream:
+    """Batches of 1,000 upserts with fresh and existing ids (thread-safe id allocation)."""
+
+    def __init__(self, first_id: int, seed: int):
+        self.next_id = first_id
+        self.lock = threading.Lock()
+        self.rng = np.random.default_rng(seed)
+
+    def batch(self, size: int) -> pa.Table:
+        with self.lock:
+            new = int(size * 0.8)
+            ids = np.arange(self.next_id, self.next_id + new)
+            old = self.rng.choice(self.next_id, size=size - new, replace=False)
+            self.next_id += new
+            rng = np.random.default_rng(self.rng.integers(1 << 62))
+        ids = np.concatenate([ids, old])
+        return pa.table({
+            "id": ids,
+            "cust": rng.integers(0, CUSTOMERS, size),
+            "amount": np.round(rng.uniform(0, 1000, size), 2),
+            "status": STATUSES[rng.integers(0, 3, size)],
+            "__op": pa.array(["u"] * size),
+        })
+
+
+def load(db: ivm.Database, initial: int) -> Stream:
+    for statement in SCHEMA:
+        db.execute(statement)
+    rng = np.random.default_rng(0)
+    db.apply_changes("customers", pa.table({
+        "id": np.arange(CUSTOMERS), "region": np.array(["north", "south", "east", "west"], dtype=object)[
+            rng.integers(0, 4, CUSTOMERS)]}))
+    stream = Stream(0, seed=1)
+    stream.next_id = 0
+    if initial:
+        start = 0
+        while start < initial:
+            n = min(100_000, initial - start)
+            db.apply_changes("orders", pa.table({
+                "id": np.arange(start, start + n), "cust": rng.integers(0, CUSTOMERS, n),
+                "amount": np.round(rng.uniform(0, 1000, n), 2), "status": STATUSES[rng.integers(0, 3, n)]}))
+            start += n
+        stream.next_id = initial
+    for name, sql in VIEWS.items():
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+    return stream
+
+
+def latency(db: ivm.Database, stream: Stream, batches: int, size: int) -> dict:
+    acks, reads = [], []
+    for i in range(batches):
+        batch = stream.batch(size)
+        start = time.perf_counter()
+        db.apply_changes("orders", batch)
+        acks.append((time.perf_counter() - start) * 1e3)
+        if i % 10 == 9:  # now and then, read right after the ack: the wait for the fold
+            start = time.perf_counter()
+            db.sql("SELECT COUNT(*) FROM large_orders")
+            reads.append((time.perf_counter() - start) * 1e3)
+    return {"ack_median_ms": statistics.median(acks), "ack_p95_ms": pct(acks, 95), "ack_p99_ms": pct(acks, 99),
+            "ack_max_ms": max(acks), "read_after_ack_median_ms": statistics.median(reads),
+            "read_after_ack_p99_ms": pct(reads, 99)}
+
+
+def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, size: int) -> dict:
+    per = batches // producers
+    prepared = [[stream.batch(size) for _ in range(per)] for _ in range(producers)]
+    acks: list[float] = []
+    lock = threading.Lock()
+
+    def produce(mine: list[pa.Table]) -> None:
+        local = []
+        for batch in mine:
+            start = time.perf_counter()
+            db.apply_changes("orders", batch)
+            local.append((time.perf_counter() - start) * 1e3)
+        with lock:
+            acks.extend(local)
+
+    threads = [threading.Thread(target=produce, args=(mine,)) for mine in prepared]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    acked = time.perf_counter() - start
+    db.sql("SELECT COUNT(*) FROM per_region")  # waits until the views hold every acknowledged batch
+    folded = time.perf_counter() - start
+    rows = per * producers * size
+    return {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
+            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99)}
+
+
+def check(db: ivm.Database) -> None:
+    """Each view equals DuckDB recomputing it over the database's tables (DOUBLE sums to 1e-9)."""
+    ref = duckdb.connect()
+    orders = db.sql("SELECT * FROM orders")  # noqa: F841  (read by DuckDB)
+    customers = db.sql("SELECT * FROM customers")  # noqa: F841
+    for name, sql in VIEWS.items():
+        want = sorted(ref.sql(sql).fetchall())
+        got = sorted(tuple(r.values()) for r in db.sql(f"SELECT * FROM {name}").to_pylist())
+        same = len(got) == len(want) and all(
+            all(math.isclose(a, b, rel_tol=1e-9) if isinstance(a, float) else a == b for a, b in zip(g, w))
+            for g, w in zip(got, want))
+        if not same:
+            raise AssertionError(f"view {name} differs from its recompute")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--initial", type=int, default=1_000_000, help="orders loaded before the views exist")
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--producers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--fold-delay", type=float, default=0.0, help="the maintainer's fold_delay (seconds)")
+    parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args)}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        results["fdatasync_40KB"] = sync_cost(Path(tmp))
+        print("fdatasync 40 KB:", json.dumps(results["fdatasync_40KB"]), flush=True)
+        db = ivm.connect(Path(tmp) / "db", fold_delay=args.fold_delay)
+        stream = load(db, args.initial)
+        results["durable_latency"] = latency(db, stream, args.batches, args.batch_size)
+        print("durable, 1 producer:", json.dumps(results["durable_latency"]), flush=True)
+        results["durable_throughput"] = []
+        for producers in args.producers:
+            result = throughput(db, stream, producers, args.batches, args.batch_size)
+            results["durable_throughput"].append(result)
+            print("durable throughput:", json.dumps(result), flush=True)
+        check(db)
+        results["status"] = {k: v for k, v in db.status().items() if k != "relations"}
+        db.close()
+    memory = ivm.connect()
+    stream = load(memory, args.initial)
+    results["memory_throughput"] = throughput(memory, stream, 1, args.batches, args.batch_size)
+    print("in memory (synchronous):", json.dumps(results["memory_throughput"]), flush=True)
+    check(memory)
+    memory.close()
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Checkpoints: published state -> Delta tables + manifest, and back on open.
+
+A checkpoint takes one published snapshot (tables and views at offset S),
+commits every relation that changed since the last checkpoint as a new
+Delta version (storage/checkpoint.py), then atomically replaces the
+manifest, which names S, the catalog, each relation's Delta version and the
+producers' sequence numbers up to S. Afterwards the log segments entirely at
+or below S may go (per the retention setting).
+
+It runs in the background when enough changes are not stored yet
+(``checkpoint_rows``) or the oldest is old enough (``checkpoint_seconds``),
+at every DDL (the catalog is persisted only here, atomically with the offset
+it reflects, so the log holds changes only), on COMPACT and on close.
+
+Views computed on read (no stored output) also get their rows written, to
+``relations/<view>``, whenever their state changed: outside engines read
+every view the same way. Recovery never reads those; it rebuilds from state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from delta_operators.zset import WEIGHT
+from ivm.binder import quote
+from ivm.catalog import Catalog, TableDef, ViewDef, make_view
+from sql_frontend.errors import InternalError
+from sql_frontend.plan import Column
+from sql_frontend.planner import plan_view
+from sql_frontend.statements import parse_query
+from storage.checkpoint import RelationFiles, StoredVersion, dir_name, read_manifest, write_manifest
+from storage.hooks import hook
+from storage.relation import Relation
+from storage.store import Snapshot
+
+if TYPE_CHECKING:
+    from ivm.durable import DurableEngine
+
+log = logging.getLogger("ivm.checkpoint")
+
+
+def describe_catalog(catalog: Catalog) -> dict:
+    tables = [
+        {"name": t.name, "columns": [[c.name, c.type] for c in t.columns], "primary_key": list(t.primary_key),
+         "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()}}
+        for t in catalog.tables.values()
+    ]
+    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output}
+             for v in catalog.views.values()]
+    return {"tables": tables, "views": views}
+
+
+def table_from_json(doc: dict) -> TableDef:
+    return TableDef(
+        name=doc["name"],
+        columns=tuple(Column(n, t) for n, t in doc["columns"]),
+        primary_key=tuple(doc["primary_key"]),
+        not_null=frozenset(doc["not_null"]),
+        defaults={c: sqlglot.parse_one(sql, read="duckdb") for c, sql in doc["defaults"].items()},
+    )
+
+
+def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
+    plan = plan_view(parse_query(doc["sql"]), catalog, tuple(doc["columns"]))
+    view = make_view(doc["name"], doc["sql"], plan)
+    if doc["stored_output"] and not view.stored_output:
+        view.store_output()
+    return view
+
+
+class Checkpointer:
+    def __init__(self, engine: "DurableEngine", root: Path):
+        self.engine = engine
+        self.root = Path(root)
+        self.files = RelationFiles(self.root)
+        self.lock = threading.RLock()
+        self.offset = 0  # of the current manifest
+        self.generation = ""
+        self.count = 0
+        self.last_duration = 0.0
+        self.stored: dict[str, tuple[Relation, StoredVersion]] = {}
+        self.outputs: dict[str, tuple[tuple[Relation, ...], StoredVersion]] = {}
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ivm-checkpointer", daemon=True)
+
+    # --- background ------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            if not self.engine.checkpoint_due():
+                continue
+            try:
+                self.checkpoint()
+                self.error = None
+            except Exception as e:  # retried at the next interval; shown in status
+                self.error = f"{type(e).__name__}: {e}"
+                log.exception("checkpoint failed")
+                self._stop.wait(1.0)
+
+    # --- writing ---------------------------------------------------------------------------
+    def checkpoint(self, force: bool = False) -> bool:
+        """Store the published snapshot; False when nothing changed since the last one."""
+        engine = self.engine
+        with self.lock:
+            with engine.maintainer.fold_lock:
+                snapshot = engine.store.snapshot
+                generation = engine.generation
+                if not force and snapshot.offset == self.offset and generation == self.generation:
+                    return False
+                catalog = describe_catalog(engine.catalog)
+                failed = dict(engine.failed)
+                sources = engine.producers.upto(snapshot.offset)
+                computed = [v for v in engine.catalog.views.values()
+                            if not v.stored_output and v.name not in failed]
+            start = time.perf_counter()
+            stored = self._write_relations(snapshot, generation)
+            outputs = self._write_outputs(computed, snapshot, generation)
+            write_manifest(self.root, {
+                "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
+                "written_at": time.time(), "catalog": catalog, "failed": failed, "sources": sources,
+                "relations": {name: s.to_json() for name, (_, s) in stored.items()},
+                "outputs": {name: s.to_json() for name, (_, s) in outputs.items()},
+            })
+            hook("checkpoint.after_manifest")
+            self.stored, self.outputs = stored, outputs
+            self.offset, self.generation = snapshot.offset, generation
+            self.count += 1
+            self.last_duration = time.perf_counter() - start
+            engine.after_checkpoint(snapshot.offset)
+            self.files.remove_others({s.dir for _, s in stored.values()} | {s.dir for _, s in outputs.values()})
+            return True
+
+    def _write_relations(self, snapshot: Snapshot, generation: str) -> dict[str, tuple[Relation, StoredVersion]]:
+        stored = {}
+        for name, relation in snapshot.relations.items():
+            previous = self.stored.get(name)
+            if previous is not None and previous[0] is relation:
+                stored[name] = previous
+                continue
+            stored[name] = (relation, self.files.write(name, relation.table(), snapshot.offset, generation))
+            hook("checkpoint.between_relations")
+        return stored
+
+    def _write_outputs(self, views: list[ViewDef], snapshot: Snapshot, generation: str) -> dict:
+        outputs = {}
+        for view in views:
+            state = tuple(snapshot[s.name] for s in view.states)
+            previous = self.outputs.get(view.name)
+            if previous is not None and all(a is b for a, b in zip(previous[0], state)):
+                outputs[view.name] = previous
+                continue
+            rows = self.engine.reader.query(f"SELECT * FROM {quote(view.name)}",
+                                            exp.Table(this=exp.to_identifier(view.name)), snapshot)
+            rows = rows.replace_schema_metadata(None)
+            rows = rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int64()))
+            outputs[view.name] = (state, self.files.write(view.name, rows, snapshot.offset, generation))
+        return outputs
+
+    # --- reading (on open) ---------------------------------------------------------------
+    def restore(self) -> int:
+        """Load the manifest's catalog and relations into the engine; return its offset."""
+        doc = read_manifest(self.root)
+        if doc is None:
+            return 0
+        engine = self.engine
+        relations: dict[str, Relation] = {}
+        stored_docs = {name: StoredVersion.from_json(s) for name, s in doc["relations"].items()}
+        for table_doc in doc["catalog"]["tables"]:
+            table = table_from_json(table_doc)
+            engine.catalog.add_table(table)
+            empty = engine.empty_relation(table.name, table.columns, table.identity, (table.identity,))
+            relations[table.name] = self._load(empty, stored_docs)
+        for view_doc in doc["catalog"]["views"]:
+            view = view_from_json(view_doc, engine.catalog)
+            engine.catalog.add_view(view)
+            for spec in view.states:
+                empty = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
+                relations[spec.name] = self._load(empty, stored_docs)
+        engine.failed.update(doc["failed"])
+        engine.producers.load(doc["sources"])
+        snapshot = Snapshot().with_changes(relations, offset=doc["offset"])
+        engine.store.publish(snapshot)
+        self.stored = {name: (relations[name], stored_docs[name]) for name in relations}
+        self.offset, self.generation, self.count = doc["offset"], doc["generation"], doc["checkpoint"]
+        engine.generation = doc["generation"]
+        self.outputs = {
+            name: (tuple(relations[s.name] for s in engine.catalog.views[name].states), StoredVersion.from_json(s))
+            for name, s in doc["outputs"].items() if name in engine.catalog.views
+        }
+        return doc["offset"]
+
+    def _load(self, empty: Relation, stored: dict[str, StoredVersion]) -> Relation:
+        if empty.name not in stored:
+            raise InternalError(f"the checkpoint manifest has no stored relation {empty.name}")
+        table = self.files.load(stored[empty.name], empty.schema)
+        return empty.replace_all(table, self.engine.small.coder)
+
+    def stored_bytes(self, name: str) -> int | None:
+        found = self.stored.get(name) or self.outputs.get(name)
+        return found[1].bytes if found else None
+
+    def files_of(self, name: str) -> list[str]:
+        """The Parquet files of a relation's or computed view's current stored version."""
+        found = self.stored.get(name) or self.outputs.get(name)
+        if found is None:
+            raise InternalError(f"{name} has no stored version yet")
+        return self.files.files(found[1])
+
+    def compact_files(self) -> int:
+        """Vacuum every relation's Delta table down to its current version."""
+        count = 0
+        for _, stored in list(self.stored.values()) + list(self.outputs.values()):
+            self.files.compact(stored)
+            hook("compact.vacuum")
+            count += 1
+        return count
+
+
+__all__ = ["Checkpointer", "describe_catalog", "dir_name"]

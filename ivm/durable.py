@@ -1,0 +1,308 @@
+"""A durable database: ``ivm.connect("dir")``.
+
+    DIR/LOCK              one process at a time (flock)
+    DIR/log/*.log         the change log (storage/log.py)
+    DIR/relations/<name>/ one Delta table per stored relation (storage/checkpoint.py)
+    DIR/checkpoint.json   the manifest of the last checkpoint (ivm/checkpoints.py)
+
+Ingest (under the write lock): normalize the batch, convert it to a Z-set
+delta against the table including every earlier accepted batch (so
+validation - schema, duplicate keys, missing deletes - happens before the
+acknowledgement, and an acknowledged batch can never fail later), append the
+normalized batch to the log, queue the delta for the maintainer. Then,
+outside the lock, wait until the record is on disk (group commit) and return
+its offset. The maintainer (ivm/maintainer.py) folds queued deltas into the
+views in micro-batches; reads wait for it to reach every acknowledged
+offset; checkpoints store published snapshots.
+
+DDL drains the maintainer, changes the catalog and writes a checkpoint
+before it returns, so the log only ever holds change batches against the
+catalog of the last checkpoint.
+
+Recovery on open: load the manifest's catalog and relations (Delta time
+travel to the versions it names), replay the log records above its offset
+(the normalized batches, converted again exactly as the first time), and
+fold them: the database is exactly as it was after its last durable batch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import pyarrow as pa
+
+from ivm.changes import OP, SEQ, q
+from ivm.checkpoints import Checkpointer
+from ivm.engine import Engine, Settings, Worker
+from ivm.ingest_group import Pending, Ticket, convert_unit
+from ivm.maintainer import Entry, Maintainer
+from ivm.producers import check_producer
+from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
+from sql_frontend.statements import CreateTable, CreateView, Drop
+from storage.checkpoint import unstorable
+from storage.log import ChangeLog, Record
+from storage.relation import Relation
+
+
+class DurableEngine(Engine):
+    def __init__(self, path: str | os.PathLike, settings: Settings | None = None):
+        super().__init__(settings)
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._lock_directory()
+        self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
+        self._pending_indexes: dict[str, tuple] = {}
+        # (offset, time, rows, table) of accepted batches past the checkpoint; the
+        # lock makes iteration safe against appends from producers.
+        self._unstored: deque[tuple[int, float, int, str]] = deque()
+        self._unstored_lock = threading.Lock()
+        self.generation = uuid.uuid4().hex  # changes with every DDL
+        self.log = ChangeLog(self.path / "log", self.settings.segment_bytes)
+        # The maintainer gets its own single-threaded DuckDB instance: sharing the
+        # ingest's would make the two threads contend inside DuckDB.
+        self._fold_db = duckdb.connect(config={"threads": 1})
+        self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()))
+        self.checkpointer = Checkpointer(self, self.path)
+        self._pending = Pending()
+        self.replayed = 0
+        try:
+            self._recover()
+        except BaseException:
+            self._release()
+            raise
+        self.checkpointer.start()
+
+    # --- opening and closing -------------------------------------------------------------
+    def _lock_directory(self) -> int:
+        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise IvmError(f"database {self.path} is open in another process") from None
+        return fd
+
+    def _recover(self) -> None:
+        start = time.perf_counter()
+        self.offset = self.checkpointer.restore()
+        records = self.log.open(after=self.offset)
+        self.maintainer.start()
+        with self.write_lock:
+            for record in records:
+                self._replay(record)
+        self.maintainer.wait_published(self.offset)
+        self.replayed = len(records)
+        self.recovery_seconds = time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            with self.write_lock:
+                if self.log.written == self.log.durable and self.maintainer.error is None:
+                    self.maintainer.wait_published(self.offset)
+                    self.checkpointer.checkpoint()
+        finally:
+            self.checkpointer.stop()
+            self.maintainer.stop()
+            self.log.close()
+            self._release()
+            super().close()
+            self._fold_db.close()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- ingest --------------------------------------------------------------------------
+    def ingest(self, table: str, data: Any, on_missing_delete: str | None = None,
+               source: str | None = None, seq: int | None = None) -> int:
+        check_producer(source, seq)
+        ticket = Ticket(table, data, on_missing_delete, source, seq)
+        self._pending.add(ticket)
+        with self.write_lock:
+            while not ticket.done:  # convert every waiting batch, ours among them (ivm/ingest_group.py)
+                tickets = self._pending.take_unit()
+                try:
+                    self._accept_unit(tickets)
+                except BaseException as e:
+                    for other in tickets:
+                        if not other.done:
+                            other.error, other.done = e, True
+        if ticket.error is not None:
+            raise ticket.error
+        self.log.wait_durable(ticket.offset)
+        self.maintainer.wake()
+        return ticket.offset
+
+    def _accept_unit(self, tickets: list[Ticket]) -> None:
+        """Convert, log and queue a unit of batches; each gets its offset (not yet durable)."""
+        self.log.check()
+        unit = convert_unit(self, tickets)
+        if not unit.tickets:
+            return
+        now = time.time()
+        for ticket in unit.tickets:
+            offset = self.offset + 1
+            self.log.append(Record(offset, ticket.table, ticket.batch, ticket.policy, ticket.source, ticket.seq, now))
+            self.offset = ticket.offset = offset
+            self.producers.record(ticket.source, ticket.seq, offset)
+            self._note_unstored(offset, now, ticket.delta.num_rows if ticket.delta is not None else 0, ticket.table)
+            ticket.done = True
+        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now))
+
+    def _replay(self, record: Record) -> None:
+        definition = self.catalog.table(record.table)
+        try:
+            prepared = self.convert(definition, record.batch, record.policy, self.head(record.table),
+                                    self.worker(record.batch.num_rows))
+        except ChangeError as e:
+            raise IvmError(f"replaying change log offset {record.offset} failed (the log does not match the "
+                           f"checkpoint): {e}") from e
+        self.offset = record.offset
+        self.heads[record.table] = prepared.updated
+        self.producers.record(record.source, record.seq, record.offset)
+        self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
+        self.maintainer.enqueue(Entry(record.offset, {record.table: [prepared.change.delta]},
+                                      {record.table: prepared.updated}, record.timestamp))
+
+    def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
+        with self._unstored_lock:
+            self._unstored.append((offset, now, rows, table))
+
+    def head(self, table: str) -> Relation:
+        relation = self.heads.get(table) or self.store.snapshot[table]
+        keys = self._pending_indexes.pop(table, None)
+        if keys:
+            for key in keys:
+                relation = relation.with_index(key, self.small.coder)
+            self.heads[table] = relation
+        return relation
+
+    def want_indexes(self, table: str, keys: tuple) -> None:
+        """Called by the maintainer: give the table's next versions these indexes."""
+        self._pending_indexes[table] = keys
+
+    def wait_visible(self) -> None:
+        self.maintainer.wait_published(min(self.log.durable, self.offset))
+
+    # --- DDL -----------------------------------------------------------------------------
+    def _ddl(self, change: Callable[[], bool]) -> bool:
+        """Run a catalog change with every accepted batch folded, then checkpoint it."""
+        with self.write_lock:
+            self.log.check()
+            self.log.wait_durable(self.offset)
+            self.maintainer.wait_published(self.offset)
+            with self.checkpointer.lock, self.maintainer.fold_lock:
+                done = change()
+                if done:
+                    self.heads.clear()
+                    self.failed = {n: e for n, e in self.failed.items() if self.catalog.exists(n)}
+                    self.generation = uuid.uuid4().hex
+                    self.checkpointer.checkpoint(force=True)
+                return done
+
+    def create_table(self, stmt: CreateTable, columns=None) -> bool:
+        return self._ddl(lambda: self._storable(Engine.create_table(self, stmt, columns), stmt.name, "table"))
+
+    def create_view(self, stmt: CreateView) -> bool:
+        return self._ddl(lambda: self._storable(Engine.create_view(self, stmt), stmt.name, "view"))
+
+    def _storable(self, created: bool, name: str, kind: str) -> bool:
+        """Undo a CREATE whose relations durable storage cannot hold, with a clear error."""
+        if not created:
+            return False
+        view = self.catalog.views.get(name)
+        schemas = [self.store.snapshot[name].schema] if view is None else (
+            [self.store.snapshot[s.name].schema for s in view.states]
+            + ([] if view.stored_output else [self.arrow_schema(view.columns)]))
+        for schema in schemas:
+            problem = unstorable(schema)
+            if problem is not None:
+                Engine.drop(self, Drop(kind=kind, name=name))
+                what = "table" if kind == "table" else "materialized view"
+                raise UnsupportedError(f"{what} {name} cannot be stored durably: {problem} "
+                                       "(cast it to a storable type, e.g. VARCHAR)")
+        return True
+
+    def drop(self, stmt: Drop) -> bool:
+        return self._ddl(lambda: Engine.drop(self, stmt))
+
+    # --- checkpoints and maintenance ---------------------------------------------------------
+    def checkpoint_due(self) -> bool:
+        published = self.store.snapshot.offset
+        if published <= self.checkpointer.offset:
+            return False
+        unstored = self.unstored()
+        rows = sum(e[2] for e in unstored if e[0] <= published)
+        return bool(unstored) and (rows >= self.settings.checkpoint_rows
+                                   or time.time() - unstored[0][1] >= self.settings.checkpoint_seconds)
+
+    def unstored(self) -> list[tuple[int, float, int, str]]:
+        """(offset, time, rows, table) of each accepted batch the last checkpoint does not hold."""
+        with self._unstored_lock:
+            return list(self._unstored)
+
+    def after_checkpoint(self, offset: int) -> None:
+        with self._unstored_lock:
+            while self._unstored and self._unstored[0][0] <= offset:
+                self._unstored.popleft()
+        self.log.roll()
+        self.log.delete_covered(offset, self.settings.log_retention_seconds)
+
+    def checkpoint(self) -> int:
+        """Fold and store everything acknowledged now; return the stored offset."""
+        with self.write_lock:
+            self.log.wait_durable(self.offset)
+            self.maintainer.wait_published(self.offset)
+            self.checkpointer.checkpoint()
+            return self.checkpointer.offset
+
+    def compact(self) -> dict:
+        """COMPACT: checkpoint, keep the latest change per key in the retained log, vacuum Delta files."""
+        with self.write_lock, self.checkpointer.lock:
+            offset = self.checkpoint()
+            before, after = self.log.rewrite_covered(offset, self._compact_records)
+            relations = self.checkpointer.compact_files()
+            return {"offset": offset, "log_records_before": before, "log_records_after": after,
+                    "relations_vacuumed": relations}
+
+    def _compact_records(self, records: list[Record]) -> list[Record]:
+        """The latest change per key of each keyed table (as upserts/deletes); others as they were."""
+        groups: dict[tuple[str, pa.Schema], list[Record]] = {}
+        for record in records:
+            groups.setdefault((record.table, record.batch.schema), []).append(record)
+        out: list[Record] = []
+        for (table, schema), group in groups.items():
+            definition = self.catalog.tables.get(table)
+            current = self.store.snapshot[table].schema if definition is not None else None
+            if (definition is None or not definition.primary_key or len(group) < 2
+                    or [f for f in schema if f.name not in (OP, SEQ)] != [f for f in current][:-1]):
+                out.extend(group)
+                continue
+            out.append(self._latest_per_key(definition.primary_key, group))
+        return sorted(out, key=lambda r: r.offset)
+
+    def _latest_per_key(self, key: tuple[str, ...], group: list[Record]) -> Record:
+        parts = [r.batch.append_column("__offset", pa.array([r.offset] * r.batch.num_rows, pa.int64()))
+                 for r in group]
+        keys = ", ".join(q(k) for k in key)
+        latest = self.small.runner.run(
+            f"SELECT * EXCLUDE (__offset) REPLACE (CASE WHEN {OP} = 'd' THEN 'd' ELSE 'r' END AS {OP}) "
+            f"FROM {{b}} QUALIFY ROW_NUMBER() OVER (PARTITION BY {keys} ORDER BY __offset DESC, {SEQ} DESC) = 1",
+            b=pa.concat_tables(parts),
+        )
+        latest = latest.set_column(latest.schema.get_field_index(SEQ), SEQ,
+                                   pa.array(range(latest.num_rows), pa.int64()))
+        last = group[-1]
+        return Record(last.offset, last.table, latest.cast(group[0].batch.schema), "ignore",
+                      timestamp=last.timestamp, extra={"compacted": len(group)})

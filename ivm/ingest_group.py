@@ -1,0 +1,155 @@
+"""Group ingest: batches that wait for the write lock are converted together.
+
+Producers of a durable database append their batch to a pending list and
+take the write lock; whoever gets it converts every pending batch (a
+*unit*) and the others find theirs done. Each batch keeps its own offset,
+log record and outcome, exactly as if they had come one at a time:
+
+* each batch is normalized on its own (a bad batch fails alone);
+* the batches of one keyed table with the same missing-delete policy are
+  converted in one statement: their concatenation in order, with ``__seq``
+  running on across batches, is what sequential application means (the
+  keyed conversion resolves repeated keys by ``__seq``: an insert ``c``
+  fails when the key exists just before it, a delete when it does not).
+  If that statement reports any error, the batches are converted one by
+  one instead, so only the offending batch fails;
+* bag tables are converted one by one (their conversion nets each row's
+  copies over the whole batch, which is not sequential across batches).
+
+The unit becomes one maintainer entry, so a fold never publishes part of it.
+A unit holds at most one batch per producer source, so sequence numbers are
+checked in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from delta_operators.zset import WEIGHT
+from ivm.changes import SEQ, as_table, missing_delete_policy
+from sql_frontend.errors import ChangeError, IvmError
+
+if TYPE_CHECKING:
+    from ivm.durable import DurableEngine
+    from storage.relation import Relation
+
+
+@dataclass
+class Ticket:
+    table: str
+    data: Any
+    on_missing_delete: str | None
+    source: str | None
+    seq: int | None
+    done: bool = False
+    offset: int = 0
+    error: BaseException | None = None
+    batch: pa.Table | None = None  # normalized
+    policy: str = "error"
+    delta: pa.Table | None = None
+
+
+@dataclass
+class Unit:
+    """What one conversion pass accepted: one maintainer entry."""
+
+    tickets: list[Ticket] = field(default_factory=list)
+    deltas: dict[str, list[pa.Table]] = field(default_factory=dict)
+    versions: dict[str, "Relation"] = field(default_factory=dict)
+
+
+class Pending:
+    def __init__(self) -> None:
+        self._tickets: list[Ticket] = []
+        self._lock = threading.Lock()
+
+    def add(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._tickets.append(ticket)
+
+    def take_unit(self) -> list[Ticket]:
+        """The longest prefix with at most one ticket per source."""
+        with self._lock:
+            sources: set[str] = set()
+            n = 0
+            for ticket in self._tickets:
+                if ticket.source is not None:
+                    if ticket.source in sources:
+                        break
+                    sources.add(ticket.source)
+                n += 1
+            unit, self._tickets = self._tickets[:n], self._tickets[n:]
+            return unit
+
+
+def convert_unit(engine: "DurableEngine", tickets: list[Ticket]) -> Unit:
+    """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome."""
+    live: list[Ticket] = []
+    for ticket in tickets:
+        try:
+            known = engine.producers.known(ticket.source, ticket.seq) if ticket.source is not None else None
+            if known is not None:
+                ticket.offset, ticket.done = known, True
+                continue
+            _normalize(engine, ticket)
+            live.append(ticket)
+        except IvmError as e:
+            ticket.error, ticket.done = e, True
+    unit = Unit()
+    by_table: dict[str, list[Ticket]] = {}
+    for ticket in live:
+        by_table.setdefault(ticket.table, []).append(ticket)
+    for table, group in by_table.items():
+        _convert_table(engine, table, group, unit)
+    unit.tickets = [t for t in live if t.error is None]
+    return unit
+
+
+def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
+    definition = engine.catalog.table(ticket.table)
+    data = as_table(ticket.data)
+    ticket.policy = missing_delete_policy(data, ticket.on_missing_delete)
+    relation = engine.head(ticket.table)
+    schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+    ticket.batch = engine.worker(data.num_rows).normalizer.normalize(definition, schema, data)
+
+
+def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
+    definition = engine.catalog.table(table)
+    if len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1:
+        combined = _renumbered([t.batch for t in group])
+        try:
+            prepared = engine.convert(definition, combined, group[0].policy, engine.head(table),
+                                      engine.worker(combined.num_rows))
+        except ChangeError:
+            pass  # some batch is bad: find it below, one at a time
+        else:
+            engine.heads[table] = unit.versions[table] = prepared.updated
+            unit.deltas.setdefault(table, []).append(prepared.change.delta)
+            for ticket in group:
+                ticket.delta = None
+            group[-1].delta = prepared.change.delta  # rows are counted once, on the last batch
+            return
+    for ticket in group:
+        try:
+            prepared = engine.convert(definition, ticket.batch, ticket.policy, engine.head(table),
+                                      engine.worker(ticket.batch.num_rows))
+        except IvmError as e:
+            ticket.error, ticket.done = e, True
+            continue
+        engine.heads[table] = unit.versions[table] = prepared.updated
+        unit.deltas.setdefault(table, []).append(prepared.change.delta)
+        ticket.delta = prepared.change.delta
+
+
+def _renumbered(batches: list[pa.Table]) -> pa.Table:
+    """The batches one after another, ``__seq`` running on (their order is the order of application)."""
+    combined = pa.concat_tables(batches)
+    position = combined.schema.get_field_index(SEQ)
+    return combined.set_column(position, SEQ, pa.array(np.arange(combined.num_rows, dtype=np.int64)))
+

@@ -1,0 +1,198 @@
+"""The maintainer: folds acknowledged changes into the views, in micro-batches.
+
+In a durable database an ingest only converts the batch to a Z-set delta of
+its table, logs it and queues the delta (``Entry``); the batch is
+acknowledged once the log record is on disk. This thread takes every queued
+entry that is durable (up to ``fold_rows`` changed rows), runs the view
+programs once over the per-table sums of their deltas (Z-sets add), and
+publishes one snapshot in which tables and views are at the same offset.
+
+The view programs read base tables as NEW (after the delta), so a fold must
+use, per table, exactly the version that includes the deltas it processes
+and no later one: every entry carries the table version its batch produced,
+and the fold takes the version of the table's last entry it folds.
+
+Reads wait until the published offset reaches the last durable offset when
+they start (read your writes): the recent-changes buffer of the design is
+these queued deltas, merged into the views before the read rather than
+during it. A view whose program fails here (after the ack) is marked failed
+and the other views go on (``Engine._maintain(isolate=True)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from delta_operators.zset import WEIGHT
+from ivm.changes import q
+from ivm.engine import LARGE_BATCH
+from sql_frontend.errors import InternalError
+from storage.hooks import hook
+from storage.relation import Relation
+from storage.store import Snapshot
+
+if TYPE_CHECKING:
+    from ivm.durable import DurableEngine
+    from ivm.engine import Worker
+
+log = logging.getLogger("ivm.maintainer")
+
+
+@dataclass
+class Entry:
+    """Accepted batches up to ``offset`` (one, or a unit converted together)."""
+
+    offset: int
+    deltas: dict[str, list[pa.Table]]  # per table: Z-set deltas (table columns + weight)
+    versions: dict[str, Relation]  # per table: the table after these batches
+    timestamp: float
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for tables in self.deltas.values() for t in tables)
+
+
+class Maintainer:
+    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker"):
+        self.engine = engine
+        self.small, self.large = small, large
+        self.queue: deque[Entry] = deque()
+        self.queued_rows = 0
+        self.cond = threading.Condition()
+        self.fold_lock = threading.RLock()  # a fold, or a DDL/checkpoint that needs none to run
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.folds = 0
+        self.thread = threading.Thread(target=self._run, name="ivm-maintainer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    # --- producers' side -------------------------------------------------------------
+    def enqueue(self, entry: Entry) -> None:
+        with self.cond:
+            self.queue.append(entry)
+            self.queued_rows += entry.rows
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def queued_by_table(self) -> dict[str, int]:
+        with self.cond:
+            out: dict[str, int] = {}
+            for entry in self.queue:
+                for table, deltas in entry.deltas.items():
+                    out[table] = out.get(table, 0) + sum(t.num_rows for t in deltas)
+            return out
+
+    # --- readers' side ---------------------------------------------------------------
+    def wait_published(self, offset: int) -> None:
+        """Block until the published snapshot is at ``offset`` or later."""
+        store = self.engine.store
+        if store.snapshot.offset >= offset:
+            return
+        with self.cond:
+            self.cond.notify_all()
+            while store.snapshot.offset < offset:
+                if self.error is not None:
+                    raise InternalError(f"view maintenance stopped: {self.error}") from self.error
+                self.cond.wait(0.5)
+
+    # --- the thread --------------------------------------------------------------------
+    def _ready(self) -> bool:
+        return bool(self.queue) and self.queue[0].offset <= self.engine.log.durable
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.stopping and not self._ready():
+                        self.cond.wait(0.5)
+                    if self.stopping and not self._ready():
+                        return
+                delay = self.engine.settings.fold_delay
+                if delay and self.queued_rows < self.engine.settings.fold_rows:
+                    time.sleep(delay)
+                self.fold()
+        except BaseException as e:  # a bug: reads must not wait forever
+            log.exception("view maintenance stopped")
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _take(self) -> list[Entry]:
+        with self.cond:
+            durable = self.engine.log.durable
+            taken: list[Entry] = []
+            rows = 0
+            while self.queue and self.queue[0].offset <= durable:
+                if taken and rows + self.queue[0].rows > self.engine.settings.fold_rows:
+                    break
+                entry = self.queue.popleft()
+                rows += entry.rows
+                taken.append(entry)
+            self.queued_rows -= rows
+            return taken
+
+    def fold(self) -> None:
+        """Fold the durable queued entries into the views and publish."""
+        with self.fold_lock:
+            entries = self._take()
+            if not entries:
+                return
+            engine = self.engine
+            before = snapshot = engine.store.snapshot
+            versions: dict[str, Relation] = {}
+            parts: dict[str, list[pa.Table]] = {}
+            for entry in entries:
+                versions.update(entry.versions)
+                for table, deltas in entry.deltas.items():
+                    parts.setdefault(table, []).extend(d for d in deltas if d.num_rows)
+            parts = {table: tables for table, tables in parts.items() if tables}
+            snapshot = snapshot.with_changes(versions)
+            rows = sum(t.num_rows for tables in parts.values() for t in tables)
+            worker = self.large if rows > LARGE_BATCH else self.small
+            deltas = {table: self._sum(tables, worker) for table, tables in parts.items()}
+            deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
+            snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
+            self._keep_indexes(before.with_changes(versions), snapshot)
+            hook("fold.before_publish")
+            with self.cond:
+                engine.store.publish(snapshot.with_changes({}, offset=entries[-1].offset))
+                self.folds += 1
+                self.cond.notify_all()
+
+    @staticmethod
+    def _sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
+        """One consolidated delta from several (the Z-set sum)."""
+        if len(tables) == 1:
+            return tables[0]
+        combined = pa.concat_tables(tables)
+        names = [n for n in combined.column_names if n != WEIGHT]
+        cols = ", ".join(q(n) for n in names)
+        return worker.runner.run(
+            f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
+            d=combined,
+        )
+
+    def _keep_indexes(self, before: Snapshot, after: Snapshot) -> None:
+        """Indexes a fold added to a table are added on the ingest side too (once),
+        so later versions of the table have them and folds do not rebuild them."""
+        for table in self.engine.catalog.tables:
+            if table in before and table in after and after[table].index_keys != before[table].index_keys:
+                self.engine.want_indexes(table, after[table].index_keys)

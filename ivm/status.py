@@ -1,0 +1,92 @@
+"""Status: where each relation stands between the log head and stored state.
+
+``SHOW STATUS``, ``db.status()`` and ``ivm status --data DIR`` report, per
+relation (tables, views, operator state): rows in memory, the offset of its
+stored (checkpointed) version, the offset reads see (published), the log
+head (last accepted offset), the lag of stored state behind the head in
+changes and seconds (of the oldest change to the relation's tables that is
+not stored yet), the stored size, and the buffer: changed rows acknowledged
+but not yet folded into views. Database-wide facts (log segments,
+truncations repaired at open, recovery, checkpoints) come alongside.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from ivm.engine import Engine
+
+COLUMNS = [
+    ("name", pa.string()), ("kind", pa.string()), ("rows", pa.int64()), ("stored_offset", pa.int64()),
+    ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
+    ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
+    ("status", pa.string()),
+]
+
+
+def base_tables(engine: "Engine", name: str) -> set[str]:
+    catalog = engine.catalog
+    if name in catalog.tables:
+        return {name}
+    found: set[str] = set()
+    for source in catalog.views[name].sources:
+        found |= base_tables(engine, source)
+    return found
+
+
+def engine_status(engine: "Engine") -> dict:
+    from ivm.durable import DurableEngine
+
+    durable = isinstance(engine, DurableEngine)
+    snapshot = engine.store.snapshot
+    now = time.time()
+    unstored = engine.unstored() if durable else []
+    queued = engine.maintainer.queued_by_table() if durable else {}
+    stored_offset = engine.checkpointer.offset if durable else None
+    relations = []
+    catalog = engine.catalog
+    for name in list(catalog.tables) + list(catalog.views):
+        tables = base_tables(engine, name)
+        mine = [e for e in unstored if e[3] in tables]
+        owned = [name] if name in catalog.tables else [s.name for s in catalog.views[name].states]
+        view = catalog.views.get(name)
+        kinds = [("table" if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
+        if view is not None and not view.stored_output:
+            owned = [name] + owned
+            kinds = ["materialized view (computed on read)"] + ["view state"] * (len(owned) - 1)
+        for relation, kind in zip(owned, kinds):
+            held = snapshot.relations.get(relation)
+            relations.append({
+                "name": relation, "kind": kind, "rows": held.num_rows if held is not None else None,
+                "stored_offset": stored_offset, "published_offset": snapshot.offset, "log_head": engine.offset,
+                "lag_changes": len(mine) if durable else 0,
+                "lag_seconds": round(now - mine[0][1], 3) if mine else 0.0,
+                "stored_bytes": engine.checkpointer.stored_bytes(relation) if durable else None,
+                "buffer_rows": sum(queued.get(t, 0) for t in tables),
+                "status": "failed: " + engine.failed[name] if name in engine.failed else "ok",
+            })
+    facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
+             "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations}
+    if durable:
+        facts.update({
+            "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},
+            "log_truncations": list(engine.log.truncations), "recovered_records": engine.replayed,
+            "recovery_seconds": round(engine.recovery_seconds, 3), "checkpoints": engine.checkpointer.count,
+            "last_checkpoint_seconds": round(engine.checkpointer.last_duration, 3),
+            "checkpoint_error": engine.checkpointer.error, "folds": engine.maintainer.folds,
+            "producers": {s: {"seq": q, "offset": o} for s, (q, o) in engine.producers.last().items()},
+        })
+    return facts
+
+
+def status_table(facts: dict) -> pa.Table:
+    """The per-relation rows as a table; the database-wide facts in schema metadata ``ivm.status``."""
+    rows = facts["relations"]
+    table = pa.table({name: pa.array([r[name] for r in rows], type) for name, type in COLUMNS})
+    rest = {k: v for k, v in facts.items() if k != "relations"}
+    return table.replace_schema_metadata({b"ivm.status": json.dumps(rest).encode()})

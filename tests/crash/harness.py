@@ -1,0 +1,152 @@
+"""Kill a writer with SIGKILL at chosen moments, reopen, and check everything.
+
+One cycle: start ``tests.crash.writer`` (which recovers the database and
+goes on writing), wait until it is ready, then kill it either after a random
+delay or as soon as it reaches a crash hook (where it sleeps, so the kill
+lands inside that window), then open the database here and verify:
+
+* the producer's last applied seq is the last intended batch or the one
+  before (the batch in flight); never less than the last acknowledged one;
+* every acknowledged (source, seq) is remembered with its offset: sending it
+  again returns that offset and applies nothing (exactly once);
+* every table equals the model of the applied batches (nothing half-applied,
+  nothing lost, nothing twice), and every view equals DuckDB recomputing it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+import ivm
+from tests.crash.workload import SOURCE, TABLES, SideFiles, model_of, views
+from tests.oracle.compare import multiset_diff
+from tests.oracle.fixtures import oracle_schema
+from tests.oracle.model import ops_to_arrow
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 90.0
+
+
+@dataclass
+class Kill:
+    hook: str | None = None  # kill inside this hook's window; None: after ``delay``
+    delay: float = 0.5
+    sleep: float = 1.0  # how long the hook stalls the writer
+    compact_every: int = 0
+
+
+def _marks_after_ready(side: SideFiles) -> list[str]:
+    if not side.marks.exists():
+        return []
+    lines = side.marks.read_text().splitlines()
+    return lines[lines.index("ready") + 1:] if "ready" in lines else []
+
+
+def _wait(proc: subprocess.Popen, what: str, done, errors: Path, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if proc.poll() is not None:
+            raise AssertionError(f"the writer exited ({proc.returncode}) before {what}:\n{errors.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the writer did not reach {what} in {timeout:.0f}s:\n{errors.read_text()[-3000:]}")
+        time.sleep(0.01)
+
+
+def run_writer_and_kill(db_dir: Path, side_dir: Path, seed: int, kill: Kill) -> None:
+    side = SideFiles(side_dir)
+    side.marks.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "IVM_CRASH_MARKS": str(side.marks),
+           "IVM_CRASH_HOOKS": f"{kill.hook}={kill.sleep}" if kill.hook else ""}
+    args = [sys.executable, "-m", "tests.crash.writer", str(db_dir), str(side_dir), str(seed)]
+    if kill.compact_every:
+        args += ["--compact-every", str(kill.compact_every), "--retain"]
+    errors = side_dir / "writer.err"
+    with open(errors, "w") as err:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+    try:
+        _wait(proc, "ready", lambda: side.marks.exists() and "ready" in side.marks.read_text().split(), errors)
+        if kill.hook:
+            _wait(proc, f"hook {kill.hook}", lambda: kill.hook in _marks_after_ready(side), errors)
+        else:
+            time.sleep(kill.delay)
+            if proc.poll() is not None:
+                raise AssertionError(f"the writer exited ({proc.returncode}):\n{errors.read_text()[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, errors.read_text()[-3000:]
+
+
+def verify(db_dir: Path, side_dir: Path) -> dict:
+    """Reopen and check (see the module docstring); return the database's status."""
+    side = SideFiles(side_dir)
+    intents = side.read_intents()
+    acks = side.read_acks()
+    db = ivm.connect(db_dir)
+    try:
+        status = db.status()
+        assert status["checkpoint_error"] is None
+        failed = [r for r in status["relations"] if r["status"] != "ok"]
+        assert not failed, failed
+        last = status["producers"].get(SOURCE, {}).get("seq", -1)
+        intended = intents[-1]["seq"] if intents else -1
+        assert last in (intended, intended - 1), (last, intended)
+        assert last >= max(acks, default=-1), (last, max(acks))
+        offsets = [acks[s] for s in sorted(acks)]
+        assert offsets == sorted(set(offsets)), "acknowledged offsets must grow with seq"
+        by_seq = {i["seq"]: i for i in intents}
+        model = model_of([i for i in intents if i["seq"] <= last])
+        for seq in sorted(acks)[-10:]:
+            intent = by_seq[seq]
+            batch = ops_to_arrow(model.specs[intent["table"]], intent["ops"])
+            assert db.apply_changes(intent["table"], batch, source=SOURCE, seq=seq) == acks[seq]
+        _compare(db, model)
+        return status
+    finally:
+        db.close()
+
+
+def _compare(db: ivm.Database, model) -> None:
+    ref = duckdb.connect()
+    for statement in oracle_schema():
+        ref.execute(statement)
+    for table in TABLES:
+        data = model.arrow(table)  # noqa: F841  (read by DuckDB)
+        ref.execute(f"INSERT INTO {table} SELECT * FROM data")
+    problems = []
+    for table in TABLES:
+        diff = multiset_diff(db.sql(f"SELECT * FROM {table}"), ref.sql(f"SELECT * FROM {table}").to_arrow_table())
+        if diff:
+            problems.append(f"table {table}: {diff}")
+    for view in views():
+        ref.execute(f"CREATE VIEW {view.name} AS {view.sql}")
+        diff = multiset_diff(db.sql(f"SELECT * FROM {view.name}"), ref.sql(f"SELECT * FROM {view.name}").to_arrow_table())
+        if diff:
+            problems.append(f"view {view.name}: {diff}")
+    ref.close()
+    assert not problems, "\n".join(problems)
+
+
+def crash_cycles(base: Path, kills: list[Kill], seed: int) -> list[dict]:
+    """Run the cycles on one database (its history grows across them); return each verified status."""
+    db_dir, side_dir = base / "db", base / "side"
+    side_dir.mkdir(parents=True, exist_ok=True)
+    statuses = []
+    for i, kill in enumerate(kills):
+        run_writer_and_kill(db_dir, side_dir, seed * 1000 + i, kill)
+        try:
+            statuses.append(verify(db_dir, side_dir))
+        except AssertionError as e:
+            raise AssertionError(f"cycle {i} ({kill}): {e}") from None
+    return statuses

@@ -1,0 +1,342 @@
+"""Durable databases (issue 4): log, recovery, idempotent producers, failed views, status, compaction.
+
+Crashes are real: a child process is killed (os._exit without closing, or
+SIGKILL in tests/crash) and the directory is reopened.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import ivm
+from storage.log import ChangeLog, Record
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = [
+    "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, note VARCHAR)",
+    "CREATE TABLE events (kind VARCHAR, val INTEGER)",
+    "CREATE MATERIALIZED VIEW totals AS SELECT cust, SUM(amount) AS total, COUNT(*) AS n FROM orders GROUP BY cust",
+    "CREATE MATERIALIZED VIEW big AS SELECT id, amount FROM orders WHERE amount > 5",
+    "CREATE MATERIALIZED VIEW kinds AS SELECT kind, val FROM events",
+]
+
+
+def orders(ids, cust=7, amount=9.5, op=None):
+    data = {"id": list(ids), "cust": [cust] * len(ids), "amount": [amount] * len(ids), "note": ["x"] * len(ids)}
+    if op:
+        data["__op"] = [op] * len(ids)
+    return pa.table(data)
+
+
+def rows(db, sql):
+    return sorted(db.sql(sql).to_pylist(), key=repr)
+
+
+def make(path, **options):
+    db = ivm.connect(path, **options)
+    for statement in SCHEMA:
+        db.execute(statement)
+    return db
+
+
+def close_without_checkpoint(db) -> None:
+    """Close like a crash would leave it: batches only in the log."""
+    engine = db._engine
+    engine.checkpointer.stop()
+    engine.checkpointer.checkpoint = lambda force=False: False
+    db.close()
+
+
+def run_child(code: str, path: Path) -> subprocess.CompletedProcess:
+    """Run Python in a child process (PYTHONPATH = this checkout) and return its result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = "import ivm, pyarrow as pa, os, sys\npath = sys.argv[1]\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_reopen_keeps_tables_views_and_offsets(tmp_path):
+    db = make(tmp_path)
+    assert db.apply_changes("orders", orders(range(1, 4))) == 1
+    db.execute("UPDATE orders SET amount = 1.0 WHERE id = 2")
+    db.execute("INSERT INTO events VALUES ('a', 1), ('a', 1)")
+    before = {name: rows(db, f"SELECT * FROM {name}") for name in ("orders", "events", "totals", "big", "kinds")}
+    db.close()
+    db = ivm.connect(tmp_path)
+    assert {name: rows(db, f"SELECT * FROM {name}") for name in before} == before
+    assert db.offset == 3
+    assert db.apply_changes("orders", orders([9])) == 4  # offsets go on
+    assert rows(db, "SELECT * FROM big WHERE id = 9") == [{"id": 9, "amount": 9.5}]
+    db.close()
+
+
+def test_acknowledged_batches_survive_a_crash_without_close(tmp_path):
+    make(tmp_path, checkpoint_seconds=3600).close()
+    result = run_child("""
+        db = ivm.connect(path, checkpoint_seconds=3600)
+        for i in range(5):
+            print(db.apply_changes("orders", pa.table({"id": [i], "cust": [i % 2], "amount": [float(i)], "note": ["n"]})))
+        sys.stdout.flush()
+        os._exit(0)  # no close, no checkpoint: only the log has the batches
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "2", "3", "4", "5"]
+    db = ivm.connect(tmp_path)
+    assert db.status()["recovered_records"] == 5
+    assert rows(db, "SELECT id FROM orders") == [{"id": i} for i in range(5)]
+    assert rows(db, "SELECT * FROM totals") == [{"cust": 0, "total": 6.0, "n": 3}, {"cust": 1, "total": 4.0, "n": 2}]
+    db.close()
+
+
+def test_a_repeated_source_seq_applies_once_even_after_reopen(tmp_path):
+    db = make(tmp_path)
+    first = db.apply_changes("orders", orders([1, 2]), source="orders-cdc", seq=41)
+    assert db.apply_changes("orders", orders([1, 2]), source="orders-cdc", seq=41) == first
+    second = db.apply_changes("orders", orders([3]), source="orders-cdc", seq=42)
+    assert second == first + 1
+    with pytest.raises(ivm.ChangeError, match="seq 7 of source 'orders-cdc' is below the last applied seq 42"):
+        db.apply_changes("orders", orders([4]), source="orders-cdc", seq=7)
+    with pytest.raises(ivm.ChangeError, match="seq must be a non-negative integer"):
+        db.apply_changes("orders", orders([4]), source="orders-cdc", seq=-1)
+    assert db.sql("SELECT COUNT(*) AS n FROM orders").to_pylist() == [{"n": 3}]
+    db.close()
+    db = ivm.connect(tmp_path)
+    assert db.apply_changes("orders", orders([1, 2]), source="orders-cdc", seq=41) == first
+    assert db.apply_changes("orders", orders([3]), source="orders-cdc", seq=42) == second
+    assert db.sql("SELECT COUNT(*) AS n FROM orders").to_pylist() == [{"n": 3}]
+    assert db.status()["producers"] == {"orders-cdc": {"seq": 42, "offset": second}}
+    db.close()
+
+
+def test_rejected_batches_get_no_offset_and_change_nothing(tmp_path):
+    db = make(tmp_path)
+    db.apply_changes("orders", orders([1]))
+    with pytest.raises(ivm.ChangeError, match="duplicate key"):
+        db.apply_changes("orders", orders([1, 2]), source="s", seq=1)
+    with pytest.raises(ivm.ChangeError, match="missing"):
+        db.apply_changes("orders", orders([5], op="d"))
+    # the rejected (source, seq) was never applied, so a corrected retry goes through
+    assert db.apply_changes("orders", orders([2]), source="s", seq=1) == 2
+    db.close()
+    db = ivm.connect(tmp_path)
+    assert rows(db, "SELECT id FROM orders") == [{"id": 1}, {"id": 2}]
+    assert db.offset == 2
+    db.close()
+
+
+def test_a_torn_log_tail_is_truncated_and_reported(tmp_path):
+    db = make(tmp_path, checkpoint_seconds=3600)
+    db.apply_changes("orders", orders([1]))
+    db.apply_changes("orders", orders([2]))
+    segment = db._engine.log.segments()[-1][1]
+    close_without_checkpoint(db)  # then half a record at the tail, as a crash mid-write leaves it
+    torn = Record(3, "orders", orders([3]), source=None).encode()
+    with open(segment, "ab") as f:
+        f.write(torn[: len(torn) - 7])
+    db = ivm.connect(tmp_path)
+    status = db.status()
+    assert len(status["log_truncations"]) == 1 and "torn or corrupt record" in status["log_truncations"][0]
+    assert rows(db, "SELECT id FROM orders") == [{"id": 1}, {"id": 2}]
+    assert db.apply_changes("orders", orders([3])) == 3
+    db.close()
+
+
+def test_damage_before_the_last_segment_refuses_to_open(tmp_path):
+    log = ChangeLog(tmp_path / "log", segment_bytes=1)  # one record per segment
+    log.open(after=0)
+    for offset in (1, 2, 3):
+        log.append(Record(offset, "t", pa.table({"a": [offset]})))
+    log.wait_durable(3)
+    log.close()
+    first = log.segments()[0][1]
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(ivm.IvmError, match="damaged at byte 0 and later segments exist"):
+        ChangeLog(tmp_path / "log").open(after=0)
+
+
+def test_a_view_failing_after_the_ack_is_marked_failed_and_keeps_the_data(tmp_path):
+    db = make(tmp_path)
+    db.execute("CREATE TABLE raw (id BIGINT PRIMARY KEY, s VARCHAR)")
+    db.execute("CREATE MATERIALIZED VIEW parsed AS SELECT id, CAST(s AS INTEGER) AS i FROM raw")
+    db.execute("CREATE MATERIALIZED VIEW parsed_sum AS SELECT SUM(i) AS total FROM parsed")
+    db.execute("INSERT INTO raw VALUES (1, '5')")
+    offset = db.apply_changes("raw", pa.table({"id": [2], "s": ["not a number"]}))  # acknowledged
+    db.apply_changes("orders", orders([1]))
+    assert rows(db, "SELECT id, s FROM raw") == [{"id": 1, "s": "5"}, {"id": 2, "s": "not a number"}]
+    for view in ("parsed", "parsed_sum"):
+        with pytest.raises(ivm.ExecutionError, match=f"materialized view {view} failed"):
+            db.sql(f"SELECT * FROM {view}")
+    assert rows(db, "SELECT * FROM big") == [{"id": 1, "amount": 9.5}]  # other views go on
+    status = {r["name"]: r["status"] for r in db.status()["relations"]}
+    assert status["parsed"].startswith("failed: ExecutionError") and "not a number" in status["parsed"]
+    assert "parsed, which failed" in status["parsed_sum"]
+    assert db.offset >= offset
+    db.close()
+    db = ivm.connect(tmp_path)  # the failure is part of the stored state
+    with pytest.raises(ivm.ExecutionError, match="materialized view parsed failed"):
+        db.sql("SELECT * FROM parsed")
+    db.execute("DROP MATERIALIZED VIEW parsed CASCADE")
+    db.execute("DELETE FROM raw WHERE id = 2")
+    db.execute("CREATE MATERIALIZED VIEW parsed AS SELECT id, CAST(s AS INTEGER) AS i FROM raw")
+    assert rows(db, "SELECT * FROM parsed") == [{"id": 1, "i": 5}]
+    db.close()
+
+
+def test_a_view_created_late_sees_stored_and_logged_data(tmp_path):
+    db = make(tmp_path, checkpoint_seconds=3600, checkpoint_rows=10**9)
+    db.apply_changes("orders", orders(range(10), cust=3, amount=1.0))
+    db.checkpoint()
+    db.apply_changes("orders", orders(range(10, 15), cust=4, amount=2.0))  # only in the log
+    db.execute("CREATE MATERIALIZED VIEW late AS SELECT cust, SUM(amount) AS s FROM orders GROUP BY cust")
+    assert rows(db, "SELECT * FROM late") == [{"cust": 3, "s": 10.0}, {"cust": 4, "s": 10.0}]
+    db.close()
+
+
+def test_status_checkpoint_and_compaction(tmp_path):
+    db = make(tmp_path, log_retention_seconds=None, checkpoint_seconds=3600)
+    for i in range(6):
+        db.apply_changes("orders", orders([1, 2, 3], amount=float(i), op="u"))
+    db.execute("DELETE FROM orders WHERE id = 3")
+    table = db.sql("SHOW STATUS")
+    assert table.column_names == ["name", "kind", "rows", "stored_offset", "published_offset", "log_head",
+                                  "lag_changes", "lag_seconds", "stored_bytes", "buffer_rows", "status"]
+    head = db.offset
+    assert db.sql("CHECKPOINT").to_pylist() == [{"offset": head}]
+    result = db.sql("COMPACT").to_pylist()[0]
+    assert result["log_records_before"] == 7 and result["log_records_after"] == 1
+    status = db.status()
+    assert all(r["stored_offset"] == head and r["lag_changes"] == 0 for r in status["relations"])
+    db.close()
+    db = ivm.connect(tmp_path)
+    assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 5.0}, {"id": 2, "amount": 5.0}]
+    (record,) = [r for r in _all_records(tmp_path)]
+    assert sorted(zip(record.batch.column("id").to_pylist(), record.batch.column("__op").to_pylist())) == [
+        (1, "r"), (2, "r"), (3, "d")]
+    db.close()
+
+
+def _all_records(path: Path) -> list[Record]:
+    from storage.log import _scan
+
+    out = []
+    for _, segment in ChangeLog(path / "log").segments():
+        for _, _, payload in _scan(segment.read_bytes()):
+            record = Record.decode(payload)
+            if record.kind == "change":
+                out.append(record)
+    return out
+
+
+def test_in_memory_databases_have_status_but_no_storage():
+    db = ivm.connect()
+    db.execute(SCHEMA[0])
+    db.apply_changes("orders", orders([1]), source="s", seq=1)
+    assert db.apply_changes("orders", orders([1]), source="s", seq=1) == 1
+    assert db.sql("SHOW STATUS").to_pylist()[0]["stored_offset"] is None
+    with pytest.raises(ivm.UnsupportedError, match="COMPACT needs a durable database"):
+        db.execute("COMPACT")
+    with pytest.raises(ivm.UnsupportedError, match="COMPACT takes no arguments"):
+        db.execute("COMPACT LOG")
+    db.close()
+
+
+def test_one_process_at_a_time_and_unknown_options(tmp_path):
+    db = ivm.connect(tmp_path)
+    with pytest.raises(ivm.IvmError, match="is open in another process"):
+        ivm.connect(tmp_path)
+    db.close()
+    with pytest.raises(TypeError, match="unknown option"):
+        ivm.connect(tmp_path, fold_rowz=3)
+
+
+def test_types_delta_lacks_are_stored_losslessly_or_refused(tmp_path):
+    db = ivm.connect(tmp_path)
+    db.execute("CREATE TABLE t (id UINTEGER PRIMARY KEY, big UBIGINT, at TIME, ts TIMESTAMPTZ, s TIMESTAMP_S)")
+    db.execute("INSERT INTO t VALUES (4294967295, 18446744073709551615, '23:59:59.123456', "
+               "'2024-01-02 03:04:05+00', '2024-01-02 03:04:05')")
+    db.execute("CREATE MATERIALIZED VIEW v AS SELECT at, COUNT(*) AS n FROM t GROUP BY at")
+    before = {name: db.sql(f"SELECT * FROM {name}") for name in ("t", "v")}
+    with pytest.raises(ivm.UnsupportedError, match="materialized view w cannot be stored durably: column d has type "
+                                                   "month_day_nano_interval"):
+        db.execute("CREATE MATERIALIZED VIEW w AS SELECT s - TIMESTAMP '2024-01-01' AS d FROM t")
+    with pytest.raises(ivm.UnknownObjectError):
+        db.sql("SELECT * FROM w")  # nothing was created
+    db.checkpoint()
+    db.close()
+    db = ivm.connect(tmp_path)
+    for name, table in before.items():
+        assert db.sql(f"SELECT * FROM {name}").equals(table), name
+    db.close()
+
+
+def test_concurrent_producers_share_syncs(tmp_path, monkeypatch):
+    import threading
+
+    from storage import hooks
+
+    db = make(tmp_path)
+    monkeypatch.setitem(hooks._HOOKS, "log.before_sync", 0.05)  # producers arrive while one syncs
+    offsets: list[int] = []
+
+    def produce(first: int) -> None:
+        for i in range(5):
+            offsets.append(db.apply_changes("orders", orders([first + i])))
+
+    threads = [threading.Thread(target=produce, args=(100 * t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(offsets) == list(range(1, 31))
+    assert db.status()["log_syncs"] < 30
+    assert db.sql("SELECT COUNT(*) AS n FROM big").to_pylist() == [{"n": 30}]
+    db.close()
+
+
+def test_reads_wait_for_every_acknowledged_batch(tmp_path):
+    db = make(tmp_path, fold_delay=1.0)  # the maintainer lags behind the acknowledgements
+    for i in range(5):
+        db.apply_changes("orders", orders([i], cust=1, amount=float(i + 6)))
+    assert db.status()["relations"][0]["buffer_rows"] > 0  # status does not wait: the buffer is visible
+    assert rows(db, "SELECT * FROM totals") == [{"cust": 1, "total": 40.0, "n": 5}]
+    assert db.offset == 5
+    assert all(r["buffer_rows"] == 0 for r in db.status()["relations"])
+    db.close()
+
+
+def test_batches_converted_together_keep_their_own_outcomes(tmp_path):
+    from ivm.ingest_group import Ticket
+
+    db = make(tmp_path)
+    engine = db._engine
+    tickets = [
+        Ticket("orders", orders([1, 2], op="c"), None, None, None),
+        Ticket("orders", orders([1], amount=20.0, op="u"), None, None, None),
+        Ticket("orders", orders([2], op="c"), None, None, None),  # 2 exists by now: fails alone
+        Ticket("events", pa.table({"kind": ["k"], "val": [1]}), None, "src", 7),
+        Ticket("orders", orders([2], op="d"), None, None, None),
+        Ticket("orders", orders([3], op="c"), None, "src", 7),  # same (source, seq): next unit, deduplicated
+    ]
+    for ticket in tickets:
+        engine._pending.add(ticket)
+    last = db.apply_changes("orders", orders([5], op="c"))  # converts everything pending first
+    assert [t.offset for t in tickets] == [1, 2, 0, 3, 4, 3]
+    assert "duplicate key" in str(tickets[2].error) and all(t.error is None for t in tickets if t is not tickets[2])
+    assert last == 5
+    assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    assert rows(db, "SELECT * FROM big") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    close_without_checkpoint(db)
+    db = ivm.connect(tmp_path)  # the log replays batch by batch to the same state
+    assert db.status()["recovered_records"] == 5
+    assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
+    assert rows(db, "SELECT * FROM kinds") == [{"kind": "k", "val": 1}]
+    db.close()
