@@ -37,23 +37,27 @@ from sql_frontend.statements import (
     parse,
 )
 from sql_frontend.plan import Column
+from ivm import changefeed
 from ivm.binder import quote
+from ivm.changefeed import ViewChanges
 from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
+from storage.changelog import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 
 
 class Database:
     """An ivm database. Thread-safe: writes serialize, reads run concurrently."""
 
-    def __init__(self, path: str | None = None, *, threads: int | None = None):
+    def __init__(self, path: str | None = None, *, threads: int | None = None,
+                 retain_rows: int = DEFAULT_RETAIN_ROWS):
         if path is not None:
             raise UnsupportedError(
                 "durable storage (ivm.connect(path)) is not available yet; use ivm.connect() for an in-memory database"
             )
         self.path = path
-        self._engine = Engine(Settings(threads=threads))
+        self._engine = Engine(Settings(threads=threads, retain_rows=retain_rows))
 
     # --- lifecycle ------------------------------------------------------------
     def close(self) -> None:
@@ -101,6 +105,19 @@ class Database:
         """Apply a change batch (with an optional ``__op`` column); return its offset."""
         self._check_open()
         return self._engine.ingest(table.lower(), changes, on_missing_delete)
+
+    def changes(self, view: str, since: int, *, wait: float = 0.0) -> ViewChanges:
+        """Changes of a materialized view after offset ``since`` (see ivm/changefeed.py).
+
+        Returns ``ViewChanges(rows, through)``: ``rows`` has the view's columns,
+        ``__weight`` and ``__offset``; every change up to offset ``through`` is
+        included, so the next call starts from ``through``. When there is none,
+        waits up to ``wait`` seconds for one. An offset older than the retained
+        history raises OffsetError: read the view again and continue from the
+        ``ivm.offset`` of that read.
+        """
+        self._check_open()
+        return changefeed.read(self._engine, view.lower(), since, wait)
 
     def _run(self, statement: Statement) -> tuple[int, pa.Table | None]:
         engine = self._engine

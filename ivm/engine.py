@@ -36,6 +36,7 @@ from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, as_table, missing_delete_policy
 from ivm.executor import Executor, RowChanges
 from ivm.reads import Reader
+from storage.changelog import DEFAULT_RETAIN_ROWS, ChangeLog
 from storage.keys import KeyCoder
 from storage.relation import Relation
 from storage.store import Snapshot, Store
@@ -44,6 +45,8 @@ from storage.store import Snapshot, Store
 @dataclass
 class Settings:
     threads: int | None = None
+    # Rows of view changes kept for subscribers (storage/changelog.py).
+    retain_rows: int = DEFAULT_RETAIN_ROWS
 
 
 def check_name(name: str, what: str) -> None:
@@ -84,6 +87,7 @@ class Engine:
         self.store = Store()
         self.write_lock = threading.RLock()
         self.reader = Reader(self)
+        self.changelog = ChangeLog(self.settings.retain_rows)
         self.offset = 0
         self.closed = False
 
@@ -92,6 +96,7 @@ class Engine:
 
     def close(self) -> None:
         self.closed = True
+        self.changelog.close()
         self.reader.close()
         self.binder.close()
         self._small_db.close()
@@ -197,7 +202,22 @@ class Engine:
                 raise
             self.catalog.add_view(view)
             self.store.publish(snapshot)
+            self._record_creation(view, snapshot)
             return True
+
+    def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
+        """Start the view's change history with its contents: the delta from empty."""
+        self.changelog.start(view.name, snapshot.offset)
+        if view.stored_output:
+            initial = snapshot[view.name].table()
+        else:
+            rows = self.reader.query(f"SELECT * FROM {quote(view.name)}",
+                                     exp.Table(this=exp.to_identifier(view.name)), snapshot)
+            names = ", ".join(quote(c) for c in view.column_names)
+            initial = self.large.runner.run(
+                f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
+            ) if rows.num_rows else rows.slice(0, 0)
+        self.changelog.append(snapshot.offset, {view.name: initial})
 
     def _store_output(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
         """Give a view computed on read a stored output, filled with its rows now."""
@@ -252,6 +272,7 @@ class Engine:
                     removed[name] = None
             for name in list(reversed(dependents)) + [stmt.name]:
                 self.catalog.remove(name)
+                self.changelog.drop(name)
             self.store.publish(self.store.snapshot.with_changes(removed))
             return True
 
@@ -274,6 +295,10 @@ class Engine:
             snapshot = self._maintain(deltas, snapshot, self.worker(change.delta.num_rows))
             self.offset += 1
             self.store.publish(snapshot.with_changes({}, offset=self.offset))
+            # Deltas of views computed on read are not consolidated here:
+            # subscribers consolidate what they read (ivm/changefeed.py), which
+            # keeps that query off the write path.
+            self.changelog.append(self.offset, {v: d for v, d in deltas.items() if v in self.catalog.views})
             return self.offset
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:

@@ -78,6 +78,17 @@ class Reader:
                 self._cursors.append(cursor)
         return cursor, self._local.registered
 
+    def run(self, template: str, **inputs: pa.Table) -> pa.Table:
+        """Run a SQL template over Arrow inputs on this thread's cursor (see duck.Runner)."""
+        cursor, _ = self._cursor()
+        runner = getattr(self._local, "runner", None)
+        if runner is None:
+            runner = self._local.runner = duck.Runner(cursor)
+        try:
+            return runner.run(template, **inputs)
+        except duckdb.Error as e:
+            raise ExecutionError(duckdb_message(e)) from None
+
     def relations_in(self, expression: exp.Expression) -> list[str]:
         """Catalog relations a query names; unknown plain names are errors."""
         ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
