@@ -14,6 +14,7 @@ the same path as ``apply_changes``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from sql_frontend.statements import (
     Statement,
     Update,
     parse,
+    parse_one,
 )
 from sql_frontend.plan import Column
 from ivm import changefeed
@@ -45,6 +47,14 @@ from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from storage.changelog import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str
+    kind: str  # "table" | "view"
+    schema: pa.Schema  # the columns users see (no weight)
+    primary_key: tuple[str, ...] = ()
 
 
 class Database:
@@ -78,6 +88,36 @@ class Database:
     def offset(self) -> int:
         """Offset of the last change visible to reads."""
         return self._engine.store.snapshot.offset
+
+    @property
+    def version(self) -> int:
+        """Changes whenever anything visible changes (data or catalog)."""
+        return self._engine.store.version
+
+    # --- for protocol layers (the Flight server) ------------------------------------
+    def is_query(self, sql: str) -> bool:
+        """True when every statement in ``sql`` only reads (SELECT, EXPLAIN, SHOW)."""
+        return all(isinstance(s, (Query, Explain, Show)) for s in parse(sql))
+
+    def result_schema(self, sql: str) -> pa.Schema:
+        """The Arrow schema of a query's result, found without running it."""
+        self._check_open()
+        statement = parse_one(sql)
+        if not isinstance(statement, Query):
+            raise UnsupportedError("only a SELECT has a result schema before it runs")
+        columns = self._engine.binder.describe(statement.sql)
+        return self._engine.binder.arrow_schema(columns)
+
+    def objects(self) -> list[ObjectInfo]:
+        """Every table and materialized view, with its Arrow schema and key."""
+        self._check_open()
+        catalog = self._engine.catalog
+        found = []
+        for definition in list(catalog.tables.values()) + list(catalog.views.values()):
+            key = definition.primary_key if isinstance(definition, TableDef) else ()
+            found.append(ObjectInfo(definition.name, definition.kind,
+                                    self._engine.binder.arrow_schema(definition.columns), key))
+        return sorted(found, key=lambda o: o.name)
 
     # --- statements ---------------------------------------------------------------
     def execute(self, sql: str) -> int:

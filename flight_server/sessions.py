@@ -1,0 +1,89 @@
+"""Server-side state between calls: prepared statements and pending results.
+
+A Flight SQL query takes two calls: GetFlightInfo (which runs it here, so the
+FlightInfo can carry the result's schema and offset) and DoGet (which streams
+it). Results wait in between, bounded in number and age: a client that never
+fetches costs nothing for long. Prepared statements live until closed, also
+bounded (the oldest are closed first). Handles are random, so one client
+cannot guess another's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import pyarrow as pa
+
+from flight_server.errors import NotFound
+
+T = TypeVar("T")
+
+
+class Bounded(Generic[T]):
+    """A thread-safe map from random handles to values, oldest evicted first."""
+
+    def __init__(self, what: str, limit: int, ttl: float | None = None):
+        self.what = what
+        self.limit = limit
+        self.ttl = ttl
+        self._items: OrderedDict[bytes, tuple[float, T]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, value: T) -> bytes:
+        handle = secrets.token_bytes(16)
+        with self._lock:
+            self._expire()
+            self._items[handle] = (time.monotonic(), value)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return handle
+
+    def get(self, handle: bytes) -> T:
+        with self._lock:
+            self._expire()
+            found = self._items.get(handle)
+        if found is None:
+            raise NotFound(f"unknown or expired {self.what}")
+        return found[1]
+
+    def take(self, handle: bytes) -> T:
+        with self._lock:
+            self._expire()
+            found = self._items.pop(handle, None)
+        if found is None:
+            raise NotFound(f"unknown or expired {self.what} (results are fetched once; run the query again)")
+        return found[1]
+
+    def discard(self, handle: bytes) -> None:
+        with self._lock:
+            self._items.pop(handle, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _expire(self) -> None:
+        if self.ttl is None:
+            return
+        cutoff = time.monotonic() - self.ttl
+        while self._items:
+            handle, (created, _) = next(iter(self._items.items()))
+            if created >= cutoff:
+                return
+            del self._items[handle]
+
+
+@dataclass
+class Prepared:
+    sql: str
+    parameters: int  # how many ? it takes
+    is_query: bool
+    bound: pa.RecordBatch | None = None  # the parameter row(s) of the next execution
+    # A parameterless query runs when prepared; the result is reused by the
+    # next execution while nothing was published since (same version).
+    cached: tuple[int, pa.Table] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
