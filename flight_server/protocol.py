@@ -167,7 +167,7 @@ def _text(raw: Any) -> str:
 
 
 def encode(name: str, **values: Any) -> bytes:
-    spec = {field: (number, kind) for number, (field, kind) in MESSAGES[name].items()}
+    spec = {field: (number, kind) for number, (field, kind) in MESSAGES.get(name, {}).items()}
     out = bytearray()
     for field, value in values.items():
         if value is None:
