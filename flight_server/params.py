@@ -16,6 +16,7 @@ value and type; sqlglot renders it with correct quoting.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 
 import pyarrow as pa
@@ -59,15 +60,22 @@ def count(sql: str) -> int:
     return _numbered(sql)[1]
 
 
-def bind(sql: str, values: pa.RecordBatch, row: int) -> str:
-    """The statement with parameter n replaced by column n-1 of ``values[row]``."""
+@functools.lru_cache(maxsize=512)
+def _template(sql: str) -> tuple[tuple[exp.Expression, ...], int]:
+    """The parsed statements with numbered parameters (never modified: bind copies)."""
     text, wanted = _numbered(sql)
-    if values.num_columns != wanted:
-        raise BindError(f"the statement takes {wanted} parameter(s) but {values.num_columns} were bound")
     try:
-        trees = [t for t in sqlglot.parse(text, dialect=DIALECT) if t is not None]
+        trees = tuple(t for t in sqlglot.parse(text, dialect=DIALECT) if t is not None)
     except (ParseError, TokenError) as e:
         raise SqlSyntaxError(f"syntax error: {str(e).splitlines()[0]}") from None
+    return trees, wanted
+
+
+def bind(sql: str, values: pa.RecordBatch, row: int) -> str:
+    """The statement with parameter n replaced by column n-1 of ``values[row]``."""
+    trees, wanted = _template(sql)
+    if values.num_columns != wanted:
+        raise BindError(f"the statement takes {wanted} parameter(s) but {values.num_columns} were bound")
     literals = [literal(values.column(i)[row]) for i in range(values.num_columns)]
 
     def replace(node: exp.Expression) -> exp.Expression:

@@ -36,7 +36,7 @@ import ivm
 from flight_server import metadata, params, protocol
 from flight_server.auth import Handshake, TokenAuth
 from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated
-from flight_server.sessions import Bounded, Prepared
+from flight_server.sessions import Bounded, Lru, Prepared
 from flight_server.subscriptions import Subscription, open_stream
 
 OFFSET_KEY = b"ivm.offset"
@@ -56,13 +56,17 @@ class IvmFlightServer(fl.FlightServerBase):
     def __init__(self, db: ivm.Database, location: str, *, auth_token: str | None = None,
                  tls_certificates: list[fl.CertKeyPair] | None = None, results_limit: int = 1024,
                  results_ttl: float = 300.0, **kwargs: Any):
-        middleware = {"auth": TokenAuth(auth_token)} if auth_token else {}
+        middleware = dict(kwargs.pop("middleware", {}))
+        if auth_token:
+            middleware["auth"] = TokenAuth(auth_token)
         super().__init__(location, auth_handler=Handshake() if auth_token else None, middleware=middleware,
                          tls_certificates=tls_certificates or [], **kwargs)
         self.db = db
         self.results: Bounded[pa.Table] = Bounded("result", results_limit, results_ttl)
         self.statements: Bounded[Prepared] = Bounded("prepared statement", 4096)
         self.stopping = threading.Event()  # ends live subscriptions on shutdown
+        self._shapes: Lru[str, tuple[int, bool]] = Lru(1024)
+        self._schemas: Lru[tuple[str, int], bytes] = Lru(1024)
 
     def stop(self) -> None:
         """Stop: end subscriptions, finish in-flight calls, then return."""
@@ -216,30 +220,41 @@ class IvmFlightServer(fl.FlightServerBase):
         return list(ACTIONS.items())
 
     def _prepare(self, sql: str) -> bytes:
-        count = params.count(sql)
-        statement = Prepared(sql, count, self.db.is_query(sql))
-        fields: dict[str, Any] = {}
+        count, is_query = self._shape(sql)
+        statement = Prepared(sql, count, is_query)
+        fields: dict[str, Any] = {"is_update": not is_query}
         if statement.is_query and count == 0:
             version = self.db.version
             result = self.db.sql(sql)
             statement.cached = (version, result)
             fields["dataset_schema"] = result.schema.serialize().to_pybytes()
         elif statement.is_query:
-            fields["dataset_schema"] = self._schema_with_nulls(sql, count)
-        else:
-            fields["is_update"] = True
+            fields["dataset_schema"] = self._parameterized_schema(sql, count)
         if count:
             schema = pa.schema([pa.field(str(i), pa.null()) for i in range(count)])
             fields["parameter_schema"] = schema.serialize().to_pybytes()
         handle = self.statements.add(statement)
         return protocol.pack("ActionCreatePreparedStatementResult", prepared_statement_handle=handle, **fields)
 
-    def _schema_with_nulls(self, sql: str, count: int) -> bytes | None:
-        nulls = pa.record_batch([pa.nulls(1)] * count, names=[str(i) for i in range(count)])
-        try:
-            return self.db.result_schema(params.bind(sql, nulls, 0)).serialize().to_pybytes()
-        except ivm.IvmError:
-            return None  # the schema is known when it runs; errors are reported then
+    def _shape(self, sql: str) -> tuple[int, bool]:
+        """(parameters, is a query) of a SQL text: parsed once per distinct text."""
+        shape = self._shapes.get(sql)
+        if shape is None:
+            shape = self._shapes.put(sql, (params.count(sql), self.db.is_query(sql)))
+        return shape
+
+    def _parameterized_schema(self, sql: str, count: int) -> bytes | None:
+        """The result schema of a query with parameters (typed as if NULL), cached per catalog version."""
+        key = (sql, self.db.catalog_version)
+        schema = self._schemas.get(key)
+        if schema is None:
+            nulls = pa.record_batch([pa.nulls(1)] * count, names=[str(i) for i in range(count)])
+            try:
+                schema = self.db.result_schema(params.bind(sql, nulls, 0)).serialize().to_pybytes()
+            except ivm.IvmError:
+                schema = b""  # known when it runs; errors are reported then
+            self._schemas.put(key, schema)
+        return schema or None
 
     def _bind(self, statement: Prepared, values: pa.Table) -> None:
         if values.num_columns != statement.parameters:

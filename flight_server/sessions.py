@@ -22,6 +22,31 @@ import pyarrow as pa
 from flight_server.errors import NotFound
 
 T = TypeVar("T")
+K = TypeVar("K")
+
+
+class Lru(Generic[K, T]):
+    """A small thread-safe cache of derived facts (least recently used go first)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._items: OrderedDict[K, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> T | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: T) -> T:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return value
 
 
 class Bounded(Generic[T]):

@@ -14,6 +14,7 @@ the same path as ``apply_changes``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,11 @@ class Database:
         """Changes whenever anything visible changes (data or catalog)."""
         return self._engine.store.version
 
+    @property
+    def catalog_version(self) -> int:
+        """Changes whenever a table or view is created or dropped."""
+        return self._engine.catalog.version
+
     # --- for protocol layers (the Flight server) ------------------------------------
     def is_query(self, sql: str) -> bool:
         """True when every statement in ``sql`` only reads (SELECT, EXPLAIN, SHOW)."""
@@ -136,7 +142,7 @@ class Database:
         """
         self._check_open()
         result = pa.table({"rows_affected": pa.array([0], pa.int64())})
-        for statement in parse(sql):
+        for statement in _parse_reads(sql):
             count, table = self._run(statement)
             result = table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
         return result
@@ -324,6 +330,22 @@ class Database:
             else:
                 rows.append(snapshot[name].num_rows)
         return pa.table({"name": names, "kind": kinds, "rows": pa.array(rows, pa.int64())})
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_reads(sql: str) -> tuple[Statement, ...] | None:
+    statements = parse(sql)
+    return tuple(statements) if all(isinstance(s, Query) for s in statements) else None
+
+
+def _parse_reads(sql: str) -> list[Statement]:
+    """Statements of ``sql``; texts made only of queries are parsed once (servers repeat them).
+
+    Query statements are never modified after parsing, so sharing them is safe;
+    anything else is parsed afresh.
+    """
+    reads = _parsed_reads(sql)
+    return list(reads) if reads is not None else parse(sql)
 
 
 def _is_moving_update(batch: pa.Table) -> bool:
