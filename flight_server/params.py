@@ -89,6 +89,29 @@ def bind(sql: str, values: pa.RecordBatch, row: int) -> str:
     return ";\n".join(t.transform(replace).sql(DIALECT) for t in trees)
 
 
+def bind_rows(sql: str, values: pa.RecordBatch) -> list[str]:
+    """One statement per parameter row, or one INSERT for all rows when it can be.
+
+    ``INSERT ... VALUES (?, ...)`` with several rows (``executemany``) becomes
+    one INSERT with a VALUES row per parameter row: one change batch, applied
+    atomically (and at the cost of one).
+    """
+    texts = [bind(sql, values, row) for row in range(values.num_rows)]
+    trees, _ = _template(sql)
+    if len(texts) < 2 or len(trees) != 1 or not _single_values_insert(trees[0]):
+        return texts
+    inserts = [sqlglot.parse_one(text, dialect=DIALECT) for text in texts]
+    merged = inserts[0]
+    rows = [row for insert in inserts for row in insert.expression.expressions]
+    merged.expression.set("expressions", rows)
+    return [merged.sql(DIALECT)]
+
+
+def _single_values_insert(tree: exp.Expression) -> bool:
+    return (isinstance(tree, exp.Insert) and isinstance(tree.expression, exp.Values)
+            and len(tree.expression.expressions) == 1 and not tree.args.get("returning"))
+
+
 def literal(scalar: pa.Scalar) -> exp.Expression:
     """A SQL expression with exactly the value (and, where it matters, the type) of ``scalar``."""
     kind = scalar.type

@@ -55,14 +55,16 @@ ACTIONS = {
 class IvmFlightServer(fl.FlightServerBase):
     def __init__(self, db: ivm.Database, location: str, *, auth_token: str | None = None,
                  tls_certificates: list[fl.CertKeyPair] | None = None, results_limit: int = 1024,
-                 results_ttl: float = 300.0, **kwargs: Any):
+                 results_ttl: float = 300.0, results_budget: int = 1 << 30, **kwargs: Any):
         middleware = dict(kwargs.pop("middleware", {}))
         if auth_token:
             middleware["auth"] = TokenAuth(auth_token)
         super().__init__(location, auth_handler=Handshake() if auth_token else None, middleware=middleware,
                          tls_certificates=tls_certificates or [], **kwargs)
         self.db = db
-        self.results: Bounded[pa.Table] = Bounded("result", results_limit, results_ttl)
+        # Results waiting for their DoGet: bounded in number, age and bytes.
+        self.results: Bounded[pa.Table] = Bounded("result", results_limit, results_ttl, results_budget,
+                                                  lambda table: table.nbytes)
         self.statements: Bounded[Prepared] = Bounded("prepared statement", 4096)
         self.stopping = threading.Event()  # ends live subscriptions on shutdown
         self._shapes: Lru[str, tuple[int, bool]] = Lru(1024)
@@ -284,8 +286,9 @@ class IvmFlightServer(fl.FlightServerBase):
         if values.num_columns != statement.parameters:
             raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s), "
                                   f"{values.num_columns} were bound")
-        batch = values.combine_chunks()
-        texts = [params.bind(statement.sql, batch, row) for row in range(batch.num_rows)]
+        # One INSERT for all rows when possible (atomic); otherwise each row
+        # runs as its own statement, in order.
+        texts = params.bind_rows(statement.sql, values.combine_chunks().to_batches()[0]) if values.num_rows else []
         return sum(self.db.execute(text) for text in texts)
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -52,11 +52,15 @@ class Lru(Generic[K, T]):
 class Bounded(Generic[T]):
     """A thread-safe map from random handles to values, oldest evicted first."""
 
-    def __init__(self, what: str, limit: int, ttl: float | None = None):
+    def __init__(self, what: str, limit: int, ttl: float | None = None,
+                 budget: int | None = None, size: Callable[[T], int] | None = None):
         self.what = what
         self.limit = limit
         self.ttl = ttl
+        self.budget = budget  # bound on the sum of size(value), e.g. bytes of pending results
+        self.size = size or (lambda value: 0)
         self._items: OrderedDict[bytes, tuple[float, T]] = OrderedDict()
+        self._used = 0
         self._lock = threading.Lock()
 
     def add(self, value: T) -> bytes:
@@ -64,9 +68,17 @@ class Bounded(Generic[T]):
         with self._lock:
             self._expire()
             self._items[handle] = (time.monotonic(), value)
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
+            self._used += self.size(value)
+            while len(self._items) > 1 and (len(self._items) > self.limit or
+                                            (self.budget is not None and self._used > self.budget)):
+                self._pop(next(iter(self._items)))
         return handle
+
+    def _pop(self, handle: bytes) -> tuple[float, T] | None:
+        found = self._items.pop(handle, None)
+        if found is not None:
+            self._used -= self.size(found[1])
+        return found
 
     def get(self, handle: bytes) -> T:
         with self._lock:
@@ -79,14 +91,14 @@ class Bounded(Generic[T]):
     def take(self, handle: bytes) -> T:
         with self._lock:
             self._expire()
-            found = self._items.pop(handle, None)
+            found = self._pop(handle)
         if found is None:
             raise NotFound(f"unknown or expired {self.what} (results are fetched once; run the query again)")
         return found[1]
 
     def discard(self, handle: bytes) -> None:
         with self._lock:
-            self._items.pop(handle, None)
+            self._pop(handle)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -99,7 +111,7 @@ class Bounded(Generic[T]):
             handle, (created, _) = next(iter(self._items.items()))
             if created >= cutoff:
                 return
-            del self._items[handle]
+            self._pop(handle)
 
 
 @dataclass

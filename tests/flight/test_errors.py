@@ -105,3 +105,16 @@ def test_plain_flight_errors(data, client):
         from flight_server import protocol
 
         client.get_flight_info(fl.FlightDescriptor.for_command(protocol.pack("CommandGetXdbcTypeInfo")))
+
+
+def test_executemany_insert_is_one_atomic_batch(data, cur):
+    before = snapshot(cur)
+    with pytest.raises(adbc.ProgrammingError, match="INVALID_ARGUMENT"):
+        cur.executemany("INSERT INTO accounts VALUES (?, ?, ?)", [(7, "gil", 1.0), (1, "dup", 2.0)])
+    assert snapshot(cur) == before  # the first row was not applied either
+    cur.executemany("INSERT INTO accounts VALUES (?, ?, ?)", [(7, "gil", 1.0), (8, "hal", 99.0)])
+    assert cur.rowcount == 2
+    cur.execute("SELECT owner FROM rich WHERE owner = ?", ("hal",))
+    assert cur.fetchall() == [("hal",)]
+    cur.execute("DELETE FROM accounts WHERE id IN (7, 8)")
+    assert snapshot(cur) == before
