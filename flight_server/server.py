@@ -187,18 +187,22 @@ class IvmFlightServer(fl.FlightServerBase):
         if_exists = protocol.IF_EXISTS.get(options.get("if_exists", 0), "?")
         mode = {("fail", "append"): "append", ("create", "fail"): "create", ("create", "replace"): "replace",
                 ("create", "append"): "create_append"}.get((if_missing, if_exists), f"{if_missing}/{if_exists}")
-        table = command.get("table", "")
-        exists = any(o.name == table.lower() and o.kind == "table" for o in self.db.objects())
-        if if_exists == "replace" or (if_missing == "create" and not exists) or (if_exists == "fail" and exists):
+        if if_exists != "append":
             raise Unimplemented(INGEST_UNSUPPORTED.format(mode=mode))
         if command.get("temporary"):
             raise Unimplemented("adbc_ingest into a temporary table is not supported")
         if command.get("catalog") not in (None, metadata.CATALOG) or command.get("schema") not in (None, metadata.SCHEMA):
             raise NotFound(f"catalog/schema {command.get('catalog')}.{command.get('schema')} does not exist "
                            f"(ivm has {metadata.CATALOG}.{metadata.SCHEMA})")
+        table = command.get("table", "")
         if not table:
             raise InvalidArgument("adbc_ingest needs a table name")
-        self.db.apply_changes(table, data)
+        try:
+            self.db.apply_changes(table, data)
+        except ivm.UnknownObjectError:
+            if if_missing == "create":  # create_append of a new table
+                raise Unimplemented(INGEST_UNSUPPORTED.format(mode=mode)) from None
+            raise
         return data.num_rows
 
     # --- prepared statements -------------------------------------------------------------------
@@ -228,7 +232,8 @@ class IvmFlightServer(fl.FlightServerBase):
         if statement.is_query and count == 0:
             version = self.db.version
             result = self.db.sql(sql)
-            statement.cached = (version, result)
+            # Kept in the (byte-bounded) result store; evicted means run again.
+            statement.cached = (version, self.results.add(result))
             fields["dataset_schema"] = result.schema.serialize().to_pybytes()
         elif statement.is_query:
             fields["dataset_schema"] = self._parameterized_schema(sql, count)
@@ -270,8 +275,14 @@ class IvmFlightServer(fl.FlightServerBase):
         with statement.lock:
             cached, statement.cached = statement.cached, None
             bound = statement.bound
-        if cached is not None and cached[0] == self.db.version:
-            return cached[1]
+        if cached is not None:
+            version, handle = cached
+            try:
+                result = self.results.take(handle)
+            except NotFound:
+                result = None
+            if result is not None and version == self.db.version:
+                return result
         if statement.parameters == 0:
             return self.db.sql(statement.sql)
         if bound is None:

@@ -120,7 +120,8 @@ class Prepared:
     parameters: int  # how many ? it takes
     is_query: bool
     bound: pa.RecordBatch | None = None  # the parameter row(s) of the next execution
-    # A parameterless query runs when prepared; the result is reused by the
-    # next execution while nothing was published since (same version).
-    cached: tuple[int, pa.Table] | None = None
+    # A parameterless query runs when prepared; its result (a handle in the
+    # result store) is reused by the next execution if nothing was published
+    # since (same database version).
+    cached: tuple[int, bytes] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)

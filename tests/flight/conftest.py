@@ -9,6 +9,12 @@ import pytest
 from tests.flight.server import ServerProcess
 
 
+def run_script(uri: str, script: str) -> None:
+    """Run ';'-separated statements over a fresh ADBC connection (module set-up)."""
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executescript(script)
+
+
 @pytest.fixture(scope="module")
 def server():
     process = ServerProcess()

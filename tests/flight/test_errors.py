@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 
 import adbc_driver_manager as adbc
+import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.flight.conftest import run_script
+
 
 @pytest.fixture(scope="module")
 def data(server):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
-    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-        cur.executescript(
-            "CREATE TABLE accounts (id BIGINT PRIMARY KEY, owner VARCHAR NOT NULL, balance DOUBLE);"
-            "INSERT INTO accounts VALUES (1, 'ann', 10), (2, 'bob', 20);"
-            "CREATE MATERIALIZED VIEW rich AS SELECT owner, balance FROM accounts WHERE balance > 15"
-        )
+    run_script(
+        server.uri,
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, owner VARCHAR NOT NULL, balance DOUBLE);"
+        "INSERT INTO accounts VALUES (1, 'ann', 10), (2, 'bob', 20);"
+        "CREATE MATERIALIZED VIEW rich AS SELECT owner, balance FROM accounts WHERE balance > 15"
+    )
     return server
 
 
@@ -83,8 +84,6 @@ def test_wrong_parameter_count(data, cur):
 
 
 def test_transactions_are_refused_by_name(data, server):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     with flight_sql.connect(server.uri, autocommit=True) as conn:
         with pytest.raises(adbc.NotSupportedError) as caught:
             conn.adbc_connection.set_autocommit(False)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import threading
 
+import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
+
+from tests.flight.conftest import run_script
 
 
 def put(client: fl.FlightClient, table: str, data: pa.Table) -> dict:
@@ -21,15 +24,13 @@ def put(client: fl.FlightClient, table: str, data: pa.Table) -> dict:
 
 @pytest.fixture(scope="module")
 def data(server):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
-    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-        cur.executescript(
-            "CREATE TABLE ledger (id BIGINT PRIMARY KEY, amount BIGINT);"
-            "CREATE MATERIALIZED VIEW total AS SELECT SUM(amount) AS s FROM ledger;"
-            "CREATE MATERIALIZED VIEW entries AS SELECT COUNT(id) AS n FROM ledger;"
-            "CREATE MATERIALIZED VIEW big AS SELECT id, amount FROM ledger WHERE amount > 5"
-        )
+    run_script(
+        server.uri,
+        "CREATE TABLE ledger (id BIGINT PRIMARY KEY, amount BIGINT);"
+        "CREATE MATERIALIZED VIEW total AS SELECT SUM(amount) AS s FROM ledger;"
+        "CREATE MATERIALIZED VIEW entries AS SELECT COUNT(id) AS n FROM ledger;"
+        "CREATE MATERIALIZED VIEW big AS SELECT id, amount FROM ledger WHERE amount > 5"
+    )
     return server
 
 
@@ -64,8 +65,6 @@ def test_get_schema_of_a_path(data, client):
 
 def test_all_views_in_one_read_come_from_one_offset(data, server):
     """While rows of amount 1 stream in, SUM and COUNT read together always agree."""
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     stop = threading.Event()
     errors: list[BaseException] = []
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 
+import adbc_driver_flightsql.dbapi as flight_sql
 import duckdb
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -27,8 +28,6 @@ VIEWS = {
 
 @pytest.fixture(scope="module")
 def schema(server):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE customers (id BIGINT PRIMARY KEY, region VARCHAR)")
         assert cur.rowcount == 0
@@ -184,3 +183,14 @@ def test_read_your_writes_acknowledged_is_visible(schema, cur, client):
         assert json.loads(info.app_metadata)["offset"] >= ack["offset"]
         rows = client.do_get(info.endpoints[0].ticket).read_all()
         assert f"put{i}" in rows.column("region").to_pylist()
+
+
+def test_a_prepared_query_reflects_writes_made_after_it_was_prepared(schema, cur, conn, server):
+    query = "SELECT COUNT(*) AS n FROM customers WHERE region = 'late'"
+    cur.adbc_prepare(query)  # runs the query once, to describe it
+    with flight_sql.connect(server.uri, autocommit=True) as other, other.cursor() as writer:
+        writer.execute("INSERT INTO customers VALUES (5000, 'late')")
+    cur.execute(query)
+    assert cur.fetchall() == [(1,)]
+    cur.execute(query)  # the same statement again: runs again
+    assert cur.fetchall() == [(1,)]

@@ -13,10 +13,12 @@ import random
 import threading
 import time
 
+import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.flight.conftest import run_script
 from tests.flight.test_sql import cdc_batch
 from tests.integrate import Integrator
 from tests.oracle.compare import multiset_diff
@@ -30,16 +32,10 @@ VIEWS = {
 
 @pytest.fixture(scope="module")
 def data(server):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
-    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
-        cur.executescript(
-            "CREATE TABLE customers (id BIGINT PRIMARY KEY, region VARCHAR);"
-            "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, status VARCHAR);"
-            "INSERT INTO customers VALUES (1, 'n'), (2, 's'), (3, 'e'), (4, 'w'), (5, 'n'), (6, NULL);"
-        )
-        for name, sql in VIEWS.items():
-            cur.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+    run_script(server.uri, "CREATE TABLE customers (id BIGINT PRIMARY KEY, region VARCHAR);"
+               "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, status VARCHAR);"
+               "INSERT INTO customers VALUES (1, 'n'), (2, 's'), (3, 'e'), (4, 'w'), (5, 'n'), (6, NULL);"
+               + "".join(f"CREATE MATERIALIZED VIEW {name} AS {sql};" for name, sql in VIEWS.items()))
     return server
 
 
@@ -58,8 +54,6 @@ def consume(reader: fl.FlightStreamReader, consumer: Integrator, stop_at: int) -
 
 
 def write_batches(uri: str, count: int, seed: int) -> list[int]:
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     rng = random.Random(seed)
     live: dict[int, float] = {}
     next_id = seed * 1_000_000
@@ -119,8 +113,6 @@ def test_from_the_current_rows_then_live(data, client):
     assert start.data.schema.names == ["cust", "n", "total", "top", "__weight", "__offset"]
     assert start.data.schema.field("__weight").type == pa.int64()
     # A change commits; the open stream delivers it without a new request.
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     with flight_sql.connect(data.uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO orders VALUES (987654321, 6, 1234.5, 'open')")
         cur.execute("SELECT * FROM by_cust")
@@ -133,8 +125,6 @@ def test_from_the_current_rows_then_live(data, client):
 
 
 def test_heartbeats_report_progress_when_the_view_is_quiet(data, client):
-    import adbc_driver_flightsql.dbapi as flight_sql
-
     with flight_sql.connect(data.uri, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO customers VALUES (99, 'z')")  # no order references customer 99
         cur.execute("SELECT * FROM by_cust")
