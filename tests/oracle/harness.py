@@ -9,12 +9,15 @@ every table must equal the model.
 
 from __future__ import annotations
 
+import random
+from typing import Callable, Sequence
+
 import duckdb
 
 import ivm
 from tests.oracle.compare import multiset_diff
 from tests.oracle.fixtures import ViewFixture
-from tests.oracle.model import Model, ops_to_arrow
+from tests.oracle.model import Model, generate_batch, ops_to_arrow
 
 
 class Harness:
@@ -64,3 +67,29 @@ class Harness:
             if diff:
                 problems.append(f"view {view.name}: {diff}\n    {view.sql}")
         assert not problems, f"{context}\n" + "\n".join(problems)
+
+
+def play(
+    harness: Harness,
+    rng: random.Random,
+    tables: Sequence[str],
+    batches: int,
+    initial_rows: int,
+    next_batch: Callable[[int], tuple[str, int]],
+    label: str = "",
+) -> None:
+    """Load data, create the views (their first computation must see it), then
+    apply ``batches`` random batches, checking every view after each one.
+
+    ``next_batch(step)`` picks the table and the size of each batch.
+    """
+    for table in tables:
+        if initial_rows:
+            harness.apply(table, generate_batch(rng, harness.model, table, initial_rows))
+    harness.create_views()
+    harness.check(f"after creating the views {label}")
+    for step in range(batches):
+        table, size = next_batch(step)
+        ops = generate_batch(rng, harness.model, table, size)
+        harness.apply(table, ops)
+        harness.check(f"after batch {step}: {len(ops)} ops on {table} {label}")

@@ -13,8 +13,7 @@ import sys
 import time
 
 from tests.oracle.fixtures import oracle_schema, oracle_views
-from tests.oracle.harness import Harness
-from tests.oracle.model import generate_batch
+from tests.oracle.harness import Harness, play
 
 TABLES = ["customers", "orders", "items", "events"]
 
@@ -22,17 +21,12 @@ TABLES = ["customers", "orders", "items", "events"]
 def stream(seed: int, batches: int, views, initial: int) -> str | None:
     rng = random.Random(seed)
     harness = Harness(oracle_schema(), views)
+
+    def next_batch(step: int) -> tuple[str, int]:
+        return rng.choice(TABLES), rng.choice([1, 2, 5, 10, 30, 100, 300, 1000])
+
     try:
-        for table in TABLES:
-            if initial:
-                harness.apply(table, generate_batch(rng, harness.model, table, initial))
-        harness.create_views()
-        harness.check("after creating the views")
-        for step in range(batches):
-            table = rng.choice(TABLES)
-            size = rng.choice([1, 2, 5, 10, 30, 100, 300, 1000])
-            harness.apply(table, generate_batch(rng, harness.model, table, size))
-            harness.check(f"batch {step} ({size} ops on {table})")
+        play(harness, rng, TABLES, batches, initial, next_batch)
     except AssertionError as e:
         return str(e)
     except Exception as e:  # an engine error is a failure too
