@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flight_server.errors import InvalidArgument
+
 TYPE_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
 
 # Field kinds. Scalars are encoded only when set (and bytes only when
@@ -59,8 +61,8 @@ IF_NOT_EXIST = {0: "unspecified", 1: "create", 2: "fail"}
 IF_EXISTS = {0: "unspecified", 1: "fail", 2: "append", 3: "replace"}
 
 
-class ProtocolError(ValueError):
-    """Bytes that are not the message they claim to be."""
+class ProtocolError(InvalidArgument):
+    """Bytes that are not the message they claim to be (INVALID_ARGUMENT)."""
 
 
 # --- wire format -------------------------------------------------------------------

@@ -98,6 +98,8 @@ def test_plain_flight_errors(data, client):
     with pytest.raises(pa.ArrowInvalid, match="ahead of the latest offset") as caught:
         client.do_get(fl.Ticket(json.dumps({"subscribe": "rich", "from": 10**9}).encode())).read_all()
     assert "Traceback" not in str(caught.value)
+    with pytest.raises(pa.ArrowInvalid, match="varint|Any"):  # INVALID_ARGUMENT: not a protobuf message
+        client.get_flight_info(fl.FlightDescriptor.for_command(b"\xff\xff"))
     with pytest.raises(pa.ArrowNotImplementedError, match="not supported"):  # UNIMPLEMENTED
         list(client.do_action(fl.Action("BeginTransaction", b"")))
     with pytest.raises(pa.ArrowNotImplementedError, match="Flight SQL command CommandGetXdbcTypeInfo"):
