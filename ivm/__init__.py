@@ -11,6 +11,7 @@ from sql_frontend.errors import (  # noqa: F401  (the public error vocabulary)
     ExecutionError,
     InternalError,
     IvmError,
+    OffsetError,
     SqlSyntaxError,
     UnknownObjectError,
     UnsupportedError,
@@ -28,5 +29,6 @@ __all__ = [
     "CatalogError",
     "ChangeError",
     "ExecutionError",
+    "OffsetError",
     "InternalError",
 ]

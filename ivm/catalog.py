@@ -14,6 +14,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import CatalogError, UnknownObjectError
 from sql_frontend.plan import Column, ViewPlan, is_set_valued
+from sql_frontend.plan_sql import render
 from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
 from ivm.binder import Binder
@@ -86,6 +87,13 @@ class ViewDef:
     def relations(self) -> list[str]:
         return [s.name for s in self.states]
 
+    def read_text(self) -> str:
+        """``read_sql``'s SELECT rendered for DuckDB (rendering costs milliseconds: once)."""
+        cached = self.programs.get(("read_text",))
+        if cached is None:
+            cached = self.programs[("read_text",)] = render(self.read_sql()[0])
+        return cached
+
     def read_sql(self) -> tuple[exp.Expression, set[str]]:
         """SELECT of the rows of a view without stored output, and the state it scans."""
         cached = self.programs.get(("read",))
@@ -101,6 +109,7 @@ class Catalog:
         self.binder = binder
         self.tables: dict[str, TableDef] = {}
         self.views: dict[str, ViewDef] = {}
+        self.version = 0  # counts changes of names and schemas (for caches of derived facts)
 
     # --- lookups --------------------------------------------------------------
     def get(self, name: str) -> TableDef | ViewDef:
@@ -189,15 +198,18 @@ class Catalog:
     def add_table(self, table: TableDef) -> None:
         self.binder.create(table.name, table.columns)
         self.tables[table.name] = table
+        self.version += 1
 
     def add_view(self, view: ViewDef) -> None:
         self.binder.create(view.name, view.columns)
         self.views[view.name] = view
+        self.version += 1
 
     def remove(self, name: str) -> None:
         self.tables.pop(name, None)
         self.views.pop(name, None)
         self.binder.drop(name)
+        self.version += 1
 
 
 def make_view(name: str, sql: str, plan: ViewPlan) -> ViewDef:

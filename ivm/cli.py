@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -21,10 +22,25 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compact = commands.add_parser("compact", help="checkpoint, compact the retained log, vacuum stored files")
     compact.add_argument("--data", required=True, help="the database directory")
+    serve = commands.add_parser("serve", help="run the Arrow Flight SQL server")
+    serve.add_argument("--data", metavar="DIR", default=None,
+                       help="durable storage directory (default: in memory, nothing on disk)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8815, help="port (default 8815; 0 picks a free one)")
+    serve.add_argument("--auth-token", default=os.environ.get("IVM_AUTH_TOKEN"),
+                       help="require this token (Bearer, or as the password of Basic auth); "
+                            "default $IVM_AUTH_TOKEN, else no authentication")
+    serve.add_argument("--tls-cert", metavar="PEM", default=None, help="serve TLS with this certificate")
+    serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
+    serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
 
     args = parser.parse_args(argv)
     if args.command in ("status", "compact"):
         return _maintenance(args)
+    if args.command == "serve":
+        from flight_server.main import serve as run_server
+
+        return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo)
     if args.command == "demo":
         from ivm.demo import run
 

@@ -14,8 +14,9 @@ the same path as ``apply_changes``.
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -38,14 +39,26 @@ from sql_frontend.statements import (
     Statement,
     Update,
     parse,
+    parse_one,
 )
 from sql_frontend.plan import Column
+from ivm import changefeed
 from ivm.binder import quote
+from ivm.changefeed import ViewChanges
 from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
+from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str
+    kind: str  # "table" | "view"
+    schema: pa.Schema  # the columns users see (no weight)
+    primary_key: tuple[str, ...] = ()
 
 
 class Database:
@@ -85,6 +98,41 @@ class Database:
         self._engine.wait_visible()
         return self._engine.store.snapshot.offset
 
+    @property
+    def version(self) -> int:
+        """Changes whenever anything visible changes (data or catalog)."""
+        return self._engine.store.version
+
+    @property
+    def catalog_version(self) -> int:
+        """Changes whenever a table or view is created or dropped."""
+        return self._engine.catalog.version
+
+    # --- for protocol layers (the Flight server) ------------------------------------
+    def is_query(self, sql: str) -> bool:
+        """True when every statement in ``sql`` only reads (SELECT, EXPLAIN, SHOW)."""
+        return all(isinstance(s, (Query, Explain, Show)) for s in parse(sql))
+
+    def result_schema(self, sql: str) -> pa.Schema:
+        """The Arrow schema of a query's result, found without running it."""
+        self._check_open()
+        statement = parse_one(sql)
+        if not isinstance(statement, Query):
+            raise UnsupportedError("only a SELECT has a result schema before it runs")
+        columns = self._engine.binder.describe(statement.sql)
+        return self._engine.binder.arrow_schema(columns)
+
+    def objects(self) -> list[ObjectInfo]:
+        """Every table and materialized view, with its Arrow schema and key."""
+        self._check_open()
+        catalog = self._engine.catalog
+        found = []
+        for definition in list(catalog.tables.values()) + list(catalog.views.values()):
+            key = definition.primary_key if isinstance(definition, TableDef) else ()
+            found.append(ObjectInfo(definition.name, definition.kind,
+                                    self._engine.binder.arrow_schema(definition.columns), key))
+        return sorted(found, key=lambda o: o.name)
+
     # --- statements ---------------------------------------------------------------
     def execute(self, sql: str) -> int:
         """Run one or more statements; return rows affected by the last (0 for DDL)."""
@@ -102,7 +150,7 @@ class Database:
         """
         self._check_open()
         result = pa.table({"rows_affected": pa.array([0], pa.int64())})
-        for statement in parse(sql):
+        for statement in _parse_reads(sql):
             count, table = self._run(statement)
             result = table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
         return result
@@ -146,6 +194,19 @@ class Database:
         if not isinstance(self._engine, DurableEngine):
             raise UnsupportedError(f"{what} needs a durable database (ivm.connect(path)); this one is in memory")
         return self._engine
+
+    def changes(self, view: str, since: int, *, wait: float = 0.0) -> ViewChanges:
+        """Changes of a materialized view after offset ``since`` (see ivm/changefeed.py).
+
+        Returns ``ViewChanges(rows, through)``: ``rows`` has the view's columns,
+        ``__weight`` and ``__offset``; every change up to offset ``through`` is
+        included, so the next call starts from ``through``. When there is none,
+        waits up to ``wait`` seconds for one. An offset older than the retained
+        history raises OffsetError: read the view again and continue from the
+        ``ivm.offset`` of that read.
+        """
+        self._check_open()
+        return changefeed.read(self._engine, view.lower(), since, wait)
 
     def _run(self, statement: Statement) -> tuple[int, pa.Table | None]:
         engine = self._engine
@@ -320,6 +381,22 @@ class Database:
             else:
                 rows.append(snapshot[name].num_rows)
         return pa.table({"name": names, "kind": kinds, "rows": pa.array(rows, pa.int64())})
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_reads(sql: str) -> tuple[Statement, ...] | None:
+    statements = parse(sql)
+    return tuple(statements) if all(isinstance(s, Query) for s in statements) else None
+
+
+def _parse_reads(sql: str) -> list[Statement]:
+    """Statements of ``sql``; texts made only of queries are parsed once (servers repeat them).
+
+    Query statements are never modified after parsing, so sharing them is safe;
+    anything else is parsed afresh.
+    """
+    reads = _parsed_reads(sql)
+    return list(reads) if reads is not None else parse(sql)
 
 
 def _is_moving_update(batch: pa.Table) -> bool:

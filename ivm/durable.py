@@ -93,6 +93,8 @@ class DurableEngine(Engine):
     def _recover(self) -> None:
         start = time.perf_counter()
         self.offset = self.checkpointer.restore()
+        for view in self.catalog.views:  # subscribers resume from the restored offset on
+            self.history.start(view, self.offset, complete=False)
         records = self.log.open(after=self.offset)
         self.maintainer.start()
         with self.write_lock:

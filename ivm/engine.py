@@ -37,6 +37,7 @@ from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, m
 from ivm.executor import Executor, RowChanges
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
+from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
 from storage.relation import Relation
 from storage.store import Snapshot, Store
@@ -45,6 +46,8 @@ from storage.store import Snapshot, Store
 @dataclass
 class Settings:
     threads: int | None = None
+    # Rows of view changes kept for subscribers (storage/view_history.py).
+    retain_rows: int = DEFAULT_RETAIN_ROWS
     # Durable databases only (see ivm/durable.py):
     fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
     fold_delay: float = 0.0  # seconds the maintainer waits for more changes before folding
@@ -102,6 +105,7 @@ class Engine:
         self.store = Store()
         self.write_lock = threading.RLock()
         self.reader = Reader(self)
+        self.history = ViewHistory(self.settings.retain_rows)
         self.offset = 0
         self.closed = False
         self.producers = Producers()
@@ -117,6 +121,7 @@ class Engine:
 
     def close(self) -> None:
         self.closed = True
+        self.history.close()
         self.reader.close()
         self.binder.close()
         self._small_db.close()
@@ -222,7 +227,22 @@ class Engine:
                 raise
             self.catalog.add_view(view)
             self.store.publish(snapshot)
+            self._record_creation(view, snapshot)
             return True
+
+    def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
+        """Start the view's change history with its contents: the delta from empty."""
+        self.history.start(view.name, snapshot.offset)
+        if view.stored_output:
+            initial = snapshot[view.name].table()
+        else:
+            rows = self.reader.query(f"SELECT * FROM {quote(view.name)}",
+                                     exp.Table(this=exp.to_identifier(view.name)), snapshot)
+            names = ", ".join(quote(c) for c in view.column_names)
+            initial = self.large.runner.run(
+                f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
+            ) if rows.num_rows else rows.slice(0, 0)
+        self.history.append(snapshot.offset, {view.name: initial})
 
     def _store_output(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
         """Give a view computed on read a stored output, filled with its rows now."""
@@ -277,6 +297,7 @@ class Engine:
                     removed[name] = None
             for name in list(reversed(dependents)) + [stmt.name]:
                 self.catalog.remove(name)
+                self.history.drop(name)
             self.store.publish(self.store.snapshot.with_changes(removed))
             return True
 
@@ -296,9 +317,18 @@ class Engine:
             deltas = {table: prepared.change.delta} if prepared.change.delta.num_rows else {}
             snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
             self.offset += 1
+            # The history first: a reader who sees the view at this offset may
+            # subscribe from it at once. Deltas of views computed on read are not
+            # consolidated here: subscribers consolidate what they read
+            # (ivm/changefeed.py), which keeps that query off the write path.
+            self.history.append(self.offset, self.view_deltas(deltas))
             self.store.publish(snapshot.with_changes({}, offset=self.offset))
             self.producers.record(source, seq, self.offset)
             return self.offset
+
+    def view_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """The views' deltas among those ``_maintain`` added to ``deltas``."""
+        return {v: d for v, d in deltas.items() if v in self.catalog.views}
 
     def head(self, table: str) -> Relation:
         """The table including every accepted batch (in memory: the published version)."""

@@ -47,5 +47,9 @@ class ExecutionError(IvmError, ValueError):
     """Evaluating a view's expressions over the new data failed (e.g. a cast)."""
 
 
+class OffsetError(IvmError, ValueError):
+    """An offset outside the retained change history (or ahead of the log)."""
+
+
 class InternalError(IvmError, RuntimeError):
     """An invariant of the engine was violated; this is a bug in ivm."""

@@ -47,6 +47,7 @@ class Store:
     def __init__(self) -> None:
         self._snapshot = Snapshot()
         self._lock = threading.Lock()
+        self.version = 0  # counts publishes: equal versions mean identical contents
 
     @property
     def snapshot(self) -> Snapshot:
@@ -55,3 +56,4 @@ class Store:
     def publish(self, snapshot: Snapshot) -> None:
         with self._lock:
             self._snapshot = snapshot
+            self.version += 1

@@ -1,0 +1,254 @@
+"""Read latency over Arrow Flight while a writer ingests (issue 5's benchmark).
+
+    python -m bench.flight --rows 100000 --rate 50000 --seconds 20
+
+Starts a real ``ivm serve`` (in memory, loopback), creates
+
+    items(id PK, grp, amount)                 --rows rows
+    by_grp    = SELECT grp, COUNT(*), SUM(amount) FROM items GROUP BY grp
+    all_items = SELECT id, grp, amount FROM items WHERE amount >= 0   (every row)
+
+and, while one writer upserts batches into ``items`` at a target rate through
+plain Flight DoPut (each acknowledged with its offset), measures:
+
+* a 1-row lookup, ``SELECT * FROM by_grp WHERE grp = ?`` through ADBC
+  (prepare, bind, execute, fetch), next to the same row recomputed from the
+  table in the same run (``... FROM items WHERE grp = ? GROUP BY grp``);
+* a full read of ``all_items`` (``--rows`` rows) through pyarrow.flight;
+* acknowledged-to-visible: right after each acknowledged write, a read; the
+  offset it reports must be >= the write's, and the write's rows must be in
+  it. The lag is zero by construction (reads see every acknowledged write);
+  the time reported is that of the read itself.
+
+Reports medians and p99 and the ingest rate actually achieved (it is the
+target unless the machine cannot keep up, which the report says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+
+from flight_server.process import ServerProcess
+
+GROUPS = 1000
+
+
+def quantiles(samples: list[float]) -> dict[str, float]:
+    ms = np.array(samples) * 1000
+    if not len(ms):
+        return {"n": 0, "median_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    return {"n": len(ms), "median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max())}
+
+
+def items(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()),
+                     "grp": pa.array(ids % GROUPS, pa.int64()),
+                     "amount": pa.array(np.round(rng.uniform(0, 100, len(ids)), 2)),
+                     "__op": pa.array(["u"] * len(ids))})  # upsert by key
+
+
+def put(client: fl.FlightClient, table: pa.Table) -> int:
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("items"), table.schema)
+    writer.write_table(table)
+    writer.done_writing()
+    ack = reader.read()
+    writer.close()  # raises the server's error, if any
+    return json.loads(ack.to_pybytes())["offset"]
+
+
+class Ingest:
+    """Upserts ``batch`` random existing rows every ``batch / rate`` seconds."""
+
+    def __init__(self, uri: str, rows: int, rate: float, batch: int):
+        self.client = fl.connect(uri)
+        self.rows, self.rate, self.batch = rows, rate, batch
+        self.stop = threading.Event()
+        self.sent = 0
+        self.errors: list[str] = []
+        self.commit_seconds: list[float] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        rng = np.random.default_rng(1)
+        interval = self.batch / self.rate
+        next_at = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                ids = rng.choice(self.rows, self.batch, replace=False)
+                started = time.perf_counter()
+                put(self.client, items(ids, rng))
+                self.commit_seconds.append(time.perf_counter() - started)
+                self.sent += self.batch
+                next_at += interval
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                else:
+                    next_at = time.perf_counter()  # behind: do not build up a backlog
+        except Exception as e:  # noqa: BLE001 (reported)
+            self.errors.append(f"{type(e).__name__}: {e}")
+
+    def __enter__(self) -> "Ingest":
+        self.started = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        self.elapsed = time.perf_counter() - self.started
+        self.client.close()
+
+    @property
+    def achieved(self) -> float:
+        return self.sent / self.elapsed
+
+
+def time_lookups(cur, sql: str, seconds: float) -> list[float]:
+    rng = random.Random(2)
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        grp = rng.randrange(GROUPS)
+        started = time.perf_counter()
+        cur.execute(sql, (grp,))
+        rows = cur.fetchall()
+        samples.append(time.perf_counter() - started)
+        assert len(rows) == 1 and rows[0][0] == grp
+    return samples
+
+
+def time_full_reads(client: fl.FlightClient, rows: int, seconds: float) -> list[float]:
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(samples) < 5:
+        started = time.perf_counter()
+        info = client.get_flight_info(fl.FlightDescriptor.for_path("all_items"))
+        table = client.do_get(info.endpoints[0].ticket).read_all()
+        samples.append(time.perf_counter() - started)
+        assert table.num_rows == rows
+    return samples
+
+
+def visibility(uri: str, writes: int) -> dict:
+    """Write a marker row, then read it back at once, ``writes`` times."""
+    client = fl.connect(uri)
+    lags, read_seconds = [], []
+    with flight_sql.connect(uri, autocommit=True) as conn, conn.cursor() as cur:
+        for i in range(writes):
+            marker = pa.table({"id": pa.array([10**12 + i], pa.int64()), "grp": pa.array([-1 - i], pa.int64()),
+                               "amount": pa.array([1.0])})
+            offset = put(client, marker)
+            started = time.perf_counter()
+            cur.execute("SELECT n FROM by_grp WHERE grp = ?", (-1 - i,))
+            table = cur.fetch_arrow_table()
+            read_seconds.append(time.perf_counter() - started)
+            seen = int(table.schema.metadata[b"ivm.offset"])
+            lags.append(0 if seen >= offset and table.column("n").to_pylist() == [1] else 1)
+    client.close()
+    return {"writes": writes, "not_visible": sum(lags), "read": quantiles(read_seconds)}
+
+
+def run(rows: int, rate: float, batch: int, seconds: float) -> dict:
+    with ServerProcess() as server:
+        with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+            cur.executescript(
+                "CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE);"
+                "CREATE MATERIALIZED VIEW by_grp AS SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items GROUP BY grp;"
+                "CREATE MATERIALIZED VIEW all_items AS SELECT id, grp, amount FROM items WHERE amount >= 0"
+            )
+            cur.adbc_ingest("items", items(np.arange(rows), np.random.default_rng(0)), mode="append")
+            result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds}
+            lookup = "SELECT * FROM by_grp WHERE grp = ?"
+            recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
+            result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
+            with Ingest(server.uri, rows, rate, batch) as ingest:
+                result["lookup"] = quantiles(time_lookups(cur, lookup, seconds))
+                result["recompute_lookup"] = quantiles(time_lookups(cur, recompute, seconds / 2))
+                with fl.connect(server.uri) as client:
+                    result["full_read"] = quantiles(time_full_reads(client, rows, seconds))
+            result["achieved_rate"] = ingest.achieved
+            result["commit"] = quantiles(ingest.commit_seconds)
+            result["ingest_errors"] = ingest.errors
+        result["visibility"] = visibility(server.uri, 200)
+    return result
+
+
+def report(r: dict, command: str) -> str:
+    def row(name: str, q: dict) -> str:
+        return f"| {name} | {q['n']} | {q['median_ms']:.2f} | {q['p99_ms']:.2f} | {q['max_ms']:.2f} |"
+
+    shortfall = "" if r["achieved_rate"] >= 0.95 * r["target_rate"] else (
+        " — **below the target**: the writer could not keep up on this machine")
+    lines = [
+        "# Flight read latency while ingesting",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        "shared with other jobs while measured (numbers are upper bounds).",
+        "",
+        f"View size: {r['rows']:,} rows; ingest: upserts in batches of {r['batch']:,} rows, "
+        f"target {r['target_rate']:,.0f} rows/s, **achieved {r['achieved_rate']:,.0f} rows/s**{shortfall}; "
+        f"batch commit (DoPut to acknowledgement) median {r['commit']['median_ms']:.1f} ms, "
+        f"p99 {r['commit']['p99_ms']:.1f} ms.",
+        "",
+        "| read | samples | median ms | p99 ms | max ms |",
+        "| --- | --- | --- | --- | --- |",
+        row("1-row lookup in `by_grp`, no ingest", r["idle_lookup"]),
+        row("1-row lookup in `by_grp`, while ingesting", r["lookup"]),
+        row("same row recomputed from `items`, while ingesting", r["recompute_lookup"]),
+        row(f"full read of `all_items` ({r['rows']:,} rows), while ingesting", r["full_read"]),
+        row("read right after an acknowledged write", r["visibility"]["read"]),
+        "",
+        f"Lookup vs recompute (median): {r['recompute_lookup']['median_ms'] / r['lookup']['median_ms']:.1f}x faster.",
+        "",
+        f"Acknowledged-to-visible: {r['visibility']['writes']} writes each read back at once; "
+        f"{r['visibility']['not_visible']} were not visible (lag zero by construction: a read sees every "
+        "acknowledged write, so the time to visible is the read itself).",
+        "",
+        "Target: 1-row lookup p99 under 10 ms at 50,000 ingested rows/s: "
+        + ("met." if r["lookup"]["p99_ms"] < 10 and r["achieved_rate"] >= 0.95 * 50_000 else
+           f"p99 {r['lookup']['p99_ms']:.1f} ms at {r['achieved_rate']:,.0f} rows/s (see above)."),
+    ]
+    if r["ingest_errors"]:
+        lines += ["", f"Ingest errors: {r['ingest_errors'][:3]}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=50_000, help="target ingested rows per second")
+    parser.add_argument("--batch", type=int, default=5_000, help="rows per ingested batch")
+    parser.add_argument("--seconds", type=float, default=20, help="per measurement")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    command = (f"python -m bench.flight --rows {args.rows} --rate {args.rate:.0f} --batch {args.batch} "
+               f"--seconds {args.seconds:g}")
+    result = run(args.rows, args.rate, args.batch, args.seconds)
+    text = report(result, command)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "flight.md").write_text(text)
+    (out / "flight.json").write_text(json.dumps(result, indent=2))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""``ivm serve``: run the Flight SQL server until SIGTERM or SIGINT.
+
+Prints one line ``ivm: serving Arrow Flight SQL on grpc://HOST:PORT`` when
+ready (``--port 0`` picks a free port; the line tells which), then a snippet
+showing how to connect. On SIGTERM/SIGINT it stops accepting calls, ends live
+subscriptions, lets in-flight calls finish and closes the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.flight as fl
+
+import ivm
+from flight_server.errors import quiet_tracebacks
+from flight_server.server import IvmFlightServer
+
+log = logging.getLogger("ivm.flight")
+
+
+def open_database(data: str | None, demo: bool) -> ivm.Database:
+    db = ivm.connect(data) if data is not None else ivm.connect()
+    if demo:
+        from ivm.demo import setup
+
+        try:
+            setup(db, rows=200, rng=random.Random(7))
+        except ivm.CatalogError as e:  # a durable database that already holds the demo
+            log.warning("demo not loaded: %s", e)
+    return db
+
+
+def tls_pair(cert: str | None, key: str | None) -> list[fl.CertKeyPair]:
+    if (cert is None) != (key is None):
+        raise SystemExit("ivm serve: --tls-cert and --tls-key go together")
+    if cert is None:
+        return []
+    return [fl.CertKeyPair(cert=Path(cert).read_bytes(), key=Path(key).read_bytes())]
+
+
+def snippet(uri: str, token: str | None) -> str:
+    auth = f', db_kwargs={{"username": "ivm", "password": "<token>"}}' if token else ""
+    return (
+        "connect with ADBC (pip install adbc-driver-flightsql):\n"
+        "    import adbc_driver_flightsql.dbapi as flight_sql\n"
+        f'    with flight_sql.connect("{uri}"{auth}, autocommit=True) as conn, conn.cursor() as cur:\n'
+        '        cur.execute("SELECT * FROM region_sales")\n'
+        "        print(cur.fetch_arrow_table())"
+    )
+
+
+def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_cert: str | None,
+          tls_key: str | None, demo: bool) -> int:
+    logging.basicConfig(level=logging.INFO, format="ivm: %(message)s", stream=sys.stderr)
+    quiet_tracebacks()
+    tls = tls_pair(tls_cert, tls_key)
+    try:
+        db = open_database(data, demo)
+    except ivm.IvmError as e:
+        print(f"ivm serve: {e}", file=sys.stderr)
+        return 1
+    scheme = "grpc+tls" if tls else "grpc"
+    try:
+        server = IvmFlightServer(db, f"{scheme}://{host}:{port}", auth_token=auth_token, tls_certificates=tls)
+    except Exception as e:  # noqa: BLE001 (e.g. the port is taken)
+        db.close()
+        print(f"ivm serve: cannot listen on {host}:{port}: {e}", file=sys.stderr)
+        return 1
+    uri = f"{scheme}://{host}:{server.port}"
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"ivm: serving Arrow Flight SQL on {uri}", flush=True)
+    print(snippet(uri, auth_token), file=sys.stderr, flush=True)
+    while not stop.wait(0.5):
+        pass
+    log.info("shutting down")
+    server.stop()
+    db.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,330 @@
+"""The Arrow Flight SQL server: a protocol codec over ``ivm.Database``.
+
+Flight SQL (what the ADBC and JDBC drivers speak):
+
+* ``CreatePreparedStatement`` -> a handle; queries say their schema, DDL and
+  DML say ``is_update``. A parameterless query runs right away (its result is
+  reused by the execution that follows when nothing was published between).
+* ``DoPut(CommandPreparedStatementUpdate | CommandStatementUpdate)`` runs
+  statements and answers one ``DoPutUpdateResult`` with the rows affected;
+  ``DoPut(CommandPreparedStatementQuery)`` binds parameters;
+  ``DoPut(CommandStatementIngest)`` (``adbc_ingest``) appends a change batch.
+* ``GetFlightInfo(query or catalog command)`` runs it on one snapshot and
+  returns one endpoint whose ticket fetches the result once; the offset the
+  result reflects is in the FlightInfo's app metadata (``{"offset": N}``) and
+  in schema metadata ``ivm.offset``.
+
+Plain Flight: ``FlightDescriptor.for_path(name)`` reads a table or view the
+same way; ``list_flights`` lists them; ``DoPut`` on a path appends a change
+batch and answers ``{"offset": N, "rows": n}``; ``DoGet`` also takes the
+tickets ``{"read": name}`` and ``{"subscribe": view, ...}`` (see
+subscriptions.py).
+
+Reads never take the engine's write lock; handlers run on pyarrow's threads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+import ivm
+from flight_server import metadata, params, protocol
+from flight_server.auth import Handshake, TokenAuth
+from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated
+from flight_server.sessions import Bounded, Lru, Prepared
+from flight_server.subscriptions import Subscription, open_stream
+
+OFFSET_KEY = b"ivm.offset"
+INGEST_UNSUPPORTED = (
+    "adbc_ingest mode {mode!r} is not supported: create the table with CREATE TABLE (with its PRIMARY KEY), "
+    "then ingest with mode='append'"
+)
+TRANSACTIONS_UNSUPPORTED = "transactions are not supported: every statement commits on its own (use autocommit=True)"
+ACTIONS = {
+    "CreatePreparedStatement": "prepare a SQL statement (Flight SQL)",
+    "ClosePreparedStatement": "close a prepared statement (Flight SQL)",
+    "CloseSession": "end the session (nothing to clean up)",
+}
+
+
+class IvmFlightServer(fl.FlightServerBase):
+    def __init__(self, db: ivm.Database, location: str, *, auth_token: str | None = None,
+                 tls_certificates: list[fl.CertKeyPair] | None = None, results_limit: int = 1024,
+                 results_ttl: float = 300.0, results_budget: int = 1 << 30, **kwargs: Any):
+        middleware = dict(kwargs.pop("middleware", {}))
+        if auth_token:
+            middleware["auth"] = TokenAuth(auth_token)
+        super().__init__(location, auth_handler=Handshake() if auth_token else None, middleware=middleware,
+                         tls_certificates=tls_certificates or [], **kwargs)
+        self.db = db
+        # Results waiting for their DoGet: bounded in number, age and bytes.
+        self.results: Bounded[pa.Table] = Bounded("result", results_limit, results_ttl, results_budget,
+                                                  lambda table: table.nbytes)
+        self.statements: Bounded[Prepared] = Bounded("prepared statement", 4096)
+        self.stopping = threading.Event()  # ends live subscriptions on shutdown
+        self._shapes: Lru[str, tuple[int, bool]] = Lru(1024)
+        self._schemas: Lru[tuple[str, int], bytes] = Lru(1024)
+
+    def stop(self) -> None:
+        """Stop: end subscriptions, finish in-flight calls, then return."""
+        self.stopping.set()
+        self.shutdown()
+
+    # --- results ------------------------------------------------------------------------
+    def _info(self, table: pa.Table, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        """Keep ``table`` for one DoGet and describe it."""
+        handle = self.results.add(table)
+        ticket = fl.Ticket(json.dumps({"result": handle.hex()}).encode())
+        offset = (table.schema.metadata or {}).get(OFFSET_KEY)
+        offset = int(offset) if offset is not None else self.db.offset
+        return fl.FlightInfo(table.schema, descriptor, [fl.FlightEndpoint(ticket, [])], table.num_rows,
+                             table.nbytes, app_metadata=json.dumps({"offset": offset}).encode())
+
+    def _read(self, name: str) -> pa.Table:
+        return self.db.sql(f"SELECT * FROM {_quote(name)}")
+
+    # --- Flight: discovery -----------------------------------------------------------------
+    @translated
+    def list_flights(self, context: fl.ServerCallContext, criteria: bytes) -> Iterator[fl.FlightInfo]:
+        infos = []
+        for info in self.db.objects():
+            ticket = fl.Ticket(json.dumps({"read": info.name}).encode())
+            infos.append(fl.FlightInfo(info.schema, fl.FlightDescriptor.for_path(info.name),
+                                       [fl.FlightEndpoint(ticket, [])], -1, -1,
+                                       app_metadata=json.dumps({"kind": info.kind}).encode()))
+        return iter(infos)
+
+    @translated
+    def get_flight_info(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            return self._info(self._read(_path_name(descriptor)), descriptor)
+        name, command = protocol.unpack(descriptor.command)
+        return self._info(self._command_result(name, command), descriptor)
+
+    def _command_result(self, name: str, command: dict) -> pa.Table:
+        if name == "CommandStatementQuery":
+            return self.db.sql(_text(command.get("query")))
+        if name == "CommandPreparedStatementQuery":
+            return self._execute_prepared(self.statements.get(command.get("prepared_statement_handle", b"")))
+        if name == "CommandGetSqlInfo":
+            return metadata.sql_info(command.get("info", []))
+        if name == "CommandGetCatalogs":
+            return metadata.catalogs()
+        if name == "CommandGetDbSchemas":
+            return metadata.db_schemas(command.get("catalog"), command.get("db_schema_filter_pattern"))
+        if name == "CommandGetTables":
+            return metadata.tables(self.db, command)
+        if name == "CommandGetTableTypes":
+            return metadata.table_types()
+        if name == "CommandGetPrimaryKeys":
+            return metadata.primary_keys(self.db, command)
+        raise Unimplemented(f"Flight SQL command {name} is not supported")
+
+    @translated
+    def get_schema(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor) -> fl.SchemaResult:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            wanted = _path_name(descriptor).lower()
+            for info in self.db.objects():
+                if info.name == wanted:
+                    return fl.SchemaResult(info.schema)
+            raise NotFound(f"table or view {wanted} does not exist")
+        name, command = protocol.unpack(descriptor.command)
+        if name == "CommandStatementQuery":
+            return fl.SchemaResult(self.db.result_schema(_text(command.get("query"))))
+        raise Unimplemented(f"GetSchema of {name} is not supported")
+
+    # --- Flight: DoGet -------------------------------------------------------------------------
+    @translated
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.FlightDataStream:
+        request = _ticket(ticket.ticket)
+        if "result" in request:
+            try:
+                handle = bytes.fromhex(str(request["result"]))
+            except ValueError:
+                raise InvalidArgument("malformed result ticket") from None
+            return fl.RecordBatchStream(self.results.take(handle))
+        if "read" in request:
+            return fl.RecordBatchStream(self._read(str(request["read"])))
+        if "subscribe" in request:
+            return open_stream(self.db, Subscription.from_ticket(request), self.stopping)
+        raise InvalidArgument('unknown ticket: expected {"result": ...}, {"read": "<name>"} or {"subscribe": "<view>"}')
+
+    # --- Flight: DoPut ---------------------------------------------------------------------------
+    @translated
+    def do_put(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor,
+               reader: fl.MetadataRecordBatchReader, writer: fl.FlightMetadataWriter) -> None:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+            data = reader.read_all()
+            offset = self.db.apply_changes(_path_name(descriptor), data)
+            writer.write(json.dumps({"offset": offset, "rows": data.num_rows}).encode())
+            return
+        name, command = protocol.unpack(descriptor.command)
+        if name == "CommandStatementUpdate":  # executescript sends no data stream at all
+            count = self.db.execute(_text(command.get("query")))
+            writer.write(protocol.encode("DoPutUpdateResult", record_count=count))
+        elif name == "CommandPreparedStatementUpdate":
+            statement = self.statements.get(command.get("prepared_statement_handle", b""))
+            count = self._update_prepared(statement, reader.read_all())
+            writer.write(protocol.encode("DoPutUpdateResult", record_count=count))
+        elif name == "CommandPreparedStatementQuery":
+            handle = command.get("prepared_statement_handle", b"")
+            self._bind(self.statements.get(handle), reader.read_all())
+            writer.write(protocol.encode("DoPutPreparedStatementResult", prepared_statement_handle=handle))
+        elif name == "CommandStatementIngest":
+            rows = self._ingest(command, reader.read_all())
+            writer.write(protocol.encode("DoPutUpdateResult", record_count=rows))
+        else:
+            raise Unimplemented(f"DoPut of Flight SQL command {name} is not supported")
+
+    def _ingest(self, command: dict, data: pa.Table) -> int:
+        options = command.get("table_definition_options", {})
+        if_missing = protocol.IF_NOT_EXIST.get(options.get("if_not_exist", 0), "?")
+        if_exists = protocol.IF_EXISTS.get(options.get("if_exists", 0), "?")
+        mode = {("fail", "append"): "append", ("create", "fail"): "create", ("create", "replace"): "replace",
+                ("create", "append"): "create_append"}.get((if_missing, if_exists), f"{if_missing}/{if_exists}")
+        if if_exists != "append":
+            raise Unimplemented(INGEST_UNSUPPORTED.format(mode=mode))
+        if command.get("temporary"):
+            raise Unimplemented("adbc_ingest into a temporary table is not supported")
+        if command.get("catalog") not in (None, metadata.CATALOG) or command.get("schema") not in (None, metadata.SCHEMA):
+            raise NotFound(f"catalog/schema {command.get('catalog')}.{command.get('schema')} does not exist "
+                           f"(ivm has {metadata.CATALOG}.{metadata.SCHEMA})")
+        table = command.get("table", "")
+        if not table:
+            raise InvalidArgument("adbc_ingest needs a table name")
+        try:
+            self.db.apply_changes(table, data)
+        except ivm.UnknownObjectError:
+            if if_missing == "create":  # create_append of a new table
+                raise Unimplemented(INGEST_UNSUPPORTED.format(mode=mode)) from None
+            raise
+        return data.num_rows
+
+    # --- prepared statements -------------------------------------------------------------------
+    @translated
+    def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> list[fl.Result]:
+        kind = action.type
+        if kind == "CreatePreparedStatement":
+            _, request = protocol.unpack(action.body.to_pybytes())
+            return [fl.Result(self._prepare(_text(request.get("query"))))]
+        if kind == "ClosePreparedStatement":
+            _, request = protocol.unpack(action.body.to_pybytes())
+            self.statements.discard(request.get("prepared_statement_handle", b""))
+            return []
+        if kind == "CloseSession":
+            return []
+        if kind in ("BeginTransaction", "EndTransaction", "BeginSavepoint", "EndSavepoint"):
+            raise Unimplemented(TRANSACTIONS_UNSUPPORTED)
+        raise Unimplemented(f"action {kind} is not supported")
+
+    def list_actions(self, context: fl.ServerCallContext) -> list[tuple[str, str]]:
+        return list(ACTIONS.items())
+
+    def _prepare(self, sql: str) -> bytes:
+        count, is_query = self._shape(sql)
+        statement = Prepared(sql, count, is_query)
+        fields: dict[str, Any] = {"is_update": not is_query}
+        if statement.is_query and count == 0:
+            version = self.db.version
+            result = self.db.sql(sql)
+            # Kept in the (byte-bounded) result store; evicted means run again.
+            statement.cached = (version, self.results.add(result))
+            fields["dataset_schema"] = result.schema.serialize().to_pybytes()
+        elif statement.is_query:
+            fields["dataset_schema"] = self._parameterized_schema(sql, count)
+        if count:
+            schema = pa.schema([pa.field(str(i), pa.null()) for i in range(count)])
+            fields["parameter_schema"] = schema.serialize().to_pybytes()
+        handle = self.statements.add(statement)
+        return protocol.pack("ActionCreatePreparedStatementResult", prepared_statement_handle=handle, **fields)
+
+    def _shape(self, sql: str) -> tuple[int, bool]:
+        """(parameters, is a query) of a SQL text: parsed once per distinct text."""
+        shape = self._shapes.get(sql)
+        if shape is None:
+            shape = self._shapes.put(sql, (params.count(sql), self.db.is_query(sql)))
+        return shape
+
+    def _parameterized_schema(self, sql: str, count: int) -> bytes | None:
+        """The result schema of a query with parameters (typed as if NULL), cached per catalog version."""
+        key = (sql, self.db.catalog_version)
+        schema = self._schemas.get(key)
+        if schema is None:
+            nulls = pa.record_batch([pa.nulls(1)] * count, names=[str(i) for i in range(count)])
+            try:
+                schema = self.db.result_schema(params.bind(sql, nulls, 0)).serialize().to_pybytes()
+            except ivm.IvmError:
+                schema = b""  # known when it runs; errors are reported then
+            self._schemas.put(key, schema)
+        return schema or None
+
+    def _bind(self, statement: Prepared, values: pa.Table) -> None:
+        if values.num_columns != statement.parameters:
+            raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s), "
+                                  f"{values.num_columns} were bound")
+        with statement.lock:
+            statement.bound = values.combine_chunks().to_batches()[0] if values.num_rows else None
+            statement.cached = None
+
+    def _execute_prepared(self, statement: Prepared) -> pa.Table:
+        with statement.lock:
+            cached, statement.cached = statement.cached, None
+            bound = statement.bound
+        if cached is not None:
+            version, handle = cached
+            try:
+                result = self.results.take(handle)
+            except NotFound:
+                result = None
+            if result is not None and version == self.db.version:
+                return result
+        if statement.parameters == 0:
+            return self.db.sql(statement.sql)
+        if bound is None:
+            raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s); none were bound")
+        if bound.num_rows != 1:
+            raise InvalidArgument(f"a query takes one row of parameters, not {bound.num_rows}")
+        return self.db.sql(params.bind(statement.sql, bound, 0))
+
+    def _update_prepared(self, statement: Prepared, values: pa.Table) -> int:
+        if statement.parameters == 0:
+            return self.db.execute(statement.sql)
+        if values.num_columns != statement.parameters:
+            raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s), "
+                                  f"{values.num_columns} were bound")
+        # One INSERT for all rows when possible (atomic); otherwise each row
+        # runs as its own statement, in order.
+        texts = params.bind_rows(statement.sql, values.combine_chunks().to_batches()[0]) if values.num_rows else []
+        return sum(self.db.execute(text) for text in texts)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument("the command has no SQL text")
+    return value
+
+
+def _path_name(descriptor: fl.FlightDescriptor) -> str:
+    path = [p.decode("utf-8") if isinstance(p, bytes) else str(p) for p in descriptor.path]
+    if len(path) != 1 or not path[0]:
+        raise InvalidArgument(f"a path descriptor names one table or view, not {path}")
+    return path[0]
+
+
+def _ticket(raw: bytes) -> dict:
+    try:
+        request = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("not an ivm ticket (tickets are JSON objects)") from None
+    if not isinstance(request, dict):
+        raise InvalidArgument("not an ivm ticket (tickets are JSON objects)")
+    return request
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,126 @@
+"""Change subscriptions: a view's change stream over plain Flight ``DoGet``.
+
+Ticket (JSON)::
+
+    {"subscribe": "region_sales", "from": 0}       changes after offset 0, live
+    {"subscribe": "region_sales", "from": 0, "until": 40}   stop after offset 40
+    {"subscribe": "region_sales"}                   the view's rows now, then live
+
+Every batch has the view's columns, ``__weight`` (int64: +n rows added, -n
+removed) and ``__offset`` (int64: the batch that changed them). Batches end
+at offset boundaries, and each carries app metadata ``{"through": N}``: every
+change up to offset N has been sent, so a consumer that stops resumes with
+``"from": N`` (or from the last ``__offset`` it received). Without ``from``
+the stream starts with the view's current rows (weight 1 each, ``__offset``
+= the offset read), for consumers that have no state yet. When nothing
+changes, an empty batch with the current ``through`` arrives every
+``heartbeat`` seconds (default 1), which also notices departed clients.
+
+Slow consumers: the stream produces a batch only when gRPC has room for it,
+so a consumer that reads slowly holds one batch on the server; the history it
+reads from is bounded (storage/view_history.py), and a consumer that falls
+behind the retained history gets INVALID_ARGUMENT telling it to re-read the
+view.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+import ivm
+from flight_server.errors import InvalidArgument, translated_stream
+
+WEIGHT, OFFSET = "__weight", "__offset"
+CHUNK_ROWS = 65_536
+
+
+@dataclass
+class Subscription:
+    view: str
+    since: int | None  # None: start with the view's current rows
+    until: int | None = None
+    heartbeat: float = 1.0
+
+    @classmethod
+    def from_ticket(cls, ticket: dict) -> "Subscription":
+        view = ticket.get("subscribe")
+        if not isinstance(view, str) or not view:
+            raise InvalidArgument('a subscription ticket names a view: {"subscribe": "<view>", "from": <offset>}')
+        since, until, heartbeat = ticket.get("from"), ticket.get("until"), ticket.get("heartbeat", 1.0)
+        for name, value in (("from", since), ("until", until)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise InvalidArgument(f'"{name}" must be an offset (an integer >= 0), not {json.dumps(value)}')
+        if not isinstance(heartbeat, (int, float)) or not 0.05 <= heartbeat <= 60:
+            raise InvalidArgument('"heartbeat" must be a number of seconds between 0.05 and 60')
+        return cls(view.lower(), since, until, float(heartbeat))
+
+
+def open_stream(db: ivm.Database, sub: Subscription, stopping: threading.Event) -> fl.GeneratorStream:
+    """The stream for ``sub``; bad views and offsets fail here, before streaming."""
+    initial = None
+    since = sub.since
+    if since is None:
+        rows = db.sql(f"SELECT * FROM {_quote(sub.view)}")
+        since = int(rows.schema.metadata[b"ivm.offset"])
+        initial = rows
+    first = db.changes(sub.view, since)
+    schema = first.rows.schema
+    if initial is not None:
+        initial = _as_changes(initial, since, schema)
+    return fl.GeneratorStream(schema, translated_stream(_stream(db, sub, first, initial, stopping)))
+
+
+def _stream(db: ivm.Database, sub: Subscription, changes: Any, initial: pa.Table | None,
+            stopping: threading.Event) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    if initial is not None and initial.num_rows:
+        yield from _chunks(initial, int(initial.column(OFFSET)[0].as_py()))
+    while True:
+        if changes.rows.num_rows:
+            yield from _chunks(changes.rows, changes.through)
+        else:
+            yield _empty(changes.rows.schema), _through(changes.through)
+        if sub.until is not None and changes.through >= sub.until:
+            return
+        if stopping.is_set():
+            return
+        changes = db.changes(sub.view, changes.through, wait=sub.heartbeat)
+
+
+def _chunks(rows: pa.Table, through: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """Batches of about CHUNK_ROWS rows, each ending where an offset ends."""
+    offsets = rows.column(OFFSET).to_numpy()
+    start = 0
+    while start < rows.num_rows:
+        end = min(start + CHUNK_ROWS, rows.num_rows)
+        if end < rows.num_rows:  # extend to the end of the offset the chunk stops in
+            end = int(offsets.searchsorted(offsets[end - 1], side="right"))
+        done = through if end == rows.num_rows else int(offsets[end]) - 1
+        for batch in rows.slice(start, end - start).combine_chunks().to_batches():
+            yield batch, _through(done)
+        start = end
+
+
+def _as_changes(rows: pa.Table, offset: int, schema: pa.Schema) -> pa.Table:
+    n = rows.num_rows
+    table = rows.append_column(WEIGHT, pa.repeat(pa.scalar(1, pa.int64()), n))
+    table = table.append_column(OFFSET, pa.repeat(pa.scalar(offset, pa.int64()), n))
+    return table.replace_schema_metadata(None).cast(schema)
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _through(offset: int) -> bytes:
+    return json.dumps({"through": offset}).encode()
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+

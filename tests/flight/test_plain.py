@@ -1,0 +1,96 @@
+"""Plain Arrow Flight (``pyarrow.flight``) against a real ``ivm serve``."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from tests.flight.conftest import run_script
+
+
+def put(client: fl.FlightClient, table: str, data: pa.Table) -> dict:
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path(table), data.schema)
+    writer.write_table(data)
+    writer.done_writing()
+    ack = json.loads(reader.read().to_pybytes())
+    writer.close()
+    return ack
+
+
+@pytest.fixture(scope="module")
+def data(server):
+    run_script(
+        server.uri,
+        "CREATE TABLE ledger (id BIGINT PRIMARY KEY, amount BIGINT);"
+        "CREATE MATERIALIZED VIEW total AS SELECT SUM(amount) AS s FROM ledger;"
+        "CREATE MATERIALIZED VIEW entries AS SELECT COUNT(id) AS n FROM ledger;"
+        "CREATE MATERIALIZED VIEW big AS SELECT id, amount FROM ledger WHERE amount > 5"
+    )
+    return server
+
+
+def test_path_descriptor_reads_a_view_with_its_offset(data, client):
+    ack = put(client, "ledger", pa.table({"id": [1, 2, 3], "amount": [1, 7, 9]}))
+    assert ack == {"offset": ack["offset"], "rows": 3} and ack["offset"] >= 1
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("big"))
+    offset = json.loads(info.app_metadata)["offset"]
+    assert offset >= ack["offset"]
+    assert info.schema.metadata[b"ivm.offset"] == str(offset).encode()
+    assert info.total_records == 2 and len(info.endpoints) == 1
+    table = client.do_get(info.endpoints[0].ticket).read_all()
+    assert table.schema == info.schema
+    assert sorted(table.column("id").to_pylist()) == [2, 3]
+    with pytest.raises(KeyError, match="fetched once"):  # NOT_FOUND
+        client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_list_flights_lists_tables_and_views(data, client):
+    flights = {f.descriptor.path[0].decode(): f for f in client.list_flights()}
+    assert {"ledger", "total", "entries", "big"} <= set(flights)
+    assert json.loads(flights["ledger"].app_metadata) == {"kind": "table"}
+    assert json.loads(flights["big"].app_metadata) == {"kind": "view"}
+    assert flights["big"].schema.names == ["id", "amount"]
+    rows = client.do_get(flights["entries"].endpoints[0].ticket).read_all()
+    assert rows.column_names == ["n"] and b"ivm.offset" in rows.schema.metadata
+
+
+def test_get_schema_of_a_path(data, client):
+    assert client.get_schema(fl.FlightDescriptor.for_path("total")).schema.names == ["s"]
+
+
+def test_all_views_in_one_read_come_from_one_offset(data, server):
+    """While rows of amount 1 stream in, SUM and COUNT read together always agree."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with fl.connect(server.uri) as writer_client:
+                for i in range(60):
+                    put(writer_client, "ledger", pa.table({"id": [10_000 + 2 * i, 10_001 + 2 * i], "amount": [1, 1]}))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            stop.set()
+
+    with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT s - n FROM total, entries")
+        base_gap = cur.fetchall()[0][0]  # every streamed row adds 1 to both
+        writer = threading.Thread(target=write)
+        writer.start()
+        reads = 0
+        while not stop.is_set() or reads < 5:
+            cur.execute("SELECT total.s, entries.n, (SELECT COUNT(*) FROM ledger WHERE id >= 10000) AS streamed "
+                        "FROM total, entries")
+            table = cur.fetch_arrow_table()
+            s, n, streamed = table.to_pylist()[0].values()
+            assert s - n == base_gap, f"views from different offsets: s={s} n={n}"
+            assert n - streamed == 3 and b"ivm.offset" in table.schema.metadata
+            reads += 1
+        writer.join()
+    assert not errors
