@@ -24,8 +24,8 @@ from flight_server.server import IvmFlightServer
 log = logging.getLogger("ivm.flight")
 
 
-def open_database(data: str | None, demo: bool) -> ivm.Database:
-    db = ivm.connect(data) if data is not None else ivm.connect()
+def open_database(data: str | None, demo: bool, options: dict | None = None) -> ivm.Database:
+    db = ivm.connect(data, **(options or {}))
     if demo:
         from ivm.demo import setup
 
@@ -56,12 +56,12 @@ def snippet(uri: str, token: str | None) -> str:
 
 
 def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_cert: str | None,
-          tls_key: str | None, demo: bool) -> int:
+          tls_key: str | None, demo: bool, options: dict | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="ivm: %(message)s", stream=sys.stderr)
     quiet_tracebacks()
     tls = tls_pair(tls_cert, tls_key)
     try:
-        db = open_database(data, demo)
+        db = open_database(data, demo, options)
     except ivm.IvmError as e:
         print(f"ivm serve: {e}", file=sys.stderr)
         return 1

@@ -53,6 +53,7 @@ class ViewDef:
     programs: dict[tuple, Program] = field(default_factory=dict)
     # False: rows are computed on read from operator state (see reads_only_state)
     stored_output: bool = True
+    engine: str | None = None  # compute engine of this view (None: the database's setting)
 
     @property
     def columns(self) -> tuple[Column, ...]:

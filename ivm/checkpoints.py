@@ -53,7 +53,8 @@ def describe_catalog(catalog: Catalog) -> dict:
          "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()}}
         for t in catalog.tables.values()
     ]
-    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output}
+    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
+              "engine": v.engine}
              for v in catalog.views.values()]
     return {"tables": tables, "views": views}
 
@@ -73,6 +74,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     view = make_view(doc["name"], doc["sql"], plan)
     if doc["stored_output"] and not view.stored_output:
         view.store_output()
+    view.engine = doc.get("engine")
     return view
 
 

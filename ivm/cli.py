@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from ivm.engine_choice import ENGINES
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ivm", description="incremental materialized views")
@@ -33,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-cert", metavar="PEM", default=None, help="serve TLS with this certificate")
     serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
+    serve.add_argument("--engine", choices=ENGINES, default="duckdb",
+                       help="maintenance engine: duckdb (default), spark, or auto (Spark for large inputs)")
+    serve.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
+                       help="a Spark setting, e.g. spark.master=spark://127.0.0.1:7077 (repeatable)")
 
     args = parser.parse_args(argv)
     if args.command in ("status", "compact"):
@@ -40,13 +46,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from flight_server.main import serve as run_server
 
-        return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo)
+        options = {"engine": args.engine, "spark_conf": _spark_conf(parser, args.spark_conf)}
+        return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo,
+                          options)
     if args.command == "demo":
         from ivm.demo import run
 
         shell = sys.stdin.isatty() if args.shell is None else args.shell
         run(batches=args.batches, rows=args.rows, shell=shell)
     return 0
+
+
+def _spark_conf(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--spark-conf takes KEY=VALUE, got {item!r}")
+        conf[key.strip()] = value.strip()
+    return conf
 
 
 def _maintenance(args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ from ivm.changefeed import ViewChanges
 from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
+from ivm.engine_choice import check_engine, describe as describe_engine
 from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
@@ -241,8 +242,16 @@ class Database:
             result = self.compact()
             return 0, pa.table({k: [v] for k, v in result.items()})
         if isinstance(statement, SetOption):
-            raise UnsupportedError(f"unknown setting {statement.name}")
+            return self._set(statement), None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
+
+    def _set(self, stmt: SetOption) -> int:
+        if stmt.name != "ivm.engine":
+            raise UnsupportedError(f"unknown setting {stmt.name} (settable: ivm.engine)")
+        engine = check_engine(stmt.value, "ivm.engine")
+        with self._engine.write_lock:  # takes effect from the next maintenance step
+            self._engine.settings.engine = engine
+        return 0
 
     # --- DDL ------------------------------------------------------------------------
     def _create_table(self, stmt: CreateTable) -> int:
@@ -362,7 +371,14 @@ class Database:
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources
         }
-        return explain_view(view.name, view.plan, view.states, programs)
+        return explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view))
+
+    def _engine_text(self, stmt: Explain, view) -> str:
+        engine = self._engine
+        setting = (stmt.create.engine if stmt.create is not None else view.engine) or engine.settings.engine
+        text = describe_engine(setting, engine.settings.spark_rows)
+        used = engine.engine_used.get(view.name) if stmt.view is not None else None
+        return f"{text}; last step ran on {used}" if used else text
 
     def _show(self, stmt: Show) -> pa.Table:
         engine = self._engine
@@ -406,7 +422,10 @@ def _is_moving_update(batch: pa.Table) -> bool:
 def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     """Open a database: in memory when ``path`` is None, else durable in that directory.
 
-    Options (see ``ivm.engine.Settings``): threads; for durable databases
+    Options (see ``ivm.engine.Settings``): threads; engine ("duckdb",
+    "spark" or "auto", see ivm/engine_choice.py), spark_conf (Spark settings
+    passed through, e.g. {"spark.master": "spark://127.0.0.1:7077"}), spark_rows
+    (the "auto" threshold); for durable databases
     fold_rows, fold_delay, checkpoint_rows, checkpoint_seconds,
     log_retention_seconds, segment_bytes.
     """

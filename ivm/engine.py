@@ -34,7 +34,8 @@ from ivm import duck
 from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
-from ivm.executor import Executor, RowChanges
+from ivm.engine_choice import SPARK_ROWS, check_engine, choose
+from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -55,6 +56,11 @@ class Settings:
     checkpoint_seconds: float = 60.0  # ... or the age of the oldest change not stored
     log_retention_seconds: float | None = 0.0  # keep checkpointed log segments this long (None: forever)
     segment_bytes: int = 64 << 20  # change-log segment size
+    # Compute engine for maintenance (ivm/engine_choice.py): "duckdb", "spark" or "auto".
+    engine: str = "duckdb"
+    # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/spark/session.py).
+    spark_conf: dict | None = None
+    spark_rows: int = SPARK_ROWS  # "auto" runs a step on Spark from this many rows of input
 
 
 def check_name(name: str, what: str) -> None:
@@ -86,11 +92,29 @@ class Worker:
         self.executor = Executor(connection, self.coder)
         self.normalizer = ChangeNormalizer(self.runner)
         self.applier = ChangeApplier(self.runner, self.coder)
+        self._spark = None  # a SparkExecutor, created on first use
+
+    def spark(self, conf: dict | None) -> StepRunner:
+        if self._spark is None:
+            from ivm.spark.executor import SparkExecutor
+            from ivm.spark.session import session
+
+            self._spark = SparkExecutor(session(conf), self.coder)
+        return self._spark
+
+    def close(self) -> None:
+        if self._spark is not None:
+            self._spark.frames.clear()
 
 
 class Engine:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings()
+        self.settings.engine = check_engine(self.settings.engine)
+        if self.settings.spark_conf:
+            from ivm.spark.session import check_conf
+
+            check_conf(self.settings.spark_conf)
         config = {"threads": self.settings.threads} if self.settings.threads else {}
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
@@ -109,6 +133,8 @@ class Engine:
         self.offset = 0
         self.closed = False
         self.producers = Producers()
+        # The engine that ran each view's last maintenance step ("duckdb"/"spark").
+        self.engine_used: dict[str, str] = {}
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
@@ -124,6 +150,8 @@ class Engine:
         self.history.close()
         self.reader.close()
         self.binder.close()
+        self.large.close()
+        self.small.close()
         self._small_db.close()
         self.duck.close()
 
@@ -201,6 +229,7 @@ class Engine:
             check_name(stmt.name, "view")
             plan = plan_view(stmt.query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
+            view.engine = stmt.engine
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -267,8 +296,21 @@ class Engine:
         program = view.program(sources, sources, initial=True)
         snapshot = self._ensure_indexes(program, snapshot, self.large)
         inputs = {delta_input(s): snapshot[s].table() for s in sources}
-        _, changes = self.large.executor.run(program, inputs, snapshot, label=f"view {view.name}")
+        executor = self.executor_for(view, program, sum(t.num_rows for t in inputs.values()), snapshot, self.large)
+        _, changes = executor.run(program, inputs, snapshot, label=f"view {view.name}")
         return snapshot.with_changes(self._commit(changes, snapshot, self.large))
+
+    # --- engine choice ------------------------------------------------------------------
+    def engine_setting(self, view: ViewDef) -> str:
+        """The view's own engine setting, else the database's."""
+        return view.engine or self.settings.engine
+
+    def executor_for(self, view: ViewDef, program: Program, delta_rows: int, snapshot: Snapshot,
+                     worker: Worker) -> StepRunner:
+        """The executor that runs this step of ``view`` (see ivm/engine_choice.py)."""
+        engine = choose(self.engine_setting(view), program, delta_rows, snapshot, self.settings.spark_rows)
+        self.engine_used[view.name] = engine
+        return worker.spark(self.settings.spark_conf) if engine == "spark" else worker.executor
 
     def drop(self, stmt: Drop) -> bool:
         with self.write_lock:
@@ -372,16 +414,26 @@ class Engine:
             try:
                 snapshot = self._ensure_indexes(program, snapshot, worker)
                 inputs = {delta_input(s): deltas[s] for s in changed}
-                temps, changes = worker.executor.run(program, inputs, snapshot, label=f"view {name}")
+                executor = self.executor_for(view, program, sum(t.num_rows for t in inputs.values()), snapshot, worker)
+                temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
             except Exception as e:
                 if not isolate:
                     raise
                 self.failed[name] = f"{type(e).__name__}: {e}"
                 continue
             if program.output is not None:
-                deltas[name] = temps[program.output]
+                deltas[name] = self._as_view_delta(view, temps[program.output], snapshot)
             all_changes.extend(changes)
         return snapshot.with_changes(self._commit(all_changes, snapshot, worker))
+
+    def _as_view_delta(self, view: ViewDef, delta: pa.Table, snapshot: Snapshot) -> pa.Table:
+        """The delta in the view's own column types (Spark's may differ: BIGINT for HUGEINT...)."""
+        if not view.stored_output or view.name not in snapshot:
+            return delta
+        schema = snapshot[view.name].schema
+        if delta.schema.equals(schema) or delta.schema.names != schema.names:
+            return delta
+        return delta.cast(schema)
 
     def _skip_failed(self, view: ViewDef) -> bool:
         if view.name in self.failed:

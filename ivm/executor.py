@@ -65,40 +65,40 @@ def duckdb_message(error: Exception) -> str:
     return str(error).strip().split("\n\nLINE")[0].split("\nLINE")[0].strip()
 
 
-class Executor:
-    """One per thread: owns a DuckDB cursor and a key coder."""
+class StepRunner:
+    """Runs a program's steps over Arrow temporaries; subclasses run its queries.
 
-    _ids = itertools.count()
+    Everything but a Query is engine-neutral (lookups in the relations' numpy
+    indexes, stacks in Arrow, loops, the Replace bookkeeping), so every engine
+    shares it and differs only in how it runs a Query (``_query``).
+    """
 
-    def __init__(self, connection: duckdb.DuckDBPyConnection, coder: KeyCoder):
-        self.con = connection
+    engine = "?"
+
+    def __init__(self, coder: KeyCoder):
         self.coder = coder
-        # Keyed by id(step), holding the step itself: a freed step's id can be
-        # reused by a new step (programs are recompiled), which must never find
-        # the old step's prepared statement.
-        self._steps: dict[int, tuple[Query, StepState]] = {}
-
-    def _state(self, step: Query) -> StepState:
-        entry = self._steps.get(id(step))
-        if entry is None or entry[0] is not step:
-            names = frozenset(t.name for t in step.sql.find_all(exp.Table))
-            entry = self._steps[id(step)] = (step, StepState(render(step.sql, DIALECT), names))
-        return entry[1]
 
     def run(
         self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = ""
     ) -> tuple[dict[str, pa.Table], list[RowChanges]]:
         temps: dict[str, pa.Table] = dict(inputs)
-        # Plain registrations of one-off runs, with the data each name holds (a
-        # loop gives a name new data every round).
+        # What one run registered with the engine, with the data each name
+        # holds (a loop gives a name new data every round).
         registered: dict[str, pa.Table] = {}
         try:
             self._steps_run(program.steps, temps, snapshot, registered, label)
         finally:
-            for name in registered:
-                self.con.unregister(name)
+            self._release(registered)
         changes = [self._changes(r, temps) for r in program.replaces]
         return temps, [c for c in changes if c is not None]
+
+    def _release(self, registered: dict[str, pa.Table]) -> None:
+        """Drop what one run registered with the engine."""
+
+    def _query(
+        self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table], label: str
+    ) -> pa.Table:
+        raise NotImplementedError
 
     def _steps_run(self, steps: list[Step], temps: dict[str, pa.Table], snapshot: Snapshot,
                    registered: dict[str, pa.Table], label: str) -> None:
@@ -162,6 +162,64 @@ class Executor:
             return snapshot[name[len(SCAN_PREFIX):]].table()
         return None  # a CTE name, or not ours: DuckDB resolves or reports it
 
+    @staticmethod
+    def _stack(step: Stack, temps: dict[str, pa.Table]) -> pa.Table:
+        source = temps[step.source]
+        parts = []
+        for filter_column, weight, columns in step.parts:
+            rows = source.filter(source.column(filter_column)) if source.num_rows else source
+            data = {out: rows.column(src) for out, src in columns}
+            data[WEIGHT] = pa.array(np.full(rows.num_rows, weight, np.int64))  # also for no columns
+            parts.append(pa.table(data))
+        return pa.concat_tables(parts)
+
+    def _changes(self, replace: Replace, temps: dict[str, pa.Table]) -> RowChanges | None:
+        runs = np.empty(0, np.int32)
+        rows = np.empty(0, np.int64)
+        if replace.deletes is not None:
+            deleted = temps[replace.deletes]
+            if deleted.num_rows:
+                valid = pc.is_valid(deleted.column(RUN))
+                found = deleted.filter(valid)
+                runs = found.column(RUN).to_numpy()
+                rows = found.column(POS).to_numpy()
+        inserts = None
+        if replace.inserts is not None:
+            inserts = temps[replace.inserts]
+            if replace.nonnegative and inserts.num_rows and pc.min(inserts.column(WEIGHT)).as_py() < 0:
+                raise InternalError(f"relation {replace.relation} would hold a row a negative number of times")
+            if replace.keep is not None and inserts.num_rows:
+                inserts = inserts.filter(inserts.column(replace.keep))
+        if not len(runs) and (inserts is None or inserts.num_rows == 0):
+            return None
+        return RowChanges(replace.relation, runs, rows, inserts)
+
+
+class Executor(StepRunner):
+    """One per thread: owns a DuckDB cursor and a key coder."""
+
+    engine = "duckdb"
+    _ids = itertools.count()
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, coder: KeyCoder):
+        super().__init__(coder)
+        self.con = connection
+        # Keyed by id(step), holding the step itself: a freed step's id can be
+        # reused by a new step (programs are recompiled), which must never find
+        # the old step's prepared statement.
+        self._steps: dict[int, tuple[Query, StepState]] = {}
+
+    def _release(self, registered: dict[str, pa.Table]) -> None:
+        for name in registered:
+            self.con.unregister(name)
+
+    def _state(self, step: Query) -> StepState:
+        entry = self._steps.get(id(step))
+        if entry is None or entry[0] is not step:
+            names = frozenset(t.name for t in step.sql.find_all(exp.Table))
+            entry = self._steps[id(step)] = (step, StepState(render(step.sql, DIALECT), names))
+        return entry[1]
+
     def _execute(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table]) -> pa.Table:
         state = self._state(step)
         state.runs += 1
@@ -219,34 +277,3 @@ class Executor:
             state.empty = result.schema
         return result
 
-    @staticmethod
-    def _stack(step: Stack, temps: dict[str, pa.Table]) -> pa.Table:
-        source = temps[step.source]
-        parts = []
-        for filter_column, weight, columns in step.parts:
-            rows = source.filter(source.column(filter_column)) if source.num_rows else source
-            data = {out: rows.column(src) for out, src in columns}
-            data[WEIGHT] = pa.array(np.full(rows.num_rows, weight, np.int64))  # also for no columns
-            parts.append(pa.table(data))
-        return pa.concat_tables(parts)
-
-    def _changes(self, replace: Replace, temps: dict[str, pa.Table]) -> RowChanges | None:
-        runs = np.empty(0, np.int32)
-        rows = np.empty(0, np.int64)
-        if replace.deletes is not None:
-            deleted = temps[replace.deletes]
-            if deleted.num_rows:
-                valid = pc.is_valid(deleted.column(RUN))
-                found = deleted.filter(valid)
-                runs = found.column(RUN).to_numpy()
-                rows = found.column(POS).to_numpy()
-        inserts = None
-        if replace.inserts is not None:
-            inserts = temps[replace.inserts]
-            if replace.nonnegative and inserts.num_rows and pc.min(inserts.column(WEIGHT)).as_py() < 0:
-                raise InternalError(f"relation {replace.relation} would hold a row a negative number of times")
-            if replace.keep is not None and inserts.num_rows:
-                inserts = inserts.filter(inserts.column(replace.keep))
-        if not len(runs) and (inserts is None or inserts.num_rows == 0):
-            return None
-        return RowChanges(replace.relation, runs, rows, inserts)

@@ -25,7 +25,7 @@ COLUMNS = [
     ("name", pa.string()), ("kind", pa.string()), ("rows", pa.int64()), ("stored_offset", pa.int64()),
     ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
     ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
-    ("status", pa.string()),
+    ("status", pa.string()), ("engine", pa.string()),
 ]
 
 
@@ -69,9 +69,12 @@ def engine_status(engine: "Engine") -> dict:
                 "stored_bytes": engine.checkpointer.stored_bytes(relation) if durable else None,
                 "buffer_rows": sum(queued.get(t, 0) for t in tables),
                 "status": "failed: " + engine.failed[name] if name in engine.failed else "ok",
+                # the engine that ran the view's last maintenance step (None: tables, or not run yet)
+                "engine": engine.engine_used.get(name) if view is not None and relation == name else None,
             })
     facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
-             "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations}
+             "published_offset": snapshot.offset, "stored_offset": stored_offset,
+             "engine": engine.settings.engine, "relations": relations}
     if durable:
         facts.update({
             "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},

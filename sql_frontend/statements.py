@@ -50,6 +50,7 @@ class CreateView:
     sql: str
     column_names: tuple[str, ...] | None = None
     if_not_exists: bool = False
+    engine: str | None = None  # WITH (engine = 'spark'|'duckdb'|'auto'); None: the database's setting
 
 
 @dataclass
@@ -310,7 +311,28 @@ def _create_view(tree: exp.Create) -> CreateView:
         sql=query.sql(DIALECT),
         column_names=column_names,
         if_not_exists=bool(tree.args.get("exists")),
+        engine=_view_engine(tree),
     )
+
+
+VIEW_ENGINES = ("auto", "duckdb", "spark")
+
+
+def _view_engine(tree: exp.Create) -> str | None:
+    """The ``WITH (engine = '...')`` option of CREATE MATERIALIZED VIEW; other options are refused."""
+    properties = tree.args.get("properties")
+    engine = None
+    for prop in properties.expressions if properties is not None else []:
+        if isinstance(prop, exp.MaterializedProperty):
+            continue
+        if isinstance(prop, exp.EngineProperty):
+            value = prop.this.name.lower() if isinstance(prop.this, (exp.Literal, exp.Identifier, exp.Var)) else ""
+            if value not in VIEW_ENGINES:
+                raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {prop.this.sql(DIALECT)}")
+            engine = value
+            continue
+        raise UnsupportedError(f"materialized view option {prop.sql(DIALECT)} is not supported (only engine = ...)")
+    return engine
 
 
 def _drop(tree: exp.Drop) -> Drop:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -25,3 +26,22 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# One SparkSession for the whole test session (Spark allows one per process):
+# two local cores and two shuffle partitions keep the Spark suites small.
+SPARK_TEST_CONF = {
+    "spark.master": "local[2]",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "1g",
+}
+
+
+@pytest.fixture(scope="session")
+def spark_conf():
+    """Settings for ``ivm.connect(engine="spark", spark_conf=...)``; starts the session once."""
+    from ivm.spark.session import session
+
+    session(SPARK_TEST_CONF)
+    return dict(SPARK_TEST_CONF)

@@ -1,0 +1,111 @@
+"""Render a delta program's sqlglot trees as Spark SQL.
+
+Programs are built once as sqlglot trees in DuckDB's dialect. sqlglot's Spark
+generator handles the syntax (quoting, types,
+``UNNEST(GENERATE_SERIES(...))`` -> ``LATERAL VIEW EXPLODE(SEQUENCE(...))``).
+What it cannot know is where the two engines *mean* different things;
+those are the named rewrites below, applied to a copy of the tree before
+rendering (the ibis order: syntax -> dialect, meaning -> a named rewrite):
+
+* ``divide``: DuckDB's ``/`` is floating-point division (also of integers and
+  decimals) and gives ±inf/NaN for a zero divisor; Spark's ANSI ``/`` raises.
+* ``cast_rounds``: DuckDB rounds (half away from zero) when it casts a
+  fractional value to an integer type; Spark truncates.
+* ``isfinite``: a DuckDB function Spark lacks (spelled with ISNAN and ±inf).
+* ``types``: HUGEINT is DECIMAL(38,0) on Spark; unsigned, UUID, JSON, TIME,
+  bit, enum and union types have no Spark counterpart and raise
+  UnsupportedError naming the type.
+
+sqlglot is asked to raise rather than warn on anything it cannot transpile,
+and that too becomes an UnsupportedError naming the construct. Functions
+neither engine layer knows are reported by Spark's analyzer; the executor
+turns that into an UnsupportedError naming the function.
+
+>>> import sqlglot
+>>> to_spark(sqlglot.parse_one('SELECT CAST("a" AS INTEGER) AS "x", "a" / 2 AS "h" FROM "t"', dialect="duckdb"))
+"SELECT CAST(ROUND(`a`) AS INT) AS `x`, CASE WHEN CAST(2 AS DOUBLE) = 0 THEN CAST(`a` AS DOUBLE) * CAST('inf' AS DOUBLE) ELSE CAST(`a` AS DOUBLE) / CAST(2 AS DOUBLE) END AS `h` FROM `t`"
+"""
+
+from __future__ import annotations
+
+from sqlglot import ErrorLevel, exp
+from sqlglot.errors import UnsupportedError as SqlglotUnsupported
+
+from sql_frontend.errors import UnsupportedError
+from sql_frontend.plan_sql import parenthesize
+
+DIALECT = "spark"
+
+INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
+                 exp.DataType.Type.BIGINT}
+HUGE = {exp.DataType.Type.INT128}
+NO_SPARK_TYPE = {
+    exp.DataType.Type.UTINYINT: "UTINYINT", exp.DataType.Type.USMALLINT: "USMALLINT",
+    exp.DataType.Type.UINT: "UINTEGER", exp.DataType.Type.UBIGINT: "UBIGINT",
+    exp.DataType.Type.UINT128: "UHUGEINT", exp.DataType.Type.UUID: "UUID", exp.DataType.Type.JSON: "JSON",
+    exp.DataType.Type.TIME: "TIME", exp.DataType.Type.TIMETZ: "TIME WITH TIME ZONE",
+    exp.DataType.Type.BIT: "BIT", exp.DataType.Type.ENUM: "ENUM", exp.DataType.Type.UNION: "UNION",
+}
+
+
+def double(e: exp.Expression) -> exp.Expression:
+    return exp.Cast(this=e, to=exp.DataType.build("DOUBLE"))
+
+
+def infinity() -> exp.Expression:
+    return exp.Cast(this=exp.Literal.string("inf"), to=exp.DataType.build("DOUBLE"))
+
+
+def divide(node: exp.Expression) -> exp.Expression:
+    """``a / b`` as DuckDB computes it: in DOUBLE, ±inf or NaN for a zero divisor."""
+    if not isinstance(node, exp.Div):
+        return node
+    a, b = node.this, node.expression
+    zero = exp.EQ(this=double(b.copy()), expression=exp.Literal.number(0))
+    # a * inf is +inf, -inf or NaN (for a = 0), as DuckDB's a / 0.
+    by_zero = exp.Mul(this=double(a.copy()), expression=infinity())
+    return exp.Case(ifs=[exp.If(this=zero, true=by_zero)], default=exp.Div(this=double(a), expression=double(b)))
+
+
+def cast_rounds(node: exp.Expression) -> exp.Expression:
+    """CAST(x AS <integer>) rounds x first, as DuckDB does (Spark would truncate)."""
+    if not isinstance(node, (exp.Cast, exp.TryCast)) or node.to.this not in INTEGER_TYPES:
+        return node
+    value = node.this
+    if isinstance(value, exp.Literal) and not value.is_string and "." not in value.name:
+        return node
+    node.set("this", exp.Round(this=value))
+    return node
+
+
+def isfinite(node: exp.Expression) -> exp.Expression:
+    if not (isinstance(node, exp.Anonymous) and node.name.lower() == "isfinite"):
+        return node
+    x = node.expressions[0]
+    not_nan = exp.Not(this=exp.IsNan(this=x.copy()))
+    not_inf = exp.NEQ(this=exp.Abs(this=x.copy()), expression=infinity())
+    return exp.Paren(this=exp.and_(not_nan, not_inf))
+
+
+def types(node: exp.Expression) -> exp.Expression:
+    if not isinstance(node, exp.DataType):
+        return node
+    if node.this in HUGE:
+        return exp.DataType.build("DECIMAL(38,0)")
+    if node.this in NO_SPARK_TYPE:
+        raise UnsupportedError(f"type {NO_SPARK_TYPE[node.this]} has no Spark equivalent; maintain this view with engine = 'duckdb'")
+    return node
+
+
+REWRITES = (types, isfinite, cast_rounds, divide)
+
+
+def to_spark(tree: exp.Expression) -> str:
+    """Spark SQL text of a program's query tree (the tree itself is not changed)."""
+    tree = parenthesize(tree.copy())
+    for rewrite in REWRITES:
+        tree = tree.transform(rewrite, copy=False)
+    try:
+        return tree.sql(dialect=DIALECT, unsupported_level=ErrorLevel.RAISE)
+    except SqlglotUnsupported as e:
+        raise UnsupportedError(f"cannot run on Spark: {e}") from None
