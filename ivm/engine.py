@@ -15,6 +15,7 @@ nothing. Readers never take the lock: they read the published snapshot.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,8 @@ class Engine:
         self.producers = Producers()
         # The engine that ran each view's last maintenance step ("duckdb"/"spark").
         self.engine_used: dict[str, str] = {}
+        # Views being computed for the first time (backfill): name -> progress (steps done of all).
+        self.backfills: dict[str, dict] = {}
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
@@ -296,8 +299,19 @@ class Engine:
         program = view.program(sources, sources, initial=True)
         snapshot = self._ensure_indexes(program, snapshot, self.large)
         inputs = {delta_input(s): snapshot[s].table() for s in sources}
-        executor = self.executor_for(view, program, sum(t.num_rows for t in inputs.values()), snapshot, self.large)
-        _, changes = executor.run(program, inputs, snapshot, label=f"view {view.name}")
+        rows = sum(t.num_rows for t in inputs.values())
+        executor = self.executor_for(view, program, rows, snapshot, self.large)
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            self.backfills[view.name] = {"engine": executor.engine, "input_rows": rows, "step": done,
+                                         "steps": total, "seconds": round(time.monotonic() - started, 3)}
+
+        progress(0, len(program.steps))
+        try:
+            _, changes = executor.run(program, inputs, snapshot, label=f"view {view.name}", progress=progress)
+        finally:
+            self.backfills.pop(view.name, None)
         return snapshot.with_changes(self._commit(changes, snapshot, self.large))
 
     # --- engine choice ------------------------------------------------------------------

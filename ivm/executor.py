@@ -15,6 +15,7 @@ small delta); the prepared plan reads whatever the holders hold when it runs.
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -79,14 +80,24 @@ class StepRunner:
         self.coder = coder
 
     def run(
-        self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = ""
+        self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = "",
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[dict[str, pa.Table], list[RowChanges]]:
+        """Run the steps; return the temporaries and the row changes of the Replace steps.
+
+        ``progress(done, total)`` is called after each top-level step (backfills report it).
+        """
         temps: dict[str, pa.Table] = dict(inputs)
         # What one run registered with the engine, with the data each name
         # holds (a loop gives a name new data every round).
         registered: dict[str, pa.Table] = {}
         try:
-            self._steps_run(program.steps, temps, snapshot, registered, label)
+            if progress is None:
+                self._steps_run(program.steps, temps, snapshot, registered, label)
+            else:
+                for done, step in enumerate(program.steps, 1):
+                    self._steps_run([step], temps, snapshot, registered, label)
+                    progress(done, len(program.steps))
         finally:
             self._release(registered)
         changes = [self._changes(r, temps) for r in program.replaces]

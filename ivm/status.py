@@ -74,7 +74,7 @@ def engine_status(engine: "Engine") -> dict:
             })
     facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
              "published_offset": snapshot.offset, "stored_offset": stored_offset,
-             "engine": engine.settings.engine, "relations": relations}
+             "engine": engine.settings.engine, "backfills": dict(engine.backfills), "relations": relations}
     if durable:
         facts.update({
             "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},

@@ -26,7 +26,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from sql_frontend.errors import ExecutionError, UnsupportedError
+from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
 
@@ -46,47 +46,60 @@ class SparkExecutor(StepRunner):
         self.spark = spark.newSession()
         self.frames = Frames(self.spark)
         self.join_probes = JOIN_PROBES if join_probes is None else join_probes
-        self._texts: dict[int, tuple[Query, str, frozenset[str], pa.Schema | None]] = {}
+        self._texts: dict[int, tuple[Query, str, dict[str, str], pa.Schema | None]] = {}
         self.jobs = 0  # Spark queries run (for stats and tests)
 
     # --- queries -------------------------------------------------------------------
-    def _text(self, step: Query) -> tuple[str, frozenset[str]]:
+    def _text(self, step: Query) -> tuple[str, dict[str, str], pa.Schema | None]:
+        """Spark SQL of a step, the inputs it reads (Spark name -> temp or scan name), its result schema.
+
+        Inputs are renamed ``__in0, __in1, ...``: Spark's temporary views take
+        single-part names, and state relations are named ``view.state``.
+        """
         entry = self._texts.get(id(step))
         if entry is None or entry[0] is not step:
-            names = frozenset(t.name for t in step.sql.find_all(exp.Table))
-            entry = self._texts[id(step)] = (step, to_spark(step.sql), names, None)
-        return entry[1], entry[2]
+            tree = step.sql.copy()
+            ctes = {cte.alias for cte in tree.find_all(exp.CTE)}
+            inputs: dict[str, str] = {}
+            for table in tree.find_all(exp.Table):
+                if table.name in ctes:
+                    continue
+                spark_name = next((k for k, v in inputs.items() if v == table.name), f"__in{len(inputs)}")
+                inputs[spark_name] = table.name
+                table.set("this", exp.to_identifier(spark_name, quoted=True))
+            entry = self._texts[id(step)] = (step, to_spark(tree), inputs, None)
+        return entry[1], entry[2], entry[3]
 
     def _query(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot,
                registered: dict[str, object], label: str) -> pa.Table:
-        text, names = self._text(step)
-        empty = self._texts[id(step)][3]
+        text, inputs, empty = self._text(step)
         if empty is not None and self._skippable(step.drivers, step.skip, temps):
             return empty.empty_table()
-        for name in names:
-            self._register(name, temps, snapshot, registered)
+        for spark_name, name in inputs.items():
+            self._register(spark_name, name, temps, snapshot, registered)
         try:
             result = self.spark.sql(text).toArrow()
         except Exception as e:  # pyspark raises its own hierarchy; report what Spark said
             raise spark_error(e, label) from None
         self.jobs += 1
         if empty is None:
-            self._texts[id(step)] = (step, text, names, result.schema)
+            self._texts[id(step)] = (step, text, inputs, result.schema)
         return result
 
-    def _register(self, name: str, temps: dict[str, pa.Table], snapshot: Snapshot,
+    def _register(self, spark_name: str, name: str, temps: dict[str, pa.Table], snapshot: Snapshot,
                   registered: dict[str, object]) -> None:
         if name in temps:
             data = temps[name]
-            if registered.get(name) is not data:
-                self.frames.arrow(data).createOrReplaceTempView(name)
-                registered[name] = data
+            if registered.get(spark_name) is not data:
+                self.frames.arrow(data).createOrReplaceTempView(spark_name)
+                registered[spark_name] = data
         elif name.startswith(SCAN_PREFIX):
             relation = snapshot[name[len(SCAN_PREFIX):]]
-            if registered.get(name) is not relation:
-                self.frames.relation(relation).createOrReplaceTempView(name)
-                registered[name] = relation
-        # else: a CTE name, resolved by Spark
+            if registered.get(spark_name) is not relation:
+                self.frames.relation(relation).createOrReplaceTempView(spark_name)
+                registered[spark_name] = relation
+        else:
+            raise InternalError(f"query reads {name}, which is neither a temporary nor a relation scan")
 
     def _release(self, registered: dict[str, object]) -> None:
         for name in registered:
@@ -129,6 +142,7 @@ def spark_error(error: Exception, label: str) -> Exception:
     prefix = f"{label}: " if label else ""
     if condition == "UNRESOLVED_ROUTINE":
         routine = (getattr(error, "getMessageParameters", lambda: {})() or {}).get("routineName", "")
+        routine = routine.replace("`", "").lower()
         return UnsupportedError(f"{prefix}function {routine or message} is not available on Spark; "
                                 "maintain this view with engine = 'duckdb'")
     return ExecutionError(f"{prefix}Spark: {message}")

@@ -11,6 +11,7 @@ downloaded: ``spark.jars.packages`` is refused.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Mapping
 
@@ -78,6 +79,9 @@ def session(conf: Mapping[str, str] | None = None):
             builder = builder.config(key, value)
         _session = builder.getOrCreate()
         _session.sparkContext.setLogLevel("ERROR")
+        # pyspark logs every failed query (with its JVM stack) before raising it;
+        # the executor raises a clear ivm error for it instead.
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
         _conf = wanted
         return _session
 
