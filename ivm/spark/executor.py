@@ -66,6 +66,8 @@ class SparkExecutor(StepRunner):
                     continue
                 spark_name = next((k for k, v in inputs.items() if v == table.name), f"__in{len(inputs)}")
                 inputs[spark_name] = table.name
+                if not table.alias:  # columns may be qualified by the original name
+                    table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
                 table.set("this", exp.to_identifier(spark_name, quoted=True))
             entry = self._texts[id(step)] = (step, to_spark(tree), inputs, None)
         return entry[1], entry[2], entry[3]
