@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tests.flight.conftest import run_script
+from tests.flight.conftest import DURABILITY, run_script
+
+pytestmark = DURABILITY  # every test in memory and with --data
 
 
 def put(client: fl.FlightClient, table: str, data: pa.Table) -> dict:

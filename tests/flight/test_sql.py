@@ -16,7 +16,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.flight.conftest import DURABILITY
 from tests.oracle.compare import multiset_diff
+
+pytestmark = DURABILITY
 
 VIEWS = {
     "cust_totals": "SELECT cust, COUNT(*) AS n, SUM(amount) AS total, MIN(amount) AS low FROM orders GROUP BY cust",
