@@ -6,7 +6,9 @@ each writer logs what its batch changes in both views. Readers (half ADBC,
 half pyarrow.flight) run 1-row lookups and full reads of a larger view; every
 result carries its offset. Afterwards every read is checked against the
 writers' logs replayed up to that read's offset: zero errors, every read
-consistent with its offset, and the server's resident memory bounded.
+consistent with its offset, and the server's resident memory bounded; once
+in memory and once durable (``--data``: every batch synced before its
+acknowledgement, views folded by the background maintainer).
 ``IVM_LOAD_SECONDS`` shortens the run while developing; CI (``./dev test``)
 does not set it, so there the test runs the full 60 s, and it asserts so.
 """
@@ -165,8 +167,9 @@ def check(read: Read, writers: list[Writer]) -> str | None:
 
 
 @pytest.mark.slow
-def test_sixteen_readers_two_writers():
-    with ServerProcess() as server:
+@pytest.mark.parametrize("durability", ["memory", "durable"])
+def test_sixteen_readers_two_writers(durability, tmp_path):
+    with ServerProcess(*(("--data", str(tmp_path / "db")) if durability == "durable" else ())) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.executescript(
                 "CREATE TABLE events (id BIGINT PRIMARY KEY, writer BIGINT, amount BIGINT);"
@@ -207,5 +210,5 @@ def test_sixteen_readers_two_writers():
         # Memory: after warming up, resident memory may grow with the data, not without bound.
         warm = memory[len(memory) // 4]
         assert max(memory) < 2 * 1024**3 and max(memory) - warm < 400 * 1024**2, [m // 2**20 for m in memory]
-        print(f"\nload: {batches} batches, {len(reads)} reads ({lookups} lookups) in {elapsed:.1f} s; "
+        print(f"\nload ({durability}): {batches} batches, {len(reads)} reads ({lookups} lookups) in {elapsed:.1f} s; "
               f"server RSS {warm // 2**20} -> {max(memory) // 2**20} MiB")
