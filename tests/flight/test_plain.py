@@ -103,9 +103,10 @@ def test_stalled_readers_do_not_block_ingest(data, client):
     """A full read and a subscription that stop reading midway hold no lock on ingest.
 
     Each stalled stream has megabytes left to send (more than gRPC's flow
-    control window), so its server side waits to write. Writes still get acknowledged (a call timeout turns a
-    block into a failure instead of a hang) and are visible; afterwards the
-    stalled full read finishes with exactly the rows of its own offset.
+    control window), so its server side waits to write. Writes still get
+    acknowledged (a call timeout turns a block into a failure instead of a
+    hang) and are visible; afterwards the stalled full read finishes with
+    exactly the rows of its own offset.
     """
     first = 1_000_000
     rows = 500_000  # 8 MB for each stalled stream
