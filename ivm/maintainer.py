@@ -173,7 +173,7 @@ class Maintainer:
             self._keep_indexes(before.with_changes(versions), snapshot)
             hook("fold.before_publish")
             with self.cond:
-                engine.history.append(entries[-1].offset, engine.view_deltas(deltas))
+                engine.history.append(entries[-1].offset, engine.view_deltas(deltas), first=before.offset + 1)
                 engine.store.publish(snapshot.with_changes({}, offset=entries[-1].offset))
                 self.folds += 1
                 self.cond.notify_all()

@@ -115,6 +115,33 @@ def test_a_repeated_source_seq_applies_once_even_after_reopen(tmp_path):
     db.close()
 
 
+def test_a_source_seq_replayed_after_a_crash_applies_once(tmp_path):
+    """The producer sent seq 41 and 42 and the process died (no close, no
+    checkpoint): recovery rebuilds the producers' table from the log, so
+    re-sending both returns their original offsets and changes nothing."""
+    make(tmp_path, checkpoint_seconds=3600).close()
+    result = run_child("""
+        db = ivm.connect(path, checkpoint_seconds=3600)
+        for seq, ids in ((41, [1, 2]), (42, [3])):
+            batch = pa.table({"id": ids, "cust": [7] * len(ids), "amount": [9.5] * len(ids), "note": ["x"] * len(ids)})
+            print(db.apply_changes("orders", batch, source="orders-cdc", seq=seq))
+        sys.stdout.flush()
+        os._exit(0)
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    first, second = map(int, result.stdout.split())
+    db = ivm.connect(tmp_path)
+    try:
+        assert db.status()["recovered_records"] == 2
+        assert db.apply_changes("orders", orders([1, 2]), source="orders-cdc", seq=41) == first
+        assert db.apply_changes("orders", orders([3]), source="orders-cdc", seq=42) == second
+        assert db.offset == second
+        assert rows(db, "SELECT * FROM totals") == [{"cust": 7, "total": 28.5, "n": 3}]
+        assert db.apply_changes("orders", orders([4]), source="orders-cdc", seq=43) == second + 1
+    finally:
+        db.close()
+
+
 def test_rejected_batches_get_no_offset_and_change_nothing(tmp_path):
     db = make(tmp_path)
     db.apply_changes("orders", orders([1]))
@@ -256,6 +283,11 @@ def test_one_process_at_a_time_and_unknown_options(tmp_path):
     db.close()
     with pytest.raises(TypeError, match="unknown option"):
         ivm.connect(tmp_path, fold_rowz=3)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ivm.IvmError, match=r"cannot use .*a_file/db as a database directory: Not a directory"):
+        ivm.connect(blocker / "db")
+    assert blocker.read_text() == "not a directory"
 
 
 def test_types_delta_lacks_are_stored_losslessly_or_refused(tmp_path):
