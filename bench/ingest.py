@@ -11,7 +11,9 @@ Measures, on a database in a fresh temporary directory:
   views maintained in the background: median, p95, p99;
 * sustained rows/s with the three views maintained: P producer threads send
   batches for the whole run, the clock stops when the views reflect the last
-  acknowledged batch (a read returns), so maintenance is included;
+  acknowledged batch (a read returns), so maintenance is included; also the
+  process's CPU time over that run (rows per CPU second: what the work costs
+  on a shared machine, whatever else runs);
 * read-your-writes wait: a read issued right after an acknowledgement waits
   for the maintainer to fold it: median and p99 of that read;
 * the same stream on an in-memory database (synchronous maintenance, no log),
@@ -34,6 +36,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import threading
@@ -161,6 +164,7 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
             acks.extend(local)
 
     threads = [threading.Thread(target=produce, args=(mine,)) for mine in prepared]
+    cpu = process_cpu()
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -169,9 +173,18 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
     acked = time.perf_counter() - start
     db.sql("SELECT COUNT(*) FROM per_region")  # waits until the views hold every acknowledged batch
     folded = time.perf_counter() - start
+    cpu = process_cpu() - cpu
     rows = per * producers * size
     return {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
-            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99)}
+            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
+            "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+
+
+def process_cpu() -> float:
+    """CPU seconds this process used (all threads): on a shared machine, rows per CPU
+    second says what the code costs regardless of what else runs."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def check(db: ivm.Database) -> dict:
@@ -210,7 +223,8 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args)}
+    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args),
+                     "load_average_at_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results["fdatasync_40KB"] = sync_cost(Path(tmp))
         print("fdatasync 40 KB:", json.dumps(results["fdatasync_40KB"]), flush=True)
@@ -236,6 +250,8 @@ def main() -> None:
     print("in memory (synchronous):", json.dumps(results["memory_throughput"]), flush=True)
     check(memory)
     memory.close()
+    results["load_average_at_end"] = os.getloadavg()
+    print("load average at start / end:", results["load_average_at_start"], results["load_average_at_end"])
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
