@@ -362,7 +362,11 @@ class Database:
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources
         }
-        return explain_view(view.name, view.plan, view.states, programs)
+        lines = explain_view(view.name, view.plan, view.states, programs)
+        mode = engine.settings.maintenance
+        if stmt.view is None:
+            return lines + [f"maintenance: {'cost-based per batch' if mode == 'auto' else 'forced ' + mode}"]
+        return lines + [view.cost.describe(mode)]
 
     def _show(self, stmt: Show) -> pa.Table:
         engine = self._engine
