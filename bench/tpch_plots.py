@@ -30,7 +30,8 @@ def plot_latency(result: ScaleResult, out: Path) -> str:
     ax.barh(y + 0.2, rec, 0.4, color=RECOMPUTE, label="DuckDB: full recompute (median)")
     for i, v in enumerate(views):
         factor = rec[i] / ivm[i] if ivm[i] else float("inf")
-        chosen = "" if not v.paths.get("recompute") else "  engine: recompute"
+        runs = sum(v.paths.values())
+        chosen = f"  engine recomputed {v.paths['recompute']}/{runs} runs" if v.paths.get("recompute") else ""
         ax.text(max(rec[i], p95[i]) * 1.15, y[i], f"{factor:.0f}x{chosen}" if factor >= 1 else
                 f"{factor:.2f}x (slower){chosen}", va="center", fontsize=8)
     ax.set_yticks(y, labels)

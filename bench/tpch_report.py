@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.tpch_run import ScaleResult, ViewResult, default_data_dir, machine, run_scale
+from bench.tpch_run import ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
 
 SLOWER = "slower incrementally"
 
@@ -48,7 +48,7 @@ def choice(view: ViewResult) -> str:
         return "-"
     if len(paths) == 1:
         return next(iter(paths))
-    return ", ".join(f"{p} {n}x" for p, n in sorted(paths.items()))
+    return f"recompute in {paths['recompute']} of {sum(paths.values())} runs"
 
 
 def _ms(seconds: float) -> str:
@@ -57,9 +57,10 @@ def _ms(seconds: float) -> str:
 
 
 def view_table(result: ScaleResult) -> list[str]:
+    spark = any(v.spark for v in result.views.values())
     lines = ["| view | ivm median ms | p95 | p99 | recompute median ms | speedup | engine chose | "
-             "estimates incr./recompute ms | state MB | rows | note |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"]
+             "estimates incr./recompute ms | state MB | rows | note |" + (" Spark recompute ms |" if spark else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |" + (" ---: |" if spark else "")]
     for view in result.views.values():
         if not view.ivm:
             continue
@@ -74,7 +75,8 @@ def view_table(result: ScaleResult) -> list[str]:
         lines.append(
             f"| {view.label} | {_ms(statistics.median(view.ivm))} | {_ms(percentile(view.ivm, 95))} | "
             f"{_ms(percentile(view.ivm, 99))} | {_ms(statistics.median(view.recompute))} | {factor:.1f}x | "
-            f"{choice(view)} | {estimates} | {view.state_bytes / 2**20:.1f} | {view.rows} | {'; '.join(note)} |")
+            f"{choice(view)} | {estimates} | {view.state_bytes / 2**20:.1f} | {view.rows} | {'; '.join(note)} |"
+            + (f" {_ms(statistics.median(view.spark)) if view.spark else 'failed'} |" if spark else ""))
     return lines
 
 
@@ -149,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
     from bench.tpch_plots import plot_latency, plot_scaling
 
     scales = [float(s) for s in str(args.sf).split(",")]
-    names = [n.strip() for n in args.views.split(",")] if args.views else None
+    names = view_names([n.strip() for n in args.views.split(",")]) if args.views else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -179,8 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sf", default="1", help="scale factor, or several separated by commas (a sweep)")
     parser.add_argument("--batch", type=int, default=1000, help="changed rows per refresh (about)")
     parser.add_argument("--views", default=None, help="comma-separated: q1,q3,... (default: all 22)")
-    parser.add_argument("--refreshes", type=int, default=20, help="counted refreshes per scale factor")
-    parser.add_argument("--warmup", type=int, default=2, help="refreshes run first and not counted")
+    parser.add_argument("--refreshes", type=int, default=10, help="counted refreshes per scale factor")
+    parser.add_argument("--warmup", type=int, default=1, help="refreshes run first and not counted")
     parser.add_argument("--out", default="bench/results/tpch", help="directory for the report and plots")
     parser.add_argument("--data", default=None, help="directory caching generated data (default: data/tpch)")
     parser.add_argument("--seed", type=int, default=1)

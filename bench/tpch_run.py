@@ -56,7 +56,7 @@ class ViewResult:
     create_seconds: float
     ivm: list[float] = field(default_factory=list)  # seconds per counted refresh
     recompute: list[float] = field(default_factory=list)
-    paths: dict[str, int] = field(default_factory=dict)  # path -> counted refreshes that used it
+    paths: dict[str, int] = field(default_factory=dict)  # path -> maintenance runs (calls) that took it
     estimates: dict[str, float | None] = field(default_factory=dict)
     state_bytes: int = 0
     rows: int = 0
@@ -106,10 +106,7 @@ def create_views(db, names: list[str] | None) -> tuple[dict[str, tuple[str, str]
     from ivm import IvmError
 
     queries = tpch.query_files()
-    wanted = names or list(queries)
-    unknown = [n for n in wanted if n not in queries]
-    if unknown:
-        raise SystemExit(f"ivm bench tpch: unknown view(s) {', '.join(unknown)} (known: q1 .. q22)")
+    wanted = view_names(names)
     created, seconds, skipped = {}, {}, {}
     for name in wanted:
         for label, sql in ((name, queries[name]), (f"{name} (without LIMIT)", tpch.without_limit(queries[name]))):
@@ -126,10 +123,22 @@ def create_views(db, names: list[str] | None) -> tuple[dict[str, tuple[str, str]
     return created, seconds, skipped
 
 
-def maintained_seconds(db) -> dict[str, tuple[dict, str | None]]:  # noqa: ANN001
-    """view -> (cumulative seconds per path, last path) from the engine's status."""
+def view_names(names: list[str] | None) -> list[str]:
+    """The views to create: q1 and q01 both name TPC-H query 1; None: all 22."""
+    known = list(tpch.query_files())
+    if not names:
+        return known
+    wanted = [f"q{int(n[1:]):02d}" if n[:1] == "q" and n[1:].isdigit() else n for n in names]
+    unknown = [n for n, w in zip(names, wanted) if w not in known]
+    if unknown:
+        raise SystemExit(f"ivm bench tpch: unknown view(s) {', '.join(unknown)} (known: q1 .. q22)")
+    return wanted
+
+
+def maintained(db) -> dict[str, tuple[dict, dict]]:  # noqa: ANN001
+    """view -> (cumulative seconds per path, batches per path) from the engine's status."""
     views = db.status()["maintenance"]["views"]
-    return {name: (facts["seconds"], facts["last"]) for name, facts in views.items()}
+    return {name: (facts["seconds"], facts["batches"]) for name, facts in views.items()}
 
 
 def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[str] | None, data_dir: Path,
@@ -170,7 +179,7 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
 
 
 def _create_with_progress(db, names, sf, progress):  # noqa: ANN001, ANN202
-    wanted = names or list(tpch.query_files())
+    wanted = view_names(names)
     created, seconds, skipped = {}, {}, {}
     for i, name in enumerate(wanted):
         progress(f"SF {sf:g}: creating view {name}", i, len(wanted))
@@ -183,14 +192,14 @@ def _create_with_progress(db, names, sf, progress):  # noqa: ANN001, ANN202
 
 def _one_refresh(db, con: duckdb.DuckDBPyConnection, refresh: tpch.Refresh, created: dict, result: ScaleResult,  # noqa: ANN001
                  counted: bool) -> None:
-    before = maintained_seconds(db)
+    before = maintained(db)
     batches = refresh.batches()
     calls = []
     for table, changes in batches:
         started = time.perf_counter()
         db.apply_changes(table, changes)
         calls.append(time.perf_counter() - started)
-    after = maintained_seconds(db)
+    after = maintained(db)
     for table, changes in batches:
         refresh.apply(table, changes)
     recompute = {}
@@ -204,13 +213,11 @@ def _one_refresh(db, con: duckdb.DuckDBPyConnection, refresh: tpch.Refresh, crea
     result.refresh_seconds.append(sum(calls))
     result.call_seconds.extend(calls)
     for name, view in result.views.items():
-        spent, last = after[name]
-        old = before[name][0]
+        (spent, calls), (old, old_calls) = after[name], before[name]
         view.ivm.append(sum(spent[p] - old[p] for p in spent))
         view.recompute.append(recompute[name])
-        for path in spent:
-            if spent[path] > old[path]:
-                view.paths[path] = view.paths.get(path, 0) + 1
+        for path in calls:
+            view.paths[path] = view.paths.get(path, 0) + calls[path] - old_calls[path]
 
 
 def _finish(db, con: duckdb.DuckDBPyConnection, created: dict, result: ScaleResult) -> None:  # noqa: ANN001
