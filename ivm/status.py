@@ -6,7 +6,9 @@ stored (checkpointed) version, the offset reads see (published), the log
 head (last accepted offset), the lag of stored state behind the head in
 changes and seconds (of the oldest change to the relation's tables that is
 not stored yet), the stored size, and the buffer: changed rows acknowledged
-but not yet folded into views. Database-wide facts (log segments,
+but not yet folded into views, and (views) how the last batches were
+maintained: incremental or recompute (ivm/maintenance.py; the estimates
+are in ``facts["maintenance"]``). Database-wide facts (log segments,
 truncations repaired at open, recovery, checkpoints) come alongside.
 """
 

@@ -56,6 +56,13 @@ def test_recompute_path_ordered_views(view_set, data):
     forced_stream(data, oracle_views(view_set))  # ties: the harness compares tie-aware
 
 
+def test_recompute_path_on_a_durable_database(tmp_path):
+    """Background folds (several batches summed), checkpoints and a reopen, every view recomputed."""
+    from tests.test_durable_oracle import OPTIONS, stream
+
+    stream(tmp_path, seed=5, rounds=3, burst=3, options={**OPTIONS, "maintenance": "recompute"})
+
+
 def test_mixed_paths_feed_views_over_views():
     """A view recomputed while its reader runs incrementally (and the reverse): deltas pass between paths."""
     db = ivm.connect()
@@ -115,9 +122,12 @@ def test_status_and_explain_show_the_choice():
     assert db.sql("SHOW STATUS").column_names[-1] == "maintenance"
 
 
-def test_unknown_mode_is_an_error():
+def test_unknown_mode_is_an_error(tmp_path):
     with pytest.raises(ivm.IvmError, match="maintenance must be one of auto, incremental, recompute, not 'sometimes'"):
         ivm.connect(maintenance="sometimes")
+    with pytest.raises(ivm.IvmError, match="maintenance must be one of"):
+        ivm.connect(tmp_path / "db", maintenance="")
+    assert not (tmp_path / "db").exists()  # nothing was created
 
 
 def test_failing_recompute_changes_nothing():
