@@ -83,7 +83,7 @@ def plot_scaling(results: list[ScaleResult], out: Path) -> str:
         ax.set_ylabel("milliseconds (log)")
         ax.set_xticks(sfs, [f"{s:g}" for s in sfs])
         ax.grid(which="both", alpha=0.25)
-    left.legend(fontsize=7)
+    left.legend(fontsize=7, loc="best", framealpha=0.9)
     fig.tight_layout()
     name = "scaling.png"
     fig.savefig(out / name, dpi=110)

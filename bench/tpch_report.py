@@ -121,8 +121,10 @@ def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path
     lines = ["# ivm TPC-H benchmark: incremental maintenance versus full recompute", ""]
     lines += [f"- {k}: {v}" for k, v in machine().items()]
     lines += [f"- command: `ivm bench tpch {' '.join(sys.argv[3:]) if len(sys.argv) > 3 else ''}`".rstrip(),
-              f"- parameters: batch ~{args.batch} changed rows per refresh, {args.refreshes} counted refreshes "
-              f"after {args.warmup} warm-up, seed {args.seed}; wall time {time.time() - started:.0f} s",
+              "- parameters: " + "; ".join(
+                  f"SF {r.sf:g}: ~{r.batch} changed rows per refresh, {r.refreshes} counted refreshes after "
+                  f"{r.warmup} warm-up" for r in results) + f"; seed {args.seed}; wall time {time.time() - started:.0f} s"
+              + (" (report from earlier runs' results.json)" if args.from_json else ""),
               "- ivm: in-memory database, DuckDB compute (1 thread for small deltas, all cores for recomputes "
               "and large batches); recompute: the view's SELECT in DuckDB (all cores) over native tables "
               "holding the same data, to Arrow, timed after every refresh in the same run",
@@ -145,11 +147,21 @@ def write_json(results: list[ScaleResult], out: Path) -> None:
     (out / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
 
 
+def read_json(paths: list[str]) -> list[ScaleResult]:
+    """Results of earlier runs (their results.json), ordered by scale factor."""
+    results = []
+    for path in paths:
+        for raw in json.loads(Path(path).read_text()):
+            views = {n: ViewResult(**v) for n, v in raw.pop("views").items()}
+            results.append(ScaleResult(**raw, views=views))
+    return sorted(results, key=lambda r: r.sf)
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench.tpch_plots import plot_latency, plot_scaling
-
+    if args.from_json:
+        return _write_outputs(read_json(args.from_json), args, Path(args.out), time.time())
     scales = [float(s) for s in str(args.sf).split(",")]
     names = view_names([n.strip() for n in args.views.split(",")]) if args.views else None
     out = Path(args.out)
@@ -168,6 +180,14 @@ def main(args: argparse.Namespace) -> int:
                                      Path(args.data) if args.data else default_data_dir(), progress,
                                      spark=args.spark, seed=args.seed))
             write_json(results, out)
+    return _write_outputs(results, args, out, started)
+
+
+def _write_outputs(results: list[ScaleResult], args: argparse.Namespace, out: Path, started: float) -> int:
+    from bench.tpch_plots import plot_latency, plot_scaling
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(results, out)
     figures = [plot_latency(results[-1], out)]
     if len(results) > 1:
         figures.append(plot_scaling(results, out))
@@ -187,3 +207,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="directory caching generated data (default: data/tpch)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--spark", action="store_true", help="also time Spark full recompute (local session)")
+    parser.add_argument("--from-json", nargs="+", metavar="FILE", default=None,
+                        help="no run: report and plot the results.json of earlier runs together (a sweep)")
