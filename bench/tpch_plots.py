@@ -32,8 +32,8 @@ def plot_latency(result: ScaleResult, out: Path) -> str:
         factor = rec[i] / ivm[i] if ivm[i] else float("inf")
         runs = sum(v.paths.values())
         chosen = f"  engine recomputed {v.paths['recompute']}/{runs} runs" if v.paths.get("recompute") else ""
-        ax.text(max(rec[i], p95[i]) * 1.15, y[i], f"{factor:.0f}x{chosen}" if factor >= 1 else
-                f"{factor:.2f}x (slower){chosen}", va="center", fontsize=8)
+        text = f"{factor:.0f}x" if factor >= 10 else f"{factor:.1f}x" if factor >= 1 else f"{factor:.2f}x (slower)"
+        ax.text(max(rec[i], p95[i]) * 1.15, y[i], text + chosen, va="center", fontsize=8)
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     ax.set_xscale("log")
