@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -120,6 +121,9 @@ def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path
                  figures: list[str]) -> Path:
     lines = ["# ivm TPC-H benchmark: incremental maintenance versus full recompute", ""]
     lines += [f"- {k}: {v}" for k, v in machine().items()]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines += [f"- load average (1, 5, 15 min) when the report was written: {load} on {os.cpu_count()} cores "
+              "(other work on the machine slows both sides; compare ratios, not absolute times)"]
     lines += [f"- command: `ivm bench tpch {' '.join(sys.argv[3:]) if len(sys.argv) > 3 else ''}`".rstrip(),
               "- parameters: " + "; ".join(
                   f"SF {r.sf:g}: ~{r.batch} changed rows per refresh, {r.refreshes} counted refreshes after "
