@@ -34,7 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
 
+    bench = commands.add_parser("bench", help="benchmarks: incremental maintenance versus full recompute")
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    from bench.tpch_report import add_arguments
+
+    add_arguments(workloads.add_parser("tpch", help="the TPC-H queries as views under a refresh stream "
+                                                    "(report, plots; see bench/README.md)"))
+    workloads.add_parser("nexmark", help="Nexmark (not available yet: needs windows over event time, issue 8)")
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":
@@ -47,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         shell = sys.stdin.isatty() if args.shell is None else args.shell
         run(batches=args.batches, rows=args.rows, shell=shell)
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.workload == "nexmark":
+        print("ivm bench nexmark: not available yet (needs event-time windows, issue 8); "
+              "the event generator is bench/nexmark.py", file=sys.stderr)
+        return 2
+    from bench.tpch_report import main as tpch
+
+    return tpch(args)
 
 
 def _maintenance(args: argparse.Namespace) -> int:
