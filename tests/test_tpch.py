@@ -105,8 +105,8 @@ def test_refresh_stream_inserts_deletes_and_updates(tmp_path):
         new_orders = set(by_kind["orders", "c"].column("o_orderkey").to_pylist())
         assert set(by_kind["lineitem", "c"].column("l_orderkey").to_pylist()) == new_orders
         gone = by_kind["orders", "d"].column("o_orderkey").to_pylist()  # noqa: F841  (read by DuckDB)
-        assert by_kind["lineitem", "d"].num_rows == con.sql(
-            "SELECT count(*) FROM lineitem WHERE l_orderkey IN (SELECT unnest($gone))", params={"gone": gone}
+        assert by_kind["lineitem", "d"].num_rows == con.execute(
+            "SELECT count(*) FROM lineitem WHERE l_orderkey IN (SELECT unnest($gone))", {"gone": gone}
         ).fetchone()[0] > 0
         # Updates of existing rows of every table that has them, changing prices, dates and statuses.
         assert {(t, "u") for t in tpch.UPDATES} <= kinds
@@ -118,7 +118,7 @@ def test_refresh_stream_inserts_deletes_and_updates(tmp_path):
                                    ("part", ("p_partkey",), "p_retailprice")):
             rows = by_kind[table, "u"]  # noqa: F841  (read by DuckDB)
             match = " AND ".join(f"u.{k} = t.{k}" for k in key)
-            existing, changed = con.sql(
+            existing, changed = con.execute(
                 f"SELECT count(*), count(*) FILTER (WHERE u.{column} IS DISTINCT FROM t.{column}) "
                 f"FROM rows u JOIN {table} t ON {match}").fetchone()
             assert existing == by_kind[table, "u"].num_rows and changed > 0, (table, column)
