@@ -290,7 +290,8 @@ def _ms(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000
 
 
-def per_query(directory: Path, scale: float, refreshes: int, new_orders: int, check: bool) -> int:
+def per_query(directory: Path, scale: float, refreshes: int, new_orders: int, check: bool,
+              only: list[str] | None = None) -> int:
     """Each query alone in its own database, under the same refreshes; DuckDB recomputes it after each.
 
     A refresh is 10 change batches (new orders, their lineitems, updates of six
@@ -302,7 +303,7 @@ def per_query(directory: Path, scale: float, refreshes: int, new_orders: int, ch
     """
     import ivm
 
-    queries = query_files()
+    queries = {n: s for n, s in query_files().items() if not only or n in only}
     start = reference(directory)
     initial = {t: start.sql(f"SELECT * FROM {t}").to_arrow_table() for t in TABLES}
     start.close()
@@ -366,6 +367,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare every view with DuckDB after each batch")
     parser.add_argument("--per-query", action="store_true",
                         help="one database per view: each query's maintenance time vs its recompute in DuckDB")
+    parser.add_argument("--queries", default="", help="with --per-query: only these (e.g. q01,q03)")
     args = parser.parse_args()
 
     import ivm
@@ -374,7 +376,8 @@ def main() -> int:
     directory = args.data or Path(tempfile.mkdtemp(prefix="tpch"))
     generate(args.scale, directory)
     if args.per_query:
-        return per_query(directory, args.scale, args.batches, args.new_orders, args.check)
+        return per_query(directory, args.scale, args.batches, args.new_orders, args.check,
+                         [q for q in args.queries.split(",") if q])
     con = reference(directory)
     db = ivm.connect()
     create_tables(db)

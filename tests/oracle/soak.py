@@ -78,10 +78,13 @@ def main() -> int:
     failed = 0
     start = time.time()
     for seed in range(args.first, args.first + args.seeds):
+        began = time.time()
         problem = stream(seed, args.batches, views, args.initial, args.ordered, args.set == "recursive")
         if problem:
             failed += 1
             print(f"seed {seed}: {problem[:2000]}\n", flush=True)
+        else:
+            print(f"seed {seed}: ok ({time.time() - began:.1f}s)", flush=True)
     print(f"{args.seeds - failed}/{args.seeds} seeds passed in {time.time() - start:.1f}s")
     return 1 if failed else 0
 
