@@ -44,7 +44,6 @@ CASES = [
     ("SELECT nope FROM accounts", adbc.ProgrammingError, "INVALID_ARGUMENT", ["nope"]),
     ("SELECT * FROM missing_table", adbc.ProgrammingError, "NOT_FOUND", ["missing_table"]),
     ("INSERT INTO missing_table VALUES (1)", adbc.ProgrammingError, "NOT_FOUND", ["missing_table"]),
-    # (outer joins are supported since issue 3; ROLLUP is not)
     ("CREATE MATERIALIZED VIEW w AS SELECT owner, COUNT(*) AS n FROM accounts GROUP BY ROLLUP (owner)",
      adbc.NotSupportedError, "NOT_IMPLEMENTED", ["ROLLUP"]),
     ("CREATE TABLE accounts (x BIGINT)", adbc.ProgrammingError, "INVALID_ARGUMENT", ["accounts", "exists"]),
