@@ -18,6 +18,7 @@ from sql_frontend.plan_sql import render
 from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
 from ivm.binder import Binder
+from ivm.maintenance import CostModel
 
 
 @dataclass
@@ -54,6 +55,8 @@ class ViewDef:
     # False: rows are computed on read from operator state (see reads_only_state)
     stored_output: bool = True
     engine: str | None = None  # compute engine of this view (None: the database's setting)
+    # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
+    cost: CostModel = field(default_factory=CostModel)
 
     @property
     def columns(self) -> tuple[Column, ...]:

@@ -40,7 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
                        help="a Spark setting, e.g. spark.master=spark://127.0.0.1:7077 (repeatable)")
 
+    bench = commands.add_parser("bench", help="benchmarks: incremental maintenance versus full recompute")
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    from bench.tpch_report import add_arguments
+
+    add_arguments(workloads.add_parser("tpch", help="the TPC-H queries as views under a refresh stream "
+                                                    "(report, plots; see bench/README.md)"))
+    workloads.add_parser("nexmark", help="Nexmark (not available yet: needs windows over event time, issue 8)")
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":
@@ -65,6 +75,16 @@ def _spark_conf(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, 
             parser.error(f"--spark-conf takes KEY=VALUE, got {item!r}")
         conf[key.strip()] = value.strip()
     return conf
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.workload == "nexmark":
+        print("ivm bench nexmark: not available yet (needs event-time windows, issue 8); "
+              "the event generator is bench/nexmark.py", file=sys.stderr)
+        return 2
+    from bench.tpch_report import main as tpch
+
+    return tpch(args)
 
 
 def _maintenance(args: argparse.Namespace) -> int:

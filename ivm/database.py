@@ -49,6 +49,7 @@ from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
+from ivm.maintenance import check_mode
 from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
@@ -70,6 +71,7 @@ class Database:
         if unknown:
             raise TypeError(f"unknown option(s) for ivm.connect: {', '.join(sorted(unknown))}")
         settings = Settings(**options)
+        check_mode(settings.maintenance)  # before a durable directory is touched
         self.path = None if path is None else str(path)
         if path is None:
             self._engine = Engine(settings)
@@ -371,7 +373,11 @@ class Database:
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources
         }
-        return explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view))
+        lines = explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view))
+        mode = engine.settings.maintenance
+        if stmt.view is None:
+            return lines + [f"maintenance: {'cost-based per batch' if mode == 'auto' else 'forced ' + mode}"]
+        return lines + [view.cost.describe(mode)]
 
     def _engine_text(self, stmt: Explain, view) -> str:
         engine = self._engine

@@ -37,6 +37,7 @@ from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
 from ivm.executor import Executor, RowChanges, StepRunner
+from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -48,6 +49,9 @@ from storage.store import Snapshot, Store
 @dataclass
 class Settings:
     threads: int | None = None
+    # How views are maintained per batch: "auto" (cost-based choice between
+    # incremental and recompute, see ivm/maintenance.py), "incremental", "recompute".
+    maintenance: str = "auto"
     # Rows of view changes kept for subscribers (storage/view_history.py).
     retain_rows: int = DEFAULT_RETAIN_ROWS
     # Durable databases only (see ivm/durable.py):
@@ -116,6 +120,7 @@ class Engine:
             from ivm.spark.session import check_conf
 
             check_conf(self.settings.spark_conf)
+        check_mode(self.settings.maintenance)
         config = {"threads": self.settings.threads} if self.settings.threads else {}
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
@@ -250,7 +255,9 @@ class Engine:
                 program = view.program(frozenset([source]), self._stored_new(frozenset([source])))
                 snapshot = self._ensure_indexes(program, snapshot, self.large)
             try:
+                started = time.perf_counter()
                 snapshot = self._initialize(view, snapshot)
+                view.cost.record_recompute(time.perf_counter() - started, source_rows(snapshot, view))
             except BaseException:
                 for upstream in converted:  # nothing was published: undo the switch
                     upstream.stored_output = False
@@ -416,6 +423,7 @@ class Engine:
         so are the views that read it. The other views go on.
         """
         all_changes: list[RowChanges] = []
+        recomputed: dict[str, Relation] = {}  # state relations of views recomputed in this batch
         stored_new = frozenset(deltas)
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
@@ -424,21 +432,32 @@ class Engine:
             changed = frozenset(s for s in view.sources if s in deltas and deltas[s].num_rows)
             if not changed:
                 continue
-            program = view.program(changed, stored_new & changed)
+            rows = sum(deltas[s].num_rows for s in changed)
+            sizes = source_rows(snapshot, view) if self.settings.maintenance != "incremental" else 0
+            path = view.cost.choose(self.settings.maintenance, rows, sizes)
+            started = time.perf_counter()
             try:
-                snapshot = self._ensure_indexes(program, snapshot, worker)
-                inputs = {delta_input(s): deltas[s] for s in changed}
-                executor = self.executor_for(view, program, sum(t.num_rows for t in inputs.values()), snapshot, worker)
-                temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
+                if path == "recompute":
+                    delta, states = recompute(self, view, snapshot, all_changes, recomputed, worker)
+                    deltas[name] = delta
+                    recomputed.update(states)
+                else:
+                    program = view.program(changed, stored_new & changed)
+                    snapshot = self._ensure_indexes(program, snapshot, worker)
+                    inputs = {delta_input(s): deltas[s] for s in changed}
+                    executor = self.executor_for(view, program, rows, snapshot, worker)
+                    temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
+                    if program.output is not None:
+                        deltas[name] = self._as_view_delta(view, temps[program.output], snapshot)
+                    all_changes.extend(changes)
             except Exception as e:
                 if not isolate:
                     raise
                 self.failed[name] = f"{type(e).__name__}: {e}"
                 continue
-            if program.output is not None:
-                deltas[name] = self._as_view_delta(view, temps[program.output], snapshot)
-            all_changes.extend(changes)
-        return snapshot.with_changes(self._commit(all_changes, snapshot, worker))
+            view.cost.record(path, time.perf_counter() - started, rows, sizes)
+        committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
+        return snapshot.with_changes({**committed, **recomputed})
 
     def _as_view_delta(self, view: ViewDef, delta: pa.Table, snapshot: Snapshot) -> pa.Table:
         """The delta in the view's own column types (Spark's may differ: BIGINT for HUGEINT...)."""
