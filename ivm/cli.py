@@ -34,7 +34,27 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
 
+    ingest = commands.add_parser("ingest", help="apply change events from a file or stdin")
+    formats = ingest.add_subparsers(dest="format", required=True)
+    debezium = formats.add_parser("debezium", help="Debezium JSON events, one per line (see ivm/cdc/debezium.py)")
+    debezium.add_argument("--data", required=True, help="the database directory")
+    debezium.add_argument("--table", required=True, help="the table the events apply to")
+    debezium.add_argument("--source", default=None,
+                          help="producer name for idempotent re-delivery (default debezium:<table>)")
+    debezium.add_argument("file", help="the events file, or - for stdin")
+    from ivm.cdc.cli import add_replicate
+
+    add_replicate(commands)
+
     args = parser.parse_args(argv)
+    if args.command == "ingest":
+        from ivm.cdc.cli import ingest_debezium
+
+        return ingest_debezium(args)
+    if args.command == "replicate":
+        from ivm.cdc.cli import replicate
+
+        return replicate(args)
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":
