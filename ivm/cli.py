@@ -82,6 +82,8 @@ def _maintenance(args: argparse.Namespace) -> int:
         db = ivm.connect(args.data)
     except ivm.IvmError as e:
         print(f"ivm: {e}", file=sys.stderr)
+        if args.command == "status" and "open in another process" in str(e):
+            return _sources_only(args)
         return 1
     with db:
         if args.command == "compact":
@@ -95,12 +97,41 @@ def _maintenance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sources_only(args: argparse.Namespace) -> int:
+    """Status of the CDC sources from their files, while another process holds the database."""
+    import json
+
+    from ivm.cdc.postgres import sources_status
+
+    sources = sources_status(args.data)
+    if args.json:
+        print(json.dumps({"sources": sources}, indent=1))
+    else:
+        _print_rows("sources (the database is open in another process)", sources)
+    return 0
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = list(rows[0]) if rows else []
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console().print(table)
+
+
 def _print_status(facts: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    overview = {k: v for k, v in facts.items() if k != "relations"}
+    if facts.get("sources"):
+        _print_rows("sources", facts["sources"])
+    overview = {k: v for k, v in facts.items() if k not in ("relations", "sources")}
     for key, value in overview.items():
         console.print(f"[bold]{key}[/bold]: {value}")
     table = Table()

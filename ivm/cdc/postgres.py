@@ -56,9 +56,9 @@ from sql_frontend.errors import IvmError, UnsupportedError
 
 PART_BITS = 16  # seq = commit LSN << 16 | part (parts split a transaction at a TRUNCATE)
 SIMPLE_TYPES = {
-    "smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "real": "REAL",
+    "smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "real": "FLOAT",
     "double precision": "DOUBLE", "boolean": "BOOLEAN", "text": "VARCHAR", "date": "DATE", "name": "VARCHAR",
-    "timestamp without time zone": "TIMESTAMP", "timestamp with time zone": "TIMESTAMPTZ", "uuid": "VARCHAR",
+    "timestamp without time zone": "TIMESTAMP", "timestamp with time zone": "TIMESTAMP WITH TIME ZONE", "uuid": "VARCHAR",
     "json": "VARCHAR", "jsonb": "VARCHAR", "numeric": "DOUBLE", "time without time zone": "VARCHAR",
 }
 
@@ -85,7 +85,7 @@ def duck_type(pg_type: str) -> str | None:
     if re.fullmatch(r"timestamp\(\d\) without time zone", t):
         return "TIMESTAMP"
     if re.fullmatch(r"timestamp\(\d\) with time zone", t):
-        return "TIMESTAMPTZ"
+        return "TIMESTAMP WITH TIME ZONE"
     m = re.fullmatch(r"numeric\((\d+),(\d+)\)", t)
     if m:
         return f"DECIMAL({m[1]},{m[2]})" if int(m[1]) <= 38 else "DOUBLE"
@@ -138,7 +138,8 @@ def sources_status(path: str | os.PathLike) -> list[dict]:
 class Replicator:
     """Runs one source: snapshot if needed, then streaming, until stopped."""
 
-    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.05):
+    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.05,
+                 auto: bool = False):
         import psycopg2  # noqa: F401  (fail early and clearly when the driver is missing)
 
         self.db, self.config = db, config
@@ -147,6 +148,7 @@ class Replicator:
         self.state_file = self.dir / f"{config.name}.json"
         self.progress_file = self.dir / f"{config.name}.progress.json"
         self.state: dict = {}
+        self.auto = auto  # runs inside the database (CREATE SOURCE), resumed by every open
         self.progress = {"applied_lsn": None, "confirmed_lsn": None, "received_lsn": None, "lag_bytes": 0,
                          "lag_seconds": 0.0, "last_commit_delay_seconds": None, "transactions": 0, "rows": 0}
         self._last_progress = 0.0
@@ -169,10 +171,13 @@ class Replicator:
             if (self.state["publication"], self.state["slot"]) != (c.publication, c.slot):
                 raise SourceError(f"source {c.name} follows publication {self.state['publication']} with slot "
                                   f"{self.state['slot']}; drop it to follow another")
+            if self.state.get("auto") and not self.auto:
+                raise SourceError(f"source {c.name} was made by CREATE SOURCE and runs inside the database "
+                                  "whenever it is open (ivm serve); ivm replicate does not run it")
             self.state["dsn"] = c.dsn
         else:
             self.state = {"name": c.name, "dsn": c.dsn, "publication": c.publication, "slot": c.slot,
-                          "phase": "new", "tables": {}, "error": None}
+                          "phase": "new", "tables": {}, "error": None, "auto": self.auto}
         if self.progress_file.exists():
             self.progress.update(json.loads(self.progress_file.read_text()))
 
@@ -252,6 +257,8 @@ class Replicator:
         select_sql = f"SELECT {', '.join(quote(n) for n in names)} FROM {quote(schema)}.{quote(name)}"
         with tempfile.TemporaryFile(dir=self.dir) as spool:
             cur.copy_expert(f"COPY ({select_sql}) TO STDOUT WITH (FORMAT csv)", spool)
+            if spool.tell() == 0:  # an empty table
+                return
             spool.seek(0)
             options = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
                                            quoted_strings_can_be_null=False)
@@ -267,13 +274,16 @@ class Replicator:
             columns = ", ".join(f"{quote(c['name'])} {c['type']}" + (" NOT NULL" if c["not_null"] else "")
                                 for c in table["columns"])
             key = f", PRIMARY KEY ({', '.join(quote(k) for k in table['key'])})" if table["key"] else ""
-            existing = {o.name: o for o in self.db.objects()}.get(table["table"])
-            if existing is None:
+            catalog = self.db._engine.catalog
+            if not catalog.exists(table["table"]):
                 self.db.execute(f"CREATE TABLE {quote(table['table'])} ({columns}{key})")
-            elif [f.name for f in existing.schema] != [c["name"] for c in table["columns"]] or \
-                    list(existing.primary_key) != table["key"]:
-                raise SourceError(f"table {table['table']} exists with other columns or key than upstream "
-                                  f"{upstream}; drop it or map the source elsewhere")
+                continue
+            existing = catalog.table(table["table"])
+            if [(c.name, c.type) for c in existing.columns] != [(c["name"], c["type"]) for c in table["columns"]] \
+                    or list(existing.primary_key) != table["key"]:
+                raise SourceError(f"table {table['table']} exists with other columns, types or key than upstream "
+                                  f"{upstream} ({', '.join(c['name'] + ' ' + c['type'] for c in table['columns'])}"
+                                  f"{', key ' + ', '.join(table['key']) if table['key'] else ''}); drop it first")
 
     def _clear_tables(self) -> None:
         """Delete every row loaded by a snapshot that did not finish."""

@@ -66,7 +66,11 @@ class Stream:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             message = cursor.read_message()
             if message is not None:
-                self._on(pgoutput.decode(message.payload))
+                try:
+                    self._on(pgoutput.decode(message.payload))
+                except self.SourceError:
+                    self._flush()  # keep (and confirm) every transaction committed before the problem
+                    raise
                 self.r.progress["received_lsn"] = self._text(cursor.wal_end)
                 if self.pending_rows >= self.r.batch_rows:
                     self._flush()
