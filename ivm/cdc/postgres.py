@@ -138,7 +138,7 @@ def sources_status(path: str | os.PathLike) -> list[dict]:
 class Replicator:
     """Runs one source: snapshot if needed, then streaming, until stopped."""
 
-    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.05,
+    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.0,
                  auto: bool = False):
         import psycopg2  # noqa: F401  (fail early and clearly when the driver is missing)
 

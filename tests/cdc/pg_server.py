@@ -35,7 +35,7 @@ class PostgresServer:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
         options = (f"-c wal_level=logical -c listen_addresses='' -c unix_socket_directories={self.root} "
                    f"-c port={port} -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=30 -c TimeZone=UTC")
+                   "-c full_page_writes=off -c max_connections=30 -c TimeZone=UTC")
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "server.log"), "-w",
                   "-t", "60", "start")
         self.dsn = f"host={self.root} port={port} user=postgres dbname=postgres"
@@ -61,3 +61,8 @@ class PostgresServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def server_log(server: PostgresServer, lines: int = 30) -> str:
+    path = server.root / "server.log"
+    return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
