@@ -103,7 +103,7 @@ def measure(args: argparse.Namespace, pg: PostgresServer, directory: str) -> dic
             conn.commit()
             sent += n
         commit_seconds = time.perf_counter() - start
-        cur.execute("SELECT pg_current_wal_lsn()::text")  # every commit so far is below it,
+        cur.execute("SELECT pg_current_wal_insert_lsn()::text")  # every commit so far is below it,
         (lsn,) = cur.fetchone()
         cur.execute("UPDATE events SET v = v WHERE id = 1")  # and this marker's commit above it
         conn.commit()

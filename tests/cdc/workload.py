@@ -111,9 +111,14 @@ class Workload:
             cur.execute("DELETE FROM audit WHERE ctid = (SELECT ctid FROM audit ORDER BY random() LIMIT 1)")
 
     def mark(self) -> int:
-        """Bump the marker; return an LSN below its commit (applied_lsn >= it means all before is applied)."""
+        """Bump the marker; return an LSN below its commit and above every earlier one.
+
+        The WAL insert position (not the write position, which can trail it)
+        is past every earlier commit record, so a source whose applied commit
+        LSN reaches it has applied the marker's group, and so everything before.
+        """
         cur = self.conn.cursor()
-        cur.execute("SELECT pg_current_wal_lsn()::text")
+        cur.execute("SELECT pg_current_wal_insert_lsn()::text")
         (lsn,) = cur.fetchone()
         self.round += 1
         cur.execute("UPDATE marker SET round = %s", (self.round,))
