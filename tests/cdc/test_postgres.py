@@ -103,7 +103,7 @@ def run_rounds(load: w.Workload, db, progress, rounds: int, transactions: int) -
 
 def test_snapshot_then_random_workload_matches_postgres(upstream, tmp_path):
     db = ivm.connect(tmp_path / "db")
-    running = Running(db, SourceConfig("shop", upstream, "shop", "ivm_shop"))
+    running = Running(db, SourceConfig("shop", upstream, "shop", slot(upstream)))
     try:
         running.wait_streaming()
         assert db.sql("SELECT COUNT(*) AS n FROM orders").column(0)[0].as_py() == 2000  # the snapshot
@@ -121,9 +121,14 @@ def test_snapshot_then_random_workload_matches_postgres(upstream, tmp_path):
         db.close()
 
 
+def slot(dsn: str, name: str = "") -> str:
+    """Slots are per cluster: name them after the test's own upstream database."""
+    return "ivm_" + dsn.rsplit("dbname=", 1)[1] + name
+
+
 def replicate(data: Path, dsn: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "ivm", "replicate", "--data", str(data), "--dsn", dsn,
-                             "--publication", "shop", "--name", "shop", *extra], cwd=ROOT,
+                             "--publication", "shop", "--name", "shop", "--slot", slot(dsn), *extra], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -201,7 +206,7 @@ def test_kill_9_during_the_snapshot_starts_it_again(upstream, tmp_path):
         for table in ("customers", "orders", "audit"):
             cur.execute(f"SELECT COUNT(*) FROM {table}")
             assert db.sql(f"SELECT COUNT(*) FROM {table}").column(0)[0].as_py() == cur.fetchone()[0], table
-        cur.execute("SELECT COUNT(*) FROM pg_replication_slots")
+        cur.execute("SELECT COUNT(*) FROM pg_replication_slots WHERE database = current_database()")
         assert cur.fetchone()[0] == 1  # the cut-short slot was dropped
 
 
@@ -209,8 +214,8 @@ def test_schema_change_stops_only_that_source(upstream, pg, tmp_path):
     with contextlib.closing(w.connect(upstream)) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE notes (id int PRIMARY KEY, body text); CREATE PUBLICATION other FOR TABLE notes")
     db = ivm.connect(tmp_path / "db")
-    shop = Running(db, SourceConfig("shop", upstream, "shop", "s1"))
-    other = Running(db, SourceConfig("other", upstream, "other", "s2"))
+    shop = Running(db, SourceConfig("shop", upstream, "shop", slot(upstream, "_1")))
+    other = Running(db, SourceConfig("other", upstream, "other", slot(upstream, "_2")))
     try:
         shop.wait_streaming()
         other.wait_streaming()
@@ -262,7 +267,7 @@ def test_unreplicable_upstream_is_a_clear_error_and_creates_nothing(upstream, tm
 def test_local_table_of_other_shape_is_a_clear_error(upstream, tmp_path):
     with ivm.connect(tmp_path / "db") as db:
         db.execute("CREATE TABLE products (id INTEGER PRIMARY KEY, price VARCHAR, label VARCHAR)")
-        running = Running(db, SourceConfig("shop", upstream, "shop", "ivm_shop"))
+        running = Running(db, SourceConfig("shop", upstream, "shop", slot(upstream)))
         running.thread.join(60)
         assert "table products exists with other columns, types or key than upstream public.products" in str(running.error)
         assert db.sql("SELECT COUNT(*) FROM products").column(0)[0].as_py() == 0
@@ -275,7 +280,7 @@ def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tm
         (orders,) = cur.fetchone()
     db = ivm.connect(data)
     try:
-        db.execute(f"CREATE SOURCE shop FROM POSTGRES CONNECTION '{upstream}' PUBLICATION 'shop' SLOT 'my_slot'")
+        db.execute(f"CREATE SOURCE shop FROM POSTGRES CONNECTION '{upstream}' PUBLICATION 'shop' SLOT '{slot(upstream)}'")
         progress = lambda: {s["name"]: s for s in db.status()["sources"]}.get("shop", {})  # noqa: E731
         deadline = time.monotonic() + 60
         while progress().get("phase") != "streaming":
@@ -298,7 +303,7 @@ def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tm
         db.execute("DROP SOURCE shop")
         assert db.status()["sources"] == []
         with contextlib.closing(w.connect(upstream)) as conn, conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = 'my_slot'")
+            cur.execute("SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = %s", (slot(upstream),))
             assert cur.fetchone()[0] == 0
         assert db.sql("SELECT COUNT(*) FROM orders").column(0)[0].as_py() > 0  # the tables stay
         with pytest.raises(ivm.UnknownObjectError, match="source shop does not exist"):
