@@ -24,7 +24,6 @@ thread (as CREATE SOURCE does).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform

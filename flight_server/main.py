@@ -65,6 +65,9 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
     except ivm.IvmError as e:
         print(f"ivm serve: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the data directory cannot be made or opened
+        print(f"ivm serve: cannot open the data directory {data}: {e}", file=sys.stderr)
+        return 1
     scheme = "grpc+tls" if tls else "grpc"
     try:
         server = IvmFlightServer(db, f"{scheme}://{host}:{port}", auth_token=auth_token, tls_certificates=tls)

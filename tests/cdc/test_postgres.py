@@ -169,6 +169,12 @@ def test_kill_9_mid_stream_then_resume_loses_nothing_and_repeats_nothing(upstrea
         lsn = load.mark()
         expected = load.expected()
         w.wait_applied(progress_file(data), lsn, timeout=120)
+        status = subprocess.run([sys.executable, "-m", "ivm", "status", "--data", str(data), "--json"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert status.returncode == 0, status.stderr  # while the replicator holds the database: sources only
+        [source] = json.loads(status.stdout)["sources"]
+        assert (source["phase"], source["status"]) == ("streaming", "ok") and source["confirmed_lsn"]
+        assert {"lag_bytes", "lag_seconds", "applied_lsn", "received_lsn"} <= set(source)
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) in (0, -signal.SIGTERM), process.stderr.read()
         with ivm.connect(data) as db:

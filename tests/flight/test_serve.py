@@ -63,7 +63,6 @@ def test_signals_stop_the_server_cleanly_even_with_live_subscribers(sig):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="durable storage (issue 4) not merged yet")
 def test_data_directory_survives_a_restart(tmp_path):
     with ServerProcess("--data", str(tmp_path / "db")) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
