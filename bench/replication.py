@@ -12,6 +12,8 @@ and a durable ivm database in a temporary directory, with one view maintained
   updates in transactions of ``--tx-rows`` rows as fast as one client can,
   clock from the first commit until the source has applied (durably) the last
   one and the view shows it;
+* catch-up: rows/s draining the same amount committed while the source was
+  stopped (what the replicator itself sustains, not bounded by the client);
 * lag: one small transaction at a time (``--lag-rows`` rows with a fresh k),
   time from the moment COMMIT returns in PostgreSQL until a read of the view
   shows the new group: median, p95, p99.
@@ -58,6 +60,30 @@ def wait_applied(replicator: Replicator, lsn: int, timeout: float = 300.0) -> No
     raise RuntimeError(f"replication did not reach {lsn} in {timeout} s: {replicator.state.get('error')}")
 
 
+def commit_stream(cur, conn, args: argparse.Namespace, next_id: int) -> int:
+    """Commit --stream-rows changes (half inserts, half updates) in transactions of --tx-rows."""
+    sent = 0
+    while sent < args.stream_rows:
+        n = min(args.tx_rows, args.stream_rows - sent)
+        cur.execute("INSERT INTO events SELECT i, i %% 1000, i * 0.25, 'm' FROM generate_series(%s, %s) i",
+                    (next_id + 1, next_id + n // 2))
+        cur.execute("UPDATE events SET v = v + 1 WHERE id BETWEEN %s AND %s",
+                    (next_id - n // 2 - args.snapshot_rows // 2, next_id - args.snapshot_rows // 2 - 1))
+        next_id += n // 2
+        conn.commit()
+        sent += n
+    return next_id
+
+
+def mark(cur, conn) -> int:
+    """An LSN above every commit so far and below the marker transaction committed now."""
+    cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+    (lsn,) = cur.fetchone()
+    cur.execute("UPDATE events SET v = v WHERE id = 1")
+    conn.commit()
+    return lsn_int(lsn)
+
+
 def run(args: argparse.Namespace) -> dict:
     with PostgresServer() as pg, tempfile.TemporaryDirectory() as directory:
         try:
@@ -87,28 +113,30 @@ def measure(args: argparse.Namespace, pg: PostgresServer, directory: str) -> dic
         snapshot_seconds = time.perf_counter() - start
         db.execute(f"CREATE MATERIALIZED VIEW counts AS {VIEW}")
 
-        # streaming throughput
+        # streaming throughput: upstream commits while the source follows
         conn.autocommit = False
-        next_id = args.snapshot_rows
         start = time.perf_counter()
-        sent = 0
-        while sent < args.stream_rows:
-            n = min(args.tx_rows, args.stream_rows - sent)
-            cur.execute("INSERT INTO events SELECT i, i %% 1000, i * 0.25, 'm' FROM generate_series(%s, %s) i",
-                        (next_id + 1, next_id + n // 2))
-            cur.execute("UPDATE events SET v = v + 1 WHERE id BETWEEN %s AND %s",
-                        (next_id - n // 2 - args.snapshot_rows // 2, next_id - args.snapshot_rows // 2 - 1))
-            next_id += n // 2
-            conn.commit()
-            sent += n
+        next_id = commit_stream(cur, conn, args, args.snapshot_rows)
         commit_seconds = time.perf_counter() - start
-        cur.execute("SELECT pg_current_wal_insert_lsn()::text")  # every commit so far is below it,
-        (lsn,) = cur.fetchone()
-        cur.execute("UPDATE events SET v = v WHERE id = 1")  # and this marker's commit above it
-        conn.commit()
-        wait_applied(replicator, lsn_int(lsn))
+        wait_applied(replicator, mark(cur, conn))
         db.sql("SELECT COUNT(*) FROM counts")
         stream_seconds = time.perf_counter() - start
+
+        # catch-up throughput: the source was stopped while upstream committed; how fast it drains the backlog
+        stop.set()
+        thread.join(60)
+        next_id = commit_stream(cur, conn, args, next_id)
+        lsn = mark(cur, conn)
+        replicator = Replicator(db, SourceConfig("bench", pg.dsn, "bench", "ivm_bench"))
+        stop = threading.Event()
+        thread = threading.Thread(target=lambda: replicator.run(stop=stop), daemon=True)
+        start = time.perf_counter()
+        thread.start()
+        wait_applied(replicator, lsn)
+        db.sql("SELECT COUNT(*) FROM counts")
+        catchup_seconds = time.perf_counter() - start
+        catchup_groups = replicator.progress.get("groups", 0)
+        catchup_apply = replicator.progress.get("apply_seconds", 0.0)
 
         # commit -> visible lag, one transaction at a time
         lags = []
@@ -140,6 +168,9 @@ def measure(args: argparse.Namespace, pg: PostgresServer, directory: str) -> dic
             "stream_rows": args.stream_rows, "tx_rows": args.tx_rows,
             "upstream_commit_seconds": round(commit_seconds, 2), "stream_seconds": round(stream_seconds, 2),
             "stream_rows_per_s": round(args.stream_rows / stream_seconds),
+            "catchup_seconds": round(catchup_seconds, 2),
+            "catchup_rows_per_s": round(args.stream_rows / catchup_seconds),
+            "catchup_groups": catchup_groups, "catchup_apply_changes_seconds": catchup_apply,
             "lag_samples": len(ms), "lag_rows": args.lag_rows,
             "lag_ms_median": round(statistics.median(ms), 2), "lag_ms_p95": round(percentile(ms, 95), 2),
             "lag_ms_p99": round(percentile(ms, 99), 2), "lag_ms_max": round(max(ms), 2),

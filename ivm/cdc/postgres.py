@@ -17,8 +17,8 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    it (the exported snapshot died with its connection): the next start
    drops the slot, deletes the rows loaded so far and starts again.
 2. Streaming. ``START_REPLICATION`` of pgoutput from the slot's confirmed
-   LSN. Committed transactions are grouped (up to ``batch_rows`` rows or
-   ``batch_seconds``) and applied per table with ``apply_changes(table,
+   LSN. Committed transactions are grouped (until the stream is idle for
+   20 ms, ``batch_rows`` rows or ``batch_seconds`` after the first) and applied per table with ``apply_changes(table,
    batch, source="pg:<name>:<table>", seq=<commit LSN> << 16 | part)``.
    Only after every table of a group is durable is the group's end LSN
    confirmed (``send_feedback(flush_lsn=…)``). After a restart PostgreSQL
@@ -138,7 +138,7 @@ def sources_status(path: str | os.PathLike) -> list[dict]:
 class Replicator:
     """Runs one source: snapshot if needed, then streaming, until stopped."""
 
-    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.0,
+    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.1,
                  auto: bool = False):
         import psycopg2  # noqa: F401  (fail early and clearly when the driver is missing)
 

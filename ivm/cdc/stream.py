@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ivm.cdc.postgres import Replicator
 
 TRUNCATE = "t"
+IDLE = 0.02  # seconds without a message after which pending transactions are applied
 
 
 @dataclass
@@ -72,14 +73,17 @@ class Stream:
                     self._flush()  # keep (and confirm) every transaction committed before the problem
                     raise
                 self.r.progress["received_lsn"] = self._text(cursor.wal_end)
-                if self.pending_rows >= self.r.batch_rows:
+                if self.pending_rows >= self.r.batch_rows or (
+                        self.pending and time.time() - self.pending[0].received >= self.r.batch_seconds):
                     self._flush()
                 continue
-            if self.pending and time.time() - self.pending[0].received >= self.r.batch_seconds:
-                self._flush()
+            # Nothing buffered: wait a moment for more (a backlog arrives in bursts) before applying.
+            if self.pending and select.select([self.connection], [], [], IDLE)[0]:
+                continue
+            self._flush()
             self._lag()
             self.r._report()
-            select.select([self.connection], [], [], 0.02 if self.pending else 0.2)
+            select.select([self.connection], [], [], 0.2)
         self._flush()
         self.r._report(force=True)
 
@@ -193,6 +197,7 @@ class Stream:
         progress.update(applied_lsn=self._text(last.commit_lsn), confirmed_lsn=self._text(last.end_lsn),
                         last_commit_delay_seconds=round(time.time() - last.commit_time, 3))
         progress["transactions"] += len(group)
+        progress["groups"] = progress.get("groups", 0) + 1
         progress["rows"] += sum(tx.rows for tx in group)
         self._lag()
         self.r._report()
@@ -209,7 +214,10 @@ class Stream:
             values = list(zip(*[v for _, v in rows]))
             batch = pa.table({name: pa.array(values[i], pa.string()) for i, name in enumerate(names)})
             batch = batch.append_column(OP, pa.array([op for op, _ in rows], pa.string()))
+        started = time.perf_counter()
         db.apply_changes(table, batch, source=self.source(table), seq=seq)
+        progress = self.r.progress
+        progress["apply_seconds"] = round(progress.get("apply_seconds", 0.0) + time.perf_counter() - started, 3)
         self.applied[table] = seq
 
 
