@@ -18,8 +18,9 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    drops the slot, deletes the rows loaded so far and starts again.
 2. Streaming. ``START_REPLICATION`` of pgoutput from the slot's confirmed
    LSN. Committed transactions are grouped (until the stream is idle for
-   20 ms, ``batch_rows`` rows or ``batch_seconds`` after the first) and applied per table with ``apply_changes(table,
-   batch, source="pg:<name>:<table>", seq=<commit LSN> << 16 | part)``.
+   20 ms, or ``batch_rows`` rows, or ``batch_seconds`` after the first) and
+   applied per table with ``apply_changes(table, batch,
+   source="pg:<name>:<table>", seq=<commit LSN> << 16 | part)``.
    Only after every table of a group is durable is the group's end LSN
    confirmed (``send_feedback(flush_lsn=…)``). After a restart PostgreSQL
    resends what was not confirmed; per table, changes of a transaction whose
