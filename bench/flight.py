@@ -1,8 +1,10 @@
 """Read latency over Arrow Flight while a writer ingests (issue 5's benchmark).
 
-    python -m bench.flight --rows 100000 --rate 50000 --seconds 20
+    python -m bench.flight --rows 100000 --rate 50000 --seconds 20 [--durable]
 
-Starts a real ``ivm serve`` (in memory, loopback), creates
+Starts a real ``ivm serve`` (in memory, loopback; ``--durable``: with
+``--data`` in a temporary directory, so every batch is on disk before it is
+acknowledged and the maintainer folds it in the background), creates
 
     items(id PK, grp, amount)                 --rows rows
     by_grp    = SELECT grp, COUNT(*), SUM(amount) FROM items GROUP BY grp
@@ -32,6 +34,7 @@ import os
 import platform
 import random
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -164,8 +167,16 @@ def visibility(uri: str, writes: int) -> dict:
     return {"writes": writes, "not_visible": sum(lags), "read": quantiles(read_seconds)}
 
 
-def run(rows: int, rate: float, batch: int, seconds: float) -> dict:
-    with ServerProcess() as server:
+def run(rows: int, rate: float, batch: int, seconds: float, durable: bool) -> dict:
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
+        result = measure(rows, rate, batch, seconds, ("--data", f"{directory}/db") if durable else ())
+    result["load_average"] = [load_before, os.getloadavg()[0]]  # 1-minute, before and after: the sharing
+    return result
+
+
+def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tuple[str, ...]) -> dict:
+    with ServerProcess(*server_args) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.executescript(
                 "CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE);"
@@ -173,7 +184,8 @@ def run(rows: int, rate: float, batch: int, seconds: float) -> dict:
                 "CREATE MATERIALIZED VIEW all_items AS SELECT id, grp, amount FROM items WHERE amount >= 0"
             )
             cur.adbc_ingest("items", items(np.arange(rows), np.random.default_rng(0)), mode="append")
-            result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds}
+            result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds,
+                            "server": "durable (--data)" if server_args else "in memory"}
             lookup = "SELECT * FROM by_grp WHERE grp = ?"
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
@@ -201,9 +213,10 @@ def report(r: dict, command: str) -> str:
         f"Command: `{command}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        "shared with other jobs while measured (numbers are upper bounds).",
+        "shared with other jobs while measured (numbers are upper bounds): 1-minute load average "
+        f"{r['load_average'][0]:.1f} before, {r['load_average'][1]:.1f} after.",
         "",
-        f"View size: {r['rows']:,} rows; ingest: upserts in batches of {r['batch']:,} rows, "
+        f"Server: {r['server']}. View size: {r['rows']:,} rows; ingest: upserts in batches of {r['batch']:,} rows, "
         f"target {r['target_rate']:,.0f} rows/s, **achieved {r['achieved_rate']:,.0f} rows/s**{shortfall}; "
         f"batch commit (DoPut to acknowledgement) median {r['commit']['median_ms']:.1f} ms, "
         f"p99 {r['commit']['p99_ms']:.1f} ms.",
@@ -237,16 +250,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50_000, help="target ingested rows per second")
     parser.add_argument("--batch", type=int, default=5_000, help="rows per ingested batch")
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
+    parser.add_argument("--durable", action="store_true", help="serve --data in a temporary directory")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     command = (f"python -m bench.flight --rows {args.rows} --rate {args.rate:.0f} --batch {args.batch} "
-               f"--seconds {args.seconds:g}")
-    result = run(args.rows, args.rate, args.batch, args.seconds)
+               f"--seconds {args.seconds:g}" + (" --durable" if args.durable else ""))
+    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable)
     text = report(result, command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "flight.md").write_text(text)
-    (out / "flight.json").write_text(json.dumps(result, indent=2))
+    name = "flight_durable" if args.durable else "flight"
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(text)
 
 

@@ -1,6 +1,6 @@
 """Durable ingest: acknowledgement latency and sustained throughput (issue 4, acceptance 4).
 
-    python -m bench.ingest --initial 1000000 --batches 300 --producers 1 4
+    python -m bench.ingest --initial 1000000 --batches 300 --producers 1 4 8 [--fold-delay 0.02]
 
 Measures, on a database in a fresh temporary directory:
 
@@ -11,11 +11,17 @@ Measures, on a database in a fresh temporary directory:
   views maintained in the background: median, p95, p99;
 * sustained rows/s with the three views maintained: P producer threads send
   batches for the whole run, the clock stops when the views reflect the last
-  acknowledged batch (a read returns), so maintenance is included;
+  acknowledged batch (a read returns), so maintenance is included; also the
+  process's CPU time over that run (rows per CPU second: what the work costs
+  on a shared machine, whatever else runs);
 * read-your-writes wait: a read issued right after an acknowledgement waits
   for the maintainer to fold it: median and p99 of that read;
 * the same stream on an in-memory database (synchronous maintenance, no log),
-  for comparison.
+  for comparison;
+* full recompute: DuckDB computing the three views from the final tables,
+  i.e. the cost per batch of keeping them fresh without incremental
+  maintenance, and the rows/s that would allow (ratio against the best
+  durable rows/s).
 
 Views: a per-customer aggregate (computed on read from its state), a join of
 orders and customers grouped by region, and a filter/projection (stored).
@@ -30,6 +36,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import threading
@@ -157,6 +164,7 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
             acks.extend(local)
 
     threads = [threading.Thread(target=produce, args=(mine,)) for mine in prepared]
+    cpu = process_cpu()
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -165,16 +173,35 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
     acked = time.perf_counter() - start
     db.sql("SELECT COUNT(*) FROM per_region")  # waits until the views hold every acknowledged batch
     folded = time.perf_counter() - start
+    cpu = process_cpu() - cpu
     rows = per * producers * size
     return {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
-            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99)}
+            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
+            "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
 
 
-def check(db: ivm.Database) -> None:
-    """Each view equals DuckDB recomputing it over the database's tables (DOUBLE sums to 1e-9)."""
+def process_cpu() -> float:
+    """CPU seconds this process used (all threads): on a shared machine, rows per CPU
+    second says what the code costs regardless of what else runs."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def check(db: ivm.Database) -> dict:
+    """Each view equals DuckDB recomputing it over the database's tables (DOUBLE sums to 1e-9).
+
+    Returns how long that recompute takes (all three views, from in-memory
+    Arrow tables, median of 3): what keeping the views fresh by recomputing
+    them after every batch would cost per batch."""
     ref = duckdb.connect()
     orders = db.sql("SELECT * FROM orders")  # noqa: F841  (read by DuckDB)
     customers = db.sql("SELECT * FROM customers")  # noqa: F841
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for sql in VIEWS.values():
+            ref.sql(sql).to_arrow_table()
+        times.append((time.perf_counter() - start) * 1e3)
     for name, sql in VIEWS.items():
         want = sorted(ref.sql(sql).fetchall())
         got = sorted(tuple(r.values()) for r in db.sql(f"SELECT * FROM {name}").to_pylist())
@@ -183,6 +210,7 @@ def check(db: ivm.Database) -> None:
             for g, w in zip(got, want))
         if not same:
             raise AssertionError(f"view {name} differs from its recompute")
+    return {"orders": orders.num_rows, "recompute_3_views_ms": statistics.median(times)}
 
 
 def main() -> None:
@@ -195,7 +223,8 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args)}
+    results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args),
+                     "load_average_at_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results["fdatasync_40KB"] = sync_cost(Path(tmp))
         print("fdatasync 40 KB:", json.dumps(results["fdatasync_40KB"]), flush=True)
@@ -208,7 +237,11 @@ def main() -> None:
             result = throughput(db, stream, producers, args.batches, args.batch_size)
             results["durable_throughput"].append(result)
             print("durable throughput:", json.dumps(result), flush=True)
-        check(db)
+        results["recompute"] = check(db)
+        best = max(r["rows_per_s"] for r in results["durable_throughput"])
+        results["recompute"]["recompute_rows_per_s"] = args.batch_size / (results["recompute"]["recompute_3_views_ms"] / 1e3)
+        results["recompute"]["incremental_over_recompute"] = best / results["recompute"]["recompute_rows_per_s"]
+        print("recompute after every batch instead:", json.dumps(results["recompute"]), flush=True)
         results["status"] = {k: v for k, v in db.status().items() if k != "relations"}
         db.close()
     memory = ivm.connect()
@@ -217,6 +250,8 @@ def main() -> None:
     print("in memory (synchronous):", json.dumps(results["memory_throughput"]), flush=True)
     check(memory)
     memory.close()
+    results["load_average_at_end"] = os.getloadavg()
+    print("load average at start / end:", results["load_average_at_start"], results["load_average_at_end"])
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -62,11 +62,8 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
     tls = tls_pair(tls_cert, tls_key)
     try:
         db = open_database(data, demo)
-    except ivm.IvmError as e:
+    except (ivm.IvmError, OSError) as e:  # e.g. --data names a path under a file
         print(f"ivm serve: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # the data directory cannot be made or opened
-        print(f"ivm serve: cannot open the data directory {data}: {e}", file=sys.stderr)
         return 1
     scheme = "grpc+tls" if tls else "grpc"
     try:

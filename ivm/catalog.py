@@ -18,6 +18,7 @@ from sql_frontend.plan_sql import render
 from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
 from ivm.binder import Binder
+from ivm.maintenance import CostModel
 
 
 @dataclass
@@ -53,6 +54,8 @@ class ViewDef:
     programs: dict[tuple, Program] = field(default_factory=dict)
     # False: rows are computed on read from operator state (see reads_only_state)
     stored_output: bool = True
+    # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
+    cost: CostModel = field(default_factory=CostModel)
 
     @property
     def columns(self) -> tuple[Column, ...]:

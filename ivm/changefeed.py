@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
+from ivm.reads import failed_view_error
 from sql_frontend.errors import CatalogError, OffsetError
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ def read(engine: "Engine", view: str, since: int, wait: float = 0.0) -> ViewChan
         raise OffsetError(f"offset must be >= 0, not {since}")
     target = schema(engine, view)
     engine.wait_visible()  # read your writes, as reads do: every acknowledged change is in the history
+    failed = engine.failed.get(view)
+    if failed is not None:  # its history stopped: say so rather than report no changes
+        raise failed_view_error(view, failed)
     found = engine.history.read(view, since, wait)
     if not found.entries:
         return ViewChanges(target.empty_table(), found.through)

@@ -23,7 +23,7 @@ and +new (if its last operation left a row), skipping rows left unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import duckdb
 import numpy as np
@@ -196,10 +196,16 @@ class ChangeApplier:
 
     def apply(self, table: TableDef, relation: Relation, batch: pa.Table, policy: str) -> ZsetChange:
         identity = table.identity
+        rows = batch.num_rows
         codes = self.coder.codes(batch, identity)
+        unique = len(np.unique(codes)) == len(codes)
+        if table.primary_key and not unique and _last_wins(batch, policy):
+            last = _last_per_key(batch, codes, table.primary_key)
+            if last is not None:
+                batch, codes, unique = batch.take(last), codes[last], True
         existing = relation.lookup(identity, codes, positions=True)
         try:
-            if table.primary_key and len(np.unique(codes)) == len(codes):
+            if table.primary_key and unique:
                 # Every key once (the usual batch): no ordering within keys to resolve.
                 # Equal codes may be a collision of different keys; those take the
                 # general path, which is never wrong, only slower.
@@ -221,7 +227,7 @@ class ChangeApplier:
             delete_runs=deleted.column(RUN).to_numpy(),
             delete_rows=deleted.column(POS).to_numpy(),
             inserts=inserts,
-            rows=batch.num_rows,
+            rows=rows,
         )
 
     def _keyed(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
@@ -351,3 +357,28 @@ class ChangeApplier:
         merged = merged.filter(pc.not_equal(change, 0))
         # Only rows whose stored copy changes are deleted and re-inserted.
         return merged
+
+
+def _last_wins(batch: pa.Table, policy: str) -> bool:
+    """Only each key's last operation matters: upserts ('u', 'r'), and deletes that may miss.
+
+    An insert ('c') or a delete under the 'error' policy is checked against the
+    state just before it, which earlier operations on its key in the batch decide."""
+    allowed = ["u", "r"] if policy == "error" else ["u", "r", "d"]
+    return not pc.any(pc.invert(pc.is_in(batch.column(OP), pa.array(allowed)))).as_py()
+
+
+def _last_per_key(batch: pa.Table, codes: np.ndarray, key: Sequence[str]) -> np.ndarray | None:
+    """Positions of each key's last row (by ``__seq``), in ``__seq`` order; None when two
+    different keys share a code (then the general conversion resolves them)."""
+    order = np.lexsort((batch.column(SEQ).to_numpy(), codes))
+    ordered = codes[order]
+    ends = np.append(ordered[1:] != ordered[:-1], True)
+    group = np.cumsum(np.concatenate(([0], ends[:-1])))  # group number of each sorted row
+    last = order[ends]
+    mine, theirs = pa.array(order), pa.array(last[group])
+    for column in key:
+        values = batch.column(column)
+        if not pc.all(pc.equal(values.take(mine), values.take(theirs))).as_py():
+            return None
+    return np.sort(last)

@@ -46,7 +46,17 @@ def main(argv: list[str] | None = None) -> int:
 
     add_replicate(commands)
 
+    bench = commands.add_parser("bench", help="benchmarks: incremental maintenance versus full recompute")
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    from bench.tpch_report import add_arguments
+
+    add_arguments(workloads.add_parser("tpch", help="the TPC-H queries as views under a refresh stream "
+                                                    "(report, plots; see bench/README.md)"))
+    workloads.add_parser("nexmark", help="Nexmark (not available yet: needs windows over event time, issue 8)")
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     if args.command == "ingest":
         from ivm.cdc.cli import ingest_debezium
 
@@ -67,6 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         shell = sys.stdin.isatty() if args.shell is None else args.shell
         run(batches=args.batches, rows=args.rows, shell=shell)
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.workload == "nexmark":
+        print("ivm bench nexmark: not available yet (needs event-time windows, issue 8); "
+              "the event generator is bench/nexmark.py", file=sys.stderr)
+        return 2
+    from bench.tpch_report import main as tpch
+
+    return tpch(args)
 
 
 def _maintenance(args: argparse.Namespace) -> int:

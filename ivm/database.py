@@ -51,6 +51,7 @@ from ivm.changefeed import ViewChanges
 from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
+from ivm.maintenance import check_mode
 from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
@@ -72,6 +73,7 @@ class Database:
         if unknown:
             raise TypeError(f"unknown option(s) for ivm.connect: {', '.join(sorted(unknown))}")
         settings = Settings(**options)
+        check_mode(settings.maintenance)  # before a durable directory is touched
         self.path = None if path is None else str(path)
         if path is None:
             self._engine = Engine(settings)
@@ -384,7 +386,11 @@ class Database:
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources
         }
-        return explain_view(view.name, view.plan, view.states, programs)
+        lines = explain_view(view.name, view.plan, view.states, programs)
+        mode = engine.settings.maintenance
+        if stmt.view is None:
+            return lines + [f"maintenance: {'cost-based per batch' if mode == 'auto' else 'forced ' + mode}"]
+        return lines + [view.cost.describe(mode)]
 
     def _show(self, stmt: Show) -> pa.Table:
         engine = self._engine

@@ -56,8 +56,11 @@ class DurableEngine(Engine):
     def __init__(self, path: str | os.PathLike, settings: Settings | None = None):
         super().__init__(settings)
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._lock_directory()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = self._lock_directory()
+        except OSError as e:
+            raise IvmError(f"cannot use {self.path} as a database directory: {e.strerror or e}") from e
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
         self._pending_indexes: dict[str, tuple] = {}
         # (offset, time, rows, table) of accepted batches past the checkpoint; the

@@ -15,6 +15,7 @@ nothing. Readers never take the lock: they read the published snapshot.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.executor import Executor, RowChanges
+from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -46,6 +48,9 @@ from storage.store import Snapshot, Store
 @dataclass
 class Settings:
     threads: int | None = None
+    # How views are maintained per batch: "auto" (cost-based choice between
+    # incremental and recompute, see ivm/maintenance.py), "incremental", "recompute".
+    maintenance: str = "auto"
     # Rows of view changes kept for subscribers (storage/view_history.py).
     retain_rows: int = DEFAULT_RETAIN_ROWS
     # Durable databases only (see ivm/durable.py):
@@ -91,6 +96,7 @@ class Worker:
 class Engine:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings()
+        check_mode(self.settings.maintenance)
         config = {"threads": self.settings.threads} if self.settings.threads else {}
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
@@ -218,7 +224,9 @@ class Engine:
                 program = view.program(frozenset([source]), self._stored_new(frozenset([source])))
                 snapshot = self._ensure_indexes(program, snapshot, self.large)
             try:
+                started = time.perf_counter()
                 snapshot = self._initialize(view, snapshot)
+                view.cost.record_recompute(time.perf_counter() - started, source_rows(snapshot, view))
             except BaseException:
                 for upstream in converted:  # nothing was published: undo the switch
                     upstream.stored_output = False
@@ -360,6 +368,7 @@ class Engine:
         so are the views that read it. The other views go on.
         """
         all_changes: list[RowChanges] = []
+        recomputed: dict[str, Relation] = {}  # state relations of views recomputed in this batch
         stored_new = frozenset(deltas)
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
@@ -368,20 +377,31 @@ class Engine:
             changed = frozenset(s for s in view.sources if s in deltas and deltas[s].num_rows)
             if not changed:
                 continue
-            program = view.program(changed, stored_new & changed)
+            rows = sum(deltas[s].num_rows for s in changed)
+            sizes = source_rows(snapshot, view) if self.settings.maintenance != "incremental" else 0
+            path = view.cost.choose(self.settings.maintenance, rows, sizes)
+            started = time.perf_counter()
             try:
-                snapshot = self._ensure_indexes(program, snapshot, worker)
-                inputs = {delta_input(s): deltas[s] for s in changed}
-                temps, changes = worker.executor.run(program, inputs, snapshot, label=f"view {name}")
+                if path == "recompute":
+                    delta, states = recompute(self, view, snapshot, all_changes, recomputed, worker)
+                    deltas[name] = delta
+                    recomputed.update(states)
+                else:
+                    program = view.program(changed, stored_new & changed)
+                    snapshot = self._ensure_indexes(program, snapshot, worker)
+                    inputs = {delta_input(s): deltas[s] for s in changed}
+                    temps, changes = worker.executor.run(program, inputs, snapshot, label=f"view {name}")
+                    if program.output is not None:
+                        deltas[name] = temps[program.output]
+                    all_changes.extend(changes)
             except Exception as e:
                 if not isolate:
                     raise
                 self.failed[name] = f"{type(e).__name__}: {e}"
                 continue
-            if program.output is not None:
-                deltas[name] = temps[program.output]
-            all_changes.extend(changes)
-        return snapshot.with_changes(self._commit(all_changes, snapshot, worker))
+            view.cost.record(path, time.perf_counter() - started, rows, sizes)
+        committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
+        return snapshot.with_changes({**committed, **recomputed})
 
     def _skip_failed(self, view: ViewDef) -> bool:
         if view.name in self.failed:

@@ -69,6 +69,7 @@ class Maintainer:
         self.fold_lock = threading.RLock()  # a fold, or a DDL/checkpoint that needs none to run
         self.error: BaseException | None = None
         self.stopping = False
+        self.demanded = False  # a reader waits for the next fold
         self.folds = 0
         self.thread = threading.Thread(target=self._run, name="ivm-maintainer", daemon=True)
 
@@ -107,6 +108,7 @@ class Maintainer:
         if store.snapshot.offset >= offset:
             return
         with self.cond:
+            self.demanded = True
             self.cond.notify_all()
             while store.snapshot.offset < offset:
                 if self.error is not None:
@@ -125,15 +127,26 @@ class Maintainer:
                         self.cond.wait(0.5)
                     if self.stopping and not self._ready():
                         return
-                delay = self.engine.settings.fold_delay
-                if delay and self.queued_rows < self.engine.settings.fold_rows:
-                    time.sleep(delay)
+                self._gather()
                 self.fold()
         except BaseException as e:  # a bug: reads must not wait forever
             log.exception("view maintenance stopped")
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
+
+    def _gather(self) -> None:
+        """Wait up to ``fold_delay`` for more changes, so one fold covers more batches
+        (each fold runs every affected view's program once, whatever its size). A
+        reader waiting for the fold, ``fold_rows`` queued rows or closing ends the
+        wait at once: the delay never holds up a read."""
+        settings = self.engine.settings
+        deadline = time.monotonic() + settings.fold_delay
+        with self.cond:
+            while (not self.stopping and not self.demanded and self.queued_rows < settings.fold_rows
+                   and (remaining := deadline - time.monotonic()) > 0):
+                self.cond.wait(remaining)
+            self.demanded = False
 
     def _take(self) -> list[Entry]:
         with self.cond:
@@ -173,7 +186,7 @@ class Maintainer:
             self._keep_indexes(before.with_changes(versions), snapshot)
             hook("fold.before_publish")
             with self.cond:
-                engine.history.append(entries[-1].offset, engine.view_deltas(deltas))
+                engine.history.append(entries[-1].offset, engine.view_deltas(deltas), first=before.offset + 1)
                 engine.store.publish(snapshot.with_changes({}, offset=entries[-1].offset))
                 self.folds += 1
                 self.cond.notify_all()

@@ -68,6 +68,14 @@ def visible(relation: Relation, may_repeat: bool) -> pa.Table:
 IDLE_CURSORS = 16
 
 
+def failed_view_error(name: str, failed: str) -> ExecutionError:
+    """The error of reading (or subscribing to) a view whose maintenance failed after an ack."""
+    return ExecutionError(
+        f"materialized view {name} failed while being maintained and is not readable: {failed} "
+        "(its tables kept every change; DROP the view and create it again)"
+    )
+
+
 @dataclass
 class Lease:
     """A pooled cursor and what is registered on it."""
@@ -144,10 +152,7 @@ class Reader:
             definition = catalog.get(name)
             failed = self.engine.failed.get(name)
             if failed is not None:
-                raise ExecutionError(
-                    f"materialized view {name} failed while being maintained and is not readable: {failed} "
-                    "(its tables kept every change; DROP the view and create it again)"
-                )
+                raise failed_view_error(name, failed)
             if definition.kind == "view" and not definition.stored_output:
                 self._register_computed(cursor, registered, definition, snapshot)
                 continue

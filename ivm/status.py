@@ -6,7 +6,9 @@ stored (checkpointed) version, the offset reads see (published), the log
 head (last accepted offset), the lag of stored state behind the head in
 changes and seconds (of the oldest change to the relation's tables that is
 not stored yet), the stored size, and the buffer: changed rows acknowledged
-but not yet folded into views. Database-wide facts (log segments,
+but not yet folded into views, and (views) how the last batches were
+maintained: incremental or recompute (ivm/maintenance.py; the estimates
+are in ``facts["maintenance"]``). Database-wide facts (log segments,
 truncations repaired at open, recovery, checkpoints) come alongside.
 """
 
@@ -19,13 +21,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 if TYPE_CHECKING:
+    from ivm.catalog import ViewDef
     from ivm.engine import Engine
 
 COLUMNS = [
     ("name", pa.string()), ("kind", pa.string()), ("rows", pa.int64()), ("stored_offset", pa.int64()),
     ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
     ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
-    ("status", pa.string()),
+    ("status", pa.string()), ("maintenance", pa.string()),
 ]
 
 
@@ -69,9 +72,12 @@ def engine_status(engine: "Engine") -> dict:
                 "stored_bytes": engine.checkpointer.stored_bytes(relation) if durable else None,
                 "buffer_rows": sum(queued.get(t, 0) for t in tables),
                 "status": "failed: " + engine.failed[name] if name in engine.failed else "ok",
+                "maintenance": _maintenance(engine, view) if view is not None and relation == name else None,
             })
     facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
-             "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations}
+             "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations,
+             "maintenance": {"mode": engine.settings.maintenance,
+                             "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}}}
     if durable:
         facts.update({
             "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},
@@ -85,6 +91,21 @@ def engine_status(engine: "Engine") -> dict:
 
         facts["sources"] = sources_status(engine.path)
     return facts
+
+
+def _maintenance(engine: "Engine", view: "ViewDef") -> str:
+    """How the view was maintained: the mode, the last batch's path, the counts of each path."""
+    cost = view.cost
+    counts = ", ".join(f"{n} {path}" for path, n in cost.batches.items())
+    return f"{engine.settings.maintenance}: last {cost.last or 'none'} ({counts})"
+
+
+def maintenance_facts(view: "ViewDef") -> dict:
+    """The view's cost model in numbers (seconds): estimates, batches and time per path."""
+    cost = view.cost
+    return {"last": cost.last or None, "batches": dict(cost.batches),
+            "seconds": {k: round(v, 6) for k, v in cost.seconds.items()},
+            "estimate_incremental": cost.incremental, "estimate_recompute": cost.recompute}
 
 
 def status_table(facts: dict) -> pa.Table:

@@ -6,6 +6,14 @@ batch that caused it. A view's first entry is its contents when it was
 created (the delta from empty), under the offset it was created at, so a
 subscriber starting from before the view existed integrates to the view.
 
+An entry may cover several offsets: a durable database folds a run of
+batches into the views at once and records the sum under the run's last
+offset, with the run's first offset. A reader resumes only from an entry's
+boundary (offsets it was given: a read's offset, ``through``, an
+``__offset``); resuming from inside a run is an error, never a repeat of the
+part of the run the reader had already seen (after a reopen the log is
+folded in runs that differ from the ones before the crash).
+
 Readers ask for a relation's entries after an offset; they may wait for new
 ones (live tailing). Retention is by total rows: when the history holds more
 than ``retain_rows`` rows the oldest entries go, and each relation remembers
@@ -25,6 +33,11 @@ falls off the end if it is too slow.
 Traceback (most recent call last):
 ...
 sql_frontend.errors.OffsetError: changes of v after offset 0 are no longer retained (history starts after offset 1); read the view again and subscribe from the offset of that read
+>>> log.append(6, {"v": pa.table({"a": [5], "__weight": [1]})}, first=3)
+>>> log.read("v", 4)
+Traceback (most recent call last):
+...
+sql_frontend.errors.OffsetError: offset 4 is inside changes of v folded together (offsets 3 to 6); read the view again and subscribe from the offset of that read
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ class Changes:
 @dataclass
 class _History:
     offsets: list[int] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)  # the first offset each entry covers
     deltas: list[pa.Table | None] = field(default_factory=list)
     start: int = 0  # entries before this index were evicted
     horizon: int | None = None  # newest offset evicted (None: nothing lost)
@@ -80,8 +94,9 @@ class ViewHistory:
         return self._rows
 
     # --- writing (the engine, under its write lock) ------------------------------------
-    def append(self, offset: int, deltas: Mapping[str, pa.Table]) -> None:
-        """Record the deltas of one published batch (offsets never decrease)."""
+    def append(self, offset: int, deltas: Mapping[str, pa.Table], first: int | None = None) -> None:
+        """Record the deltas of the batches ``first`` to ``offset`` (default: one batch), published
+        together (offsets never decrease)."""
         with self._changed:
             if offset < self._head:
                 raise ValueError(f"offset {offset} is behind the log head {self._head}")
@@ -92,6 +107,7 @@ class ViewHistory:
                 if history is None or history.dropped:
                     history = self._histories[relation] = _History()
                 history.offsets.append(offset)
+                history.firsts.append(offset if first is None else first)
                 history.deltas.append(delta)
                 self._order.append((history, delta.num_rows))
                 self._rows += delta.num_rows
@@ -119,7 +135,7 @@ class ViewHistory:
             if history is not None:
                 history.dropped = True
                 self._rows -= sum(d.num_rows for d in history.deltas[history.start:] if d is not None)
-                history.offsets, history.deltas, history.start = [], [], 0
+                history.offsets, history.firsts, history.deltas, history.start = [], [], [], 0
             self._changed.notify_all()
 
     def close(self) -> None:
@@ -138,7 +154,7 @@ class ViewHistory:
             history.start += 1
             self._rows -= rows
             if history.start > 64 and history.start * 2 > len(history.offsets):
-                del history.offsets[: history.start], history.deltas[: history.start]
+                del history.offsets[: history.start], history.firsts[: history.start], history.deltas[: history.start]
                 history.start = 0
 
     # --- reading (any thread) -----------------------------------------------------------
@@ -148,7 +164,7 @@ class ViewHistory:
         with self._changed:
             while True:
                 history = self._check(relation, since)
-                entries = self._after(history, since)
+                entries = self._after(relation, history, since)
                 remaining = deadline - time.monotonic()
                 if entries or remaining <= 0 or self._closed:
                     return Changes(entries, self._head)
@@ -169,7 +185,7 @@ class ViewHistory:
         return history
 
     @staticmethod
-    def _after(history: _History, since: int) -> list[tuple[int, pa.Table]]:
+    def _after(relation: str, history: _History, since: int) -> list[tuple[int, pa.Table]]:
         offsets = history.offsets
         lo, hi = history.start, len(offsets)
         while lo < hi:  # first entry with offset > since
@@ -178,4 +194,10 @@ class ViewHistory:
                 lo = mid + 1
             else:
                 hi = mid
+        if lo < len(offsets) and history.firsts[lo] <= since:
+            first, last = history.firsts[lo], offsets[lo]
+            raise OffsetError(
+                f"offset {since} is inside changes of {relation} folded together (offsets {first} to {last}); "
+                "read the view again and subscribe from the offset of that read"
+            )
         return [(o, d) for o, d in zip(offsets[lo:], history.deltas[lo:]) if d is not None]

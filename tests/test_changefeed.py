@@ -162,3 +162,39 @@ def test_durable_change_stream_across_batches_folds_and_a_reopen(tmp_path):
         assert multiset_diff(consumer.table(view.schema), view) is None
     finally:
         db.close()
+
+
+def test_resuming_inside_a_run_folded_after_a_crash_is_an_error_not_a_repeat(tmp_path):
+    """Before the crash a consumer reached offset 3 of 6 (each batch folded on
+    its own); the checkpoint holds none of them. The reopened database replays
+    the log and folds offsets 1-6 in one run: resuming from 3 would repeat 1-3,
+    so it is refused; resuming from the restored offset, or from a read, works."""
+    path = tmp_path / "db"
+    db = ivm.connect(path, checkpoint_seconds=3600)
+    db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, g VARCHAR)")
+    db.execute("CREATE MATERIALIZED VIEW n AS SELECT g, COUNT(*) AS c FROM t GROUP BY g")
+    start = db.offset
+    consumer, since = Integrator(), start
+    for i in range(6):
+        db.apply_changes("t", pa.table({"k": [i], "g": [f"g{i % 2}"]}))
+        if i == 2:
+            since = catch_up(db, "n", consumer, since)
+    assert since == start + 3
+    engine = db._engine  # crash: no checkpoint of the batches, only the log has them
+    engine.checkpointer.stop()
+    engine.checkpointer.checkpoint = lambda force=False: False
+    db.close()
+
+    db = ivm.connect(path, fold_delay=2.0)  # the maintainer waits for the whole replay, then folds once
+    try:
+        assert db.status()["recovered_records"] == 6
+        with pytest.raises(OffsetError, match=rf"offset {since} is inside changes of n folded together "
+                                              rf"\(offsets {start + 1} to {start + 6}\)"):
+            db.changes("n", since)
+        fresh = Integrator()
+        through = catch_up(db, "n", fresh, start)  # from the restored offset: the whole run, once
+        assert through == db.offset == start + 6
+        view = db.sql("SELECT * FROM n")
+        assert multiset_diff(fresh.table(view.schema), view) is None
+    finally:
+        db.close()

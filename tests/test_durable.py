@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -115,6 +116,33 @@ def test_a_repeated_source_seq_applies_once_even_after_reopen(tmp_path):
     db.close()
 
 
+def test_a_source_seq_replayed_after_a_crash_applies_once(tmp_path):
+    """The producer sent seq 41 and 42 and the process died (no close, no
+    checkpoint): recovery rebuilds the producers' table from the log, so
+    re-sending both returns their original offsets and changes nothing."""
+    make(tmp_path, checkpoint_seconds=3600).close()
+    result = run_child("""
+        db = ivm.connect(path, checkpoint_seconds=3600)
+        for seq, ids in ((41, [1, 2]), (42, [3])):
+            batch = pa.table({"id": ids, "cust": [7] * len(ids), "amount": [9.5] * len(ids), "note": ["x"] * len(ids)})
+            print(db.apply_changes("orders", batch, source="orders-cdc", seq=seq))
+        sys.stdout.flush()
+        os._exit(0)
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    first, second = map(int, result.stdout.split())
+    db = ivm.connect(tmp_path)
+    try:
+        assert db.status()["recovered_records"] == 2
+        assert db.apply_changes("orders", orders([1, 2]), source="orders-cdc", seq=41) == first
+        assert db.apply_changes("orders", orders([3]), source="orders-cdc", seq=42) == second
+        assert db.offset == second
+        assert rows(db, "SELECT * FROM totals") == [{"cust": 7, "total": 28.5, "n": 3}]
+        assert db.apply_changes("orders", orders([4]), source="orders-cdc", seq=43) == second + 1
+    finally:
+        db.close()
+
+
 def test_rejected_batches_get_no_offset_and_change_nothing(tmp_path):
     db = make(tmp_path)
     db.apply_changes("orders", orders([1]))
@@ -175,6 +203,8 @@ def test_a_view_failing_after_the_ack_is_marked_failed_and_keeps_the_data(tmp_pa
     for view in ("parsed", "parsed_sum"):
         with pytest.raises(ivm.ExecutionError, match=f"materialized view {view} failed"):
             db.sql(f"SELECT * FROM {view}")
+        with pytest.raises(ivm.ExecutionError, match=f"materialized view {view} failed"):
+            db.changes(view, offset - 1)  # its change history stopped
     assert rows(db, "SELECT * FROM big") == [{"id": 1, "amount": 9.5}]  # other views go on
     status = {r["name"]: r["status"] for r in db.status()["relations"]}
     assert status["parsed"].startswith("failed: ExecutionError") and "not a number" in status["parsed"]
@@ -208,7 +238,8 @@ def test_status_checkpoint_and_compaction(tmp_path):
     db.execute("DELETE FROM orders WHERE id = 3")
     table = db.sql("SHOW STATUS")
     assert table.column_names == ["name", "kind", "rows", "stored_offset", "published_offset", "log_head",
-                                  "lag_changes", "lag_seconds", "stored_bytes", "buffer_rows", "status"]
+                                  "lag_changes", "lag_seconds", "stored_bytes", "buffer_rows", "status",
+                                  "maintenance"]
     head = db.offset
     assert db.sql("CHECKPOINT").to_pylist() == [{"offset": head}]
     result = db.sql("COMPACT").to_pylist()[0]
@@ -256,6 +287,11 @@ def test_one_process_at_a_time_and_unknown_options(tmp_path):
     db.close()
     with pytest.raises(TypeError, match="unknown option"):
         ivm.connect(tmp_path, fold_rowz=3)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ivm.IvmError, match=r"cannot use .*a_file/db as a database directory: Not a directory"):
+        ivm.connect(blocker / "db")
+    assert blocker.read_text() == "not a directory"
 
 
 def test_types_delta_lacks_are_stored_losslessly_or_refused(tmp_path):
@@ -303,11 +339,15 @@ def test_concurrent_producers_share_syncs(tmp_path, monkeypatch):
 
 
 def test_reads_wait_for_every_acknowledged_batch(tmp_path):
-    db = make(tmp_path, fold_delay=1.0)  # the maintainer lags behind the acknowledgements
+    import time
+
+    db = make(tmp_path, fold_delay=60.0)  # the maintainer waits for more changes before it folds ...
     for i in range(5):
         db.apply_changes("orders", orders([i], cust=1, amount=float(i + 6)))
     assert db.status()["relations"][0]["buffer_rows"] > 0  # status does not wait: the buffer is visible
+    start = time.monotonic()
     assert rows(db, "SELECT * FROM totals") == [{"cust": 1, "total": 40.0, "n": 5}]
+    assert time.monotonic() - start < 30  # ... but a waiting read makes it fold at once
     assert db.offset == 5
     assert all(r["buffer_rows"] == 0 for r in db.status()["relations"])
     db.close()
@@ -340,3 +380,37 @@ def test_batches_converted_together_keep_their_own_outcomes(tmp_path):
     assert rows(db, "SELECT id, amount FROM orders") == [{"id": 1, "amount": 20.0}, {"id": 5, "amount": 9.5}]
     assert rows(db, "SELECT * FROM kinds") == [{"kind": "k", "val": 1}]
     db.close()
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "in_memory"])
+def test_repeated_keys_in_a_batch_take_each_keys_last_operation(tmp_path, durable):
+    """Upserts (and deletes that may miss) resolve to each key's last row
+    (ivm/changes.py: _last_per_key); inserts and strict deletes are still
+    checked against the state just before them."""
+    db = ivm.connect(tmp_path) if durable else ivm.connect()
+    db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, v VARCHAR)")
+    db.execute("CREATE MATERIALIZED VIEW by_v AS SELECT v, COUNT(*) AS n FROM t GROUP BY v")
+    db.execute("INSERT INTO t VALUES (1, 'o'), (2, 'o'), (3, 'o')")
+    db.apply_changes("t", pa.table({"k": [1, 4, 1, 2, 4, 5], "v": ["a", "x", "b", None, "y", None],
+                                    "__op": ["u", "u", "u", "d", "u", "d"]}), on_missing_delete="ignore")
+    assert rows(db, "SELECT * FROM t") == rows_of([(1, "b"), (3, "o"), (4, "y")])
+    db.apply_changes("t", pa.table({"k": [3, 3, 3], "v": ["p", "q", "r"], "__op": ["u", "r", "u"]}))
+    db.apply_changes("t", pa.table({"k": [6, 6], "v": ["n", None], "__op": ["u", "d"]}))  # strict: 6 exists by then
+    before = rows(db, "SELECT * FROM t")
+    with pytest.raises(ivm.ChangeError, match=r"delete \('d'\) from t of missing \(k\) = \(7\)"):
+        db.apply_changes("t", pa.table({"k": [7, 7], "v": [None, "z"], "__op": ["d", "u"]}))
+    assert rows(db, "SELECT * FROM t") == before == rows_of([(1, "b"), (3, "r"), (4, "y")])
+    assert rows(db, "SELECT * FROM by_v") == [{"v": "b", "n": 1}, {"v": "r", "n": 1}, {"v": "y", "n": 1}]
+    db.close()
+
+
+def rows_of(pairs):
+    return sorted(({"k": k, "v": v} for k, v in pairs), key=repr)
+
+
+def test_last_per_key_refuses_keys_that_share_a_code():
+    from ivm.changes import _last_per_key
+
+    batch = pa.table({"k": ["a", "b", "a", "c"], "__seq": [0, 1, 2, 3]})
+    assert _last_per_key(batch, np.array([10, 20, 10, 30]), ["k"]).tolist() == [1, 2, 3]
+    assert _last_per_key(batch, np.array([10, 10, 10, 30]), ["k"]) is None  # "a" and "b" collide

@@ -22,9 +22,10 @@ TABLES = ["customers", "orders", "items", "events"]
 OPTIONS = dict(checkpoint_rows=300, checkpoint_seconds=0.2, fold_delay=0.01)
 
 
-def stream(path, seed: int, rounds: int, burst: int) -> None:
+def stream(path, seed: int, rounds: int, burst: int, options: dict | None = None) -> None:
+    options = options or OPTIONS
     rng = random.Random(seed)
-    harness = Harness(oracle_schema(), oracle_views(), db=ivm.connect(path, **OPTIONS))
+    harness = Harness(oracle_schema(), oracle_views(), db=ivm.connect(path, **options))
     try:
         for table in TABLES:
             harness.apply(table, generate_batch(rng, harness.model, table, 20))
@@ -37,7 +38,7 @@ def stream(path, seed: int, rounds: int, burst: int) -> None:
             harness.check(f"round {step} (seed {seed})")
             if step == rounds // 2:
                 harness.db.close()
-                harness.db = ivm.connect(path, **OPTIONS)
+                harness.db = ivm.connect(path, **options)
                 harness.check(f"after reopening (seed {seed})")
     finally:
         harness.close()

@@ -1,11 +1,14 @@
 """Stored views read by other engines without export copies (issue 4, acceptance 3).
 
 DuckDB reads the Parquet files of the current Delta version; Spark (a real
-local session) reads the same files with spark.read.parquet. Both expand the
-__weight column into copies and must equal db.sql.
+local session) reads the same files with spark.read.parquet; the Delta Lake
+reader (deltalake) reads the Delta table at the manifest's version. All
+expand the __weight column into copies and must equal db.sql.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -65,3 +68,22 @@ def test_spark_reads_stored_views(stored):
             assert multiset_diff(got, want) is None, name
     finally:
         spark.stop()
+
+
+def test_the_delta_reader_reads_stored_views_at_the_manifest_version(stored):
+    """The Delta Lake reader (deltalake), time-travelling to the version that
+    checkpoint.json names, sees the same rows (README: Reading stored relations)."""
+    import json
+
+    import numpy as np
+    from deltalake import DeltaTable
+
+    root = Path(stored.path)
+    manifest = json.loads((root / "checkpoint.json").read_text())
+    for name in list(VIEWS) + ["orders"]:
+        entry = manifest["relations"].get(name) or manifest["outputs"][name]
+        table = DeltaTable(str(root / "relations" / entry["dir"]), version=entry["version"]).to_pyarrow_table()
+        weights = table.column("__weight").to_numpy()
+        assert (weights > 0).all()
+        rows = table.drop_columns(["__weight"]).take(np.repeat(np.arange(table.num_rows), weights))
+        assert multiset_diff(rows, stored.sql(f"SELECT * FROM {name}")) is None, name

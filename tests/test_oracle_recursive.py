@@ -28,9 +28,9 @@ def grow(rng: random.Random, harness: Harness, table: str, size: int) -> list:
     return [("r", spec.gen(rng)) for _ in range(size)]
 
 
-def recursive_stream(seed: int, batches: int) -> None:
+def recursive_stream(seed: int, batches: int, views=VIEWS) -> None:  # noqa: ANN001
     rng = random.Random(seed)
-    harness = Harness(oracle_schema(), VIEWS)
+    harness = Harness(oracle_schema(), views)
     try:
         harness.apply("links", grow(rng, harness, "links", rng.choice([0, 6, 20])))
         harness.apply("customers", grow(rng, harness, "customers", 8))

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tests.oracle.model import ops_to_arrow
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0
+KILLS: Counter = Counter()  # SIGKILLs delivered in this process, by moment (hook name or "random")
 
 
 @dataclass
@@ -86,6 +88,7 @@ def run_writer_and_kill(db_dir: Path, side_dir: Path, seed: int, kill: Kill) -> 
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, errors.read_text()[-3000:]
+    KILLS[kill.hook or "random"] += 1
 
 
 def verify(db_dir: Path, side_dir: Path) -> dict:

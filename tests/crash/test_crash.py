@@ -1,48 +1,101 @@
-"""Crash recovery under SIGKILL (issue 4, acceptance 1 and 2): 50 kills in the slow suites.
+"""Crash recovery under SIGKILL (issue 4, acceptance 1 and 2).
 
-See tests/crash/harness.py for what each cycle checks.
+The suite's kills are planned here, in one place (``PLANS``): 3 in the fast
+suite, the rest in the slow one, at random moments (a random delay after the
+writer is ready: mostly during ingest, sometimes inside a fold, a checkpoint
+or a compaction) and inside each crash hook (storage/hooks.py), which stall
+the writer at the named moment so the kill lands there: a log record half
+written, a log sync, a fold before it publishes, a checkpoint between its
+relation commits and around its manifest, a compaction's rewrite, unlink
+and vacuum. ``test_the_plan_kills_at_least_50_times`` asserts the total and
+that every moment is covered; each test asserts that every planned kill
+happened and was verified, and tests/crash/conftest.py prints the count of
+SIGKILLs the run delivered (``harness.KILLS``). See tests/crash/harness.py
+for what each reopen checks.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
-from tests.crash.harness import Kill, crash_cycles
+from tests.crash.harness import KILLS, Kill, crash_cycles
+
+INGEST = ["log.torn_record", "log.before_sync"]
+FOLD = ["fold.before_publish"]
+CHECKPOINT = ["checkpoint.between_relations", "checkpoint.before_manifest", "checkpoint.after_manifest"]
+COMPACTION = ["compact.write", "compact.before_unlink", "compact.vacuum"]
 
 
-def test_a_few_kills(tmp_path):
-    kills = [Kill(delay=0.4), Kill(hook="log.torn_record"), Kill(hook="checkpoint.before_manifest")]
-    statuses = crash_cycles(tmp_path, kills, seed=1)
-    assert any(s["log_truncations"] for s in statuses)  # the torn record was found and cut
+def _fast() -> list[Kill]:
+    return [Kill(delay=0.4), Kill(hook="log.torn_record"), Kill(hook="checkpoint.before_manifest")]
 
 
-@pytest.mark.slow
-def test_kills_during_ingest_and_maintenance(tmp_path):
+def _ingest_and_maintenance() -> list[Kill]:
     rng = random.Random(2)
     kills = [Kill(delay=rng.uniform(0.05, 1.5)) for _ in range(16)]
     kills += [Kill(hook="log.torn_record") for _ in range(4)]
     kills += [Kill(hook="log.before_sync") for _ in range(3)]
     kills += [Kill(hook="fold.before_publish") for _ in range(4)]
     rng.shuffle(kills)
-    statuses = crash_cycles(tmp_path, kills, seed=2)
+    return kills
+
+
+def _checkpoints() -> list[Kill]:
+    kills = [Kill(hook=h) for h in CHECKPOINT for _ in range(4)]
+    random.Random(3).shuffle(kills)
+    return kills[:11]
+
+
+def _compaction() -> list[Kill]:
+    kills = [Kill(hook=h, compact_every=5) for h in ("compact.write", "compact.before_unlink") for _ in range(3)]
+    kills += [Kill(hook="compact.vacuum", compact_every=5) for _ in range(2)]
+    kills += [Kill(delay=d, compact_every=3) for d in (0.3, 0.6, 0.9, 1.2)]
+    random.Random(4).shuffle(kills)
+    return kills
+
+
+PLANS = {"fast": _fast, "ingest_and_maintenance": _ingest_and_maintenance, "checkpoints": _checkpoints,
+         "compaction": _compaction}
+
+
+def _run(tmp_path, plan: str, seed: int) -> list[dict]:
+    kills = PLANS[plan]()
+    before = sum(KILLS.values())
+    statuses = crash_cycles(tmp_path, kills, seed=seed)
+    assert len(statuses) == len(kills)  # every cycle ended in a SIGKILL and a verified reopen
+    assert sum(KILLS.values()) - before == len(kills)
+    return statuses
+
+
+def test_the_plan_kills_at_least_50_times():
+    kills = [kill for plan in PLANS.values() for kill in plan()]
+    moments = Counter(kill.hook or "random" for kill in kills)
+    assert len(kills) >= 50, moments
+    for hook in INGEST + FOLD + CHECKPOINT + COMPACTION + ["random"]:
+        assert moments[hook] >= 1, f"no kill at {hook}: {moments}"
+    assert sum(1 for k in kills if k.hook is None and k.compact_every) >= 3  # random moments while compacting
+
+
+def test_a_few_kills(tmp_path):
+    statuses = _run(tmp_path, "fast", seed=1)
+    assert any(s["log_truncations"] for s in statuses)  # the torn record was found and cut
+
+
+@pytest.mark.slow
+def test_kills_during_ingest_and_maintenance(tmp_path):
+    statuses = _run(tmp_path, "ingest_and_maintenance", seed=2)
     assert sum(bool(s["log_truncations"]) for s in statuses) >= 4
     assert sum(s["recovered_records"] for s in statuses) > 0  # recovery replayed the log
 
 
 @pytest.mark.slow
 def test_kills_during_checkpoints(tmp_path):
-    kills = [Kill(hook=h) for h in ("checkpoint.between_relations", "checkpoint.before_manifest",
-                                    "checkpoint.after_manifest") for _ in range(4)]
-    random.Random(3).shuffle(kills)
-    crash_cycles(tmp_path, kills[:11], seed=3)
+    _run(tmp_path, "checkpoints", seed=3)
 
 
 @pytest.mark.slow
 def test_kills_during_compaction(tmp_path):
-    kills = [Kill(hook=h, compact_every=5) for h in ("compact.write", "compact.before_unlink") for _ in range(3)]
-    kills += [Kill(hook="compact.vacuum", compact_every=5) for _ in range(2)]
-    kills += [Kill(delay=d, compact_every=3) for d in (0.3, 0.6, 0.9, 1.2)]
-    random.Random(4).shuffle(kills)
-    crash_cycles(tmp_path, kills, seed=4)
+    _run(tmp_path, "compaction", seed=4)

@@ -1,4 +1,9 @@
-"""Fixtures: one real server per module (fresh state), clients for it."""
+"""Fixtures: one real server per module (fresh state), clients for it.
+
+``server`` is in memory unless a module parametrizes it (``DURABILITY``
+below): ``"durable"`` serves ``--data`` in a fresh directory, so the same
+tests drive the durable path (change log, async maintainer, checkpoints).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,16 @@ def run_script(uri: str, script: str) -> None:
         cur.executescript(script)
 
 
+# For modules whose every test must hold in memory and durably:
+#     pytestmark = DURABILITY
+DURABILITY = pytest.mark.parametrize("server", ["memory", "durable"], indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def server():
-    process = ServerProcess()
+def server(request, tmp_path_factory):
+    kind = getattr(request, "param", "memory")
+    args = ("--data", str(tmp_path_factory.mktemp("data") / "db")) if kind == "durable" else ()
+    process = ServerProcess(*args)
     try:
         yield process
     finally:

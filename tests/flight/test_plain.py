@@ -7,10 +7,13 @@ import threading
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
-from tests.flight.conftest import run_script
+from tests.flight.conftest import DURABILITY, run_script
+
+pytestmark = DURABILITY  # every test in memory and with --data
 
 
 def put(client: fl.FlightClient, table: str, data: pa.Table) -> dict:
@@ -94,3 +97,45 @@ def test_all_views_in_one_read_come_from_one_offset(data, server):
             reads += 1
         writer.join()
     assert not errors
+
+
+def test_stalled_readers_do_not_block_ingest(data, client):
+    """A full read and a subscription that stop reading midway hold no lock on ingest.
+
+    Each stalled stream has megabytes left to send (more than gRPC's flow
+    control window), so its server side waits to write. Writes still get
+    acknowledged (a call timeout turns a block into a failure instead of a
+    hang) and are visible; afterwards the stalled full read finishes with
+    exactly the rows of its own offset.
+    """
+    first = 1_000_000
+    rows = 500_000  # 8 MB for each stalled stream
+    bulk = pa.table({"id": pa.array(range(first, first + rows), pa.int64()),
+                     "amount": pa.array([10] * rows, pa.int64())})
+    put(client, "ledger", bulk)
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("big"))
+    expected_rows = info.total_records
+    stalled_read = client.do_get(info.endpoints[0].ticket)
+    head = stalled_read.read_chunk().data  # then nothing, for now
+    with fl.connect(data.uri) as subscriber:
+        stalled_sub = subscriber.do_get(fl.Ticket(json.dumps({"subscribe": "big", "from": 0}).encode()))
+        stalled_sub.read_chunk()
+        options = fl.FlightCallOptions(timeout=60)
+        with fl.connect(data.uri) as writer_client, flight_sql.connect(data.uri, autocommit=True) as conn, \
+                conn.cursor() as cur:
+            for i in range(20):
+                writer, reader = writer_client.do_put(fl.FlightDescriptor.for_path("ledger"),
+                                                      bulk.schema, options=options)
+                writer.write_table(pa.table({"id": pa.array([first - 1 - i], pa.int64()),
+                                             "amount": pa.array([100], pa.int64())}))
+                writer.done_writing()
+                ack = json.loads(reader.read().to_pybytes())
+                writer.close()
+                cur.execute("SELECT COUNT(*) FROM big WHERE id = ?", (first - 1 - i,))
+                assert cur.fetchall() == [(1,)] and ack["rows"] == 1
+        stalled_sub.cancel()
+    rest = stalled_read.read_all()
+    ids = pa.concat_arrays([head.column("id"), *rest.column("id").chunks])
+    assert len(ids) == expected_rows >= rows  # the rows of its own offset ...
+    written_meanwhile = pa.array(range(first - 20, first), pa.int64())
+    assert not pc.any(pc.is_in(ids, value_set=written_meanwhile)).as_py()  # ... none written after it

@@ -16,7 +16,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.flight.conftest import DURABILITY
 from tests.oracle.compare import multiset_diff
+
+pytestmark = DURABILITY
 
 VIEWS = {
     "cust_totals": "SELECT cust, COUNT(*) AS n, SUM(amount) AS total, MIN(amount) AS low FROM orders GROUP BY cust",
@@ -95,6 +98,36 @@ def test_ddl_dml_and_cdc_ingest_keep_views_equal_to_recompute(schema, cur):
     assert cur.rowcount == 1
     assert_views_equal_recompute(cur)
     assert read(cur, "SELECT COUNT(*) AS n FROM orders").column("n")[0].as_py() == len(live)
+
+
+def flight_read(client: fl.FlightClient, name: str) -> pa.Table:
+    info = client.get_flight_info(fl.FlightDescriptor.for_path(name))
+    return client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_plain_flight_cdc_keeps_views_equal_to_recompute(schema, cur, client):
+    """The same with pyarrow.flight only: CDC batches by DoPut, views and tables by DoGet."""
+    rng = random.Random(17)
+    live = {row["id"]: row["amount"] for row in read(cur, "SELECT id, amount FROM orders").to_pylist()}
+    next_id = 1_000_000
+    for step in range(10):
+        batch, next_id = cdc_batch(rng, live, next_id, rng.choice([1, 9, 80]))
+        writer, reader = client.do_put(fl.FlightDescriptor.for_path("orders"), batch.schema)
+        writer.write_table(batch)
+        writer.done_writing()
+        ack = json.loads(reader.read().to_pybytes())
+        writer.close()
+        assert ack["rows"] == batch.num_rows
+        if step % 3 == 2:
+            con = duckdb.connect()
+            for table in ("customers", "orders"):
+                con.register(table, flight_read(client, table))
+            for view, sql in VIEWS.items():
+                got = flight_read(client, view)
+                assert int(got.schema.metadata[b"ivm.offset"]) >= ack["offset"]
+                diff = multiset_diff(got, con.sql(sql).to_arrow_table())
+                assert diff is None, f"{view}: {diff}"
+    assert flight_read(client, "orders").num_rows == len(live)
 
 
 def test_prepared_statements_bind_parameters_by_type(schema, cur):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tests.flight.conftest import run_script
+from tests.flight.conftest import DURABILITY, run_script
 from tests.flight.test_sql import cdc_batch
 from tests.integrate import Integrator
 from tests.oracle.compare import multiset_diff
@@ -28,6 +28,8 @@ VIEWS = {
     "open_by_region": "SELECT c.region, o.id, o.amount FROM orders o JOIN customers c ON o.cust = c.id "
                       "WHERE o.status = 'open'",
 }
+
+pytestmark = DURABILITY  # every test in memory and with --data
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,146 @@
+"""The cost-based choice per batch (design decision 5; issue 9, acceptance 3).
+
+The recompute path must give what the incremental path gives: every view of
+the oracle catalogues, maintained by recomputing after every batch, equals
+DuckDB's recompute (and views over those views, fed by the recompute
+delta, stay right too). The choice itself follows the moving estimates.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ivm
+from ivm.maintenance import PROBE_EVERY, RECOMPUTE_MARGIN, CostModel
+from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
+from tests.oracle.harness import Harness, play
+
+TABLES = ["customers", "orders", "items", "events"]
+SIZES = st.one_of(st.integers(1, 12), st.integers(13, 200), st.sampled_from([500, 1000]))
+
+
+def forced_stream(data, views, mode: str = "recompute") -> None:
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    harness = Harness(oracle_schema(), views, db=ivm.connect(maintenance=mode))
+
+    def next_batch(step: int) -> tuple[str, int]:
+        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
+
+    try:
+        play(harness, random.Random(seed), TABLES, 5, data.draw(st.sampled_from([0, 5, 40])), next_batch,
+             f"(seed {seed}, maintenance={mode})")
+        if mode == "recompute":  # the path really ran: no view was maintained incrementally
+            used = harness.db.status()["maintenance"]["views"]
+            assert all(v["batches"]["incremental"] == 0 for v in used.values())
+            assert any(v["batches"]["recompute"] > 0 for v in used.values())
+    finally:
+        harness.close()
+
+
+@pytest.mark.parametrize("view_set", VIEW_SETS)
+@settings(max_examples=3)
+@given(data=st.data())
+def test_recompute_path_equals_recompute_after_every_batch(view_set, data):
+    forced_stream(data, oracle_views(view_set))
+
+
+@pytest.mark.parametrize("view_set", ORDERED_SETS)
+@settings(max_examples=2)
+@given(data=st.data())
+def test_recompute_path_ordered_views(view_set, data):
+    forced_stream(data, oracle_views(view_set))  # ties: the harness compares tie-aware
+
+
+def test_recompute_path_on_a_durable_database(tmp_path):
+    """Background folds (several batches summed), checkpoints and a reopen, every view recomputed."""
+    from tests.test_durable_oracle import OPTIONS, stream
+
+    stream(tmp_path, seed=5, rounds=3, burst=3, options={**OPTIONS, "maintenance": "recompute"})
+
+
+def test_mixed_paths_feed_views_over_views():
+    """A view recomputed while its reader runs incrementally (and the reverse): deltas pass between paths."""
+    db = ivm.connect()
+    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, g INTEGER, v DOUBLE)")
+    db.execute("INSERT INTO t SELECT i, i % 7, i * 1.5 FROM range(200) r(i)")
+    db.execute("CREATE MATERIALIZED VIEW per_g AS SELECT g, SUM(v) AS s, COUNT(*) AS n, MAX(v) AS m FROM t GROUP BY g")
+    db.execute("CREATE MATERIALIZED VIEW big AS SELECT g, s FROM per_g WHERE n > 28")
+    engine = db._engine
+    upstream, downstream = engine.catalog.views["per_g"].cost, engine.catalog.views["big"].cost
+    upstream.incremental, upstream.rows = 1e6, 1.0  # incremental looks ruinous: recompute it
+    for step in range(12):
+        db.execute(f"UPDATE t SET g = (g + {step}) % 7, v = v + 1 WHERE id % 9 = {step % 9}")
+        db.execute(f"DELETE FROM t WHERE id = {step * 13}")
+        want = db.sql("SELECT g, s FROM (SELECT g, SUM(v) AS s, COUNT(*) AS n FROM t GROUP BY g) WHERE n > 28")
+        assert sorted(db.sql("SELECT * FROM big").to_pylist(), key=str) == sorted(want.to_pylist(), key=str)
+        got = db.sql("SELECT * FROM per_g ORDER BY g").to_pylist()
+        assert got == db.sql("SELECT g, SUM(v) AS s, COUNT(*) AS n, MAX(v) AS m FROM t GROUP BY g ORDER BY g"
+                             ).to_pylist()
+    assert upstream.batches["recompute"] > 0 and downstream.batches["incremental"] > 0
+    assert "last batch:" in "\n".join(db.sql("EXPLAIN per_g").column(0).to_pylist())
+
+
+def test_choice_follows_the_estimates():
+    cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1_000_000)
+    assert cost.choose("auto", 1000, 1_000_000) == "incremental"
+    # 100x the changed rows: incremental scales up past the recompute estimate (with the margin).
+    assert cost.choose("auto", 100_000, 1_000_000) == "recompute"
+    # The sources doubled: recompute is estimated twice as dear, incremental again.
+    assert cost.estimates(100_000, 2_000_000)[1] == pytest.approx(0.200)
+    assert cost.choose("auto", 15_000, 2_000_000) == "incremental"
+    # Within the margin: stay incremental.
+    assert cost.choose("auto", int(1000 * RECOMPUTE_MARGIN * 10), 1_000_000) == "incremental"
+    # Not measured yet: incremental. Forced modes ignore the estimates.
+    assert CostModel(recompute=0.001, recompute_rows=1).choose("auto", 10**6, 10**9) == "incremental"
+    assert cost.choose("recompute", 1, 1) == "recompute" and cost.choose("incremental", 10**9, 1) == "incremental"
+
+
+def test_recompute_path_probes_incremental_again():
+    cost = CostModel(incremental=1.0, rows=10.0, recompute=0.01, recompute_rows=100)
+    paths = [cost.choose("auto", 10, 100) for _ in range(2 * PROBE_EVERY)]
+    assert paths.count("incremental") == 2 and paths[PROBE_EVERY - 1] == "incremental"
+    cost.record("incremental", 0.001, 10, 100)  # cheaper now: the estimate moves down
+    assert cost.incremental < 1.0 and cost.batches["incremental"] == 1
+
+
+def test_status_and_explain_show_the_choice():
+    db = ivm.connect(maintenance="recompute")
+    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v DOUBLE)")
+    db.execute("CREATE MATERIALIZED VIEW s AS SELECT COUNT(*) AS n, SUM(v) AS total FROM t")
+    db.execute("INSERT INTO t VALUES (1, 2.0), (2, 3.0)")
+    assert db.sql("SELECT * FROM s").to_pylist() == [{"n": 2, "total": 5.0}]
+    row = next(r for r in db.status()["relations"] if r["name"] == "s")
+    assert row["maintenance"] == "recompute: last recompute (0 incremental, 1 recompute)"
+    assert db.status()["maintenance"]["views"]["s"]["batches"] == {"incremental": 0, "recompute": 1}
+    explain = db.sql("EXPLAIN s").column(0).to_pylist()
+    assert explain[-1].startswith("maintenance: forced recompute;") and "last batch: recompute" in explain[-1]
+    assert db.sql("SHOW STATUS").column_names[-1] == "maintenance"
+
+
+def test_unknown_mode_is_an_error(tmp_path):
+    with pytest.raises(ivm.IvmError, match="maintenance must be one of auto, incremental, recompute, not 'sometimes'"):
+        ivm.connect(maintenance="sometimes")
+    with pytest.raises(ivm.IvmError, match="maintenance must be one of"):
+        ivm.connect(tmp_path / "db", maintenance="")
+    assert not (tmp_path / "db").exists()  # nothing was created
+
+
+def test_failing_recompute_changes_nothing():
+    db = ivm.connect(maintenance="recompute")
+    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR)")
+    db.execute("INSERT INTO t VALUES (1, '10'), (2, '20')")
+    db.execute("CREATE MATERIALIZED VIEW ints AS SELECT id, CAST(v AS INTEGER) AS n FROM t")
+    db.execute("CREATE MATERIALIZED VIEW total AS SELECT SUM(n) AS s FROM ints")
+    before = db.offset
+    with pytest.raises(ivm.IvmError, match="(?i)conver"):
+        db.apply_changes("t", pa.table({"id": [3], "v": ["not a number"]}))
+    assert db.offset == before
+    assert db.sql("SELECT * FROM t ORDER BY id").to_pylist() == [{"id": 1, "v": "10"}, {"id": 2, "v": "20"}]
+    assert db.sql("SELECT * FROM total").to_pylist() == [{"s": 30}]
+    db.apply_changes("t", pa.table({"id": [3], "v": ["5"]}))
+    assert db.sql("SELECT * FROM total").to_pylist() == [{"s": 35}]
