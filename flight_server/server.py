@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 import ivm
+from ivm.cdc import debezium
 from flight_server import metadata, params, protocol
 from flight_server.auth import Handshake, TokenAuth
 from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated
@@ -49,6 +50,8 @@ ACTIONS = {
     "CreatePreparedStatement": "prepare a SQL statement (Flight SQL)",
     "ClosePreparedStatement": "close a prepared statement (Flight SQL)",
     "CloseSession": "end the session (nothing to clean up)",
+    "IngestDebezium": 'apply Debezium JSON events: body = {"table": T, "source": S (optional)} on the first '
+                      "line, then one event per line; returns the outcome as JSON",
 }
 
 
@@ -205,6 +208,17 @@ class IvmFlightServer(fl.FlightServerBase):
             raise
         return data.num_rows
 
+    def _ingest_debezium(self, body: bytes) -> dict:
+        head, _, events = body.partition(b"\n")
+        try:
+            header = json.loads(head)
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or not isinstance(header.get("table"), str):
+            raise InvalidArgument('IngestDebezium: the first line must be {"table": "<name>"} '
+                                  '(optionally with "source"), then one event per line')
+        return debezium.ingest_text(self.db, header["table"], events, header.get("source")).as_dict()
+
     # --- prepared statements -------------------------------------------------------------------
     @translated
     def do_action(self, context: fl.ServerCallContext, action: fl.Action) -> list[fl.Result]:
@@ -218,6 +232,8 @@ class IvmFlightServer(fl.FlightServerBase):
             return []
         if kind == "CloseSession":
             return []
+        if kind == "IngestDebezium":
+            return [fl.Result(json.dumps(self._ingest_debezium(action.body.to_pybytes())).encode())]
         if kind in ("BeginTransaction", "EndTransaction", "BeginSavepoint", "EndSavepoint"):
             raise Unimplemented(TRANSACTIONS_UNSUPPORTED)
         raise Unimplemented(f"action {kind} is not supported")

@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
                        help="a Spark setting, e.g. spark.master=spark://127.0.0.1:7077 (repeatable)")
 
+    ingest = commands.add_parser("ingest", help="apply change events from a file or stdin")
+    formats = ingest.add_subparsers(dest="format", required=True)
+    debezium = formats.add_parser("debezium", help="Debezium JSON events, one per line (see ivm/cdc/debezium.py)")
+    debezium.add_argument("--data", required=True, help="the database directory")
+    debezium.add_argument("--table", required=True, help="the table the events apply to")
+    debezium.add_argument("--source", default=None,
+                          help="producer name for idempotent re-delivery (default debezium:<table>)")
+    debezium.add_argument("file", help="the events file, or - for stdin")
+    from ivm.cdc.cli import add_replicate
+
+    add_replicate(commands)
+
     bench = commands.add_parser("bench", help="benchmarks: incremental maintenance versus full recompute")
     workloads = bench.add_subparsers(dest="workload", required=True)
     from bench.tpch_report import add_arguments
@@ -51,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "ingest":
+        from ivm.cdc.cli import ingest_debezium
+
+        return ingest_debezium(args)
+    if args.command == "replicate":
+        from ivm.cdc.cli import replicate
+
+        return replicate(args)
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":
@@ -100,6 +120,8 @@ def _maintenance(args: argparse.Namespace) -> int:
         db = ivm.connect(args.data)
     except ivm.IvmError as e:
         print(f"ivm: {e}", file=sys.stderr)
+        if args.command == "status" and "open in another process" in str(e):
+            return _sources_only(args)
         return 1
     with db:
         if args.command == "compact":
@@ -113,12 +135,41 @@ def _maintenance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sources_only(args: argparse.Namespace) -> int:
+    """Status of the CDC sources from their files, while another process holds the database."""
+    import json
+
+    from ivm.cdc.postgres import sources_status
+
+    sources = sources_status(args.data)
+    if args.json:
+        print(json.dumps({"sources": sources}, indent=1))
+    else:
+        _print_rows("sources (the database is open in another process)", sources)
+    return 0
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = list(rows[0]) if rows else []
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    Console().print(table)
+
+
 def _print_status(facts: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    overview = {k: v for k, v in facts.items() if k != "relations"}
+    if facts.get("sources"):
+        _print_rows("sources", facts["sources"])
+    overview = {k: v for k, v in facts.items() if k not in ("relations", "sources")}
     for key, value in overview.items():
         console.print(f"[bold]{key}[/bold]: {value}")
     table = Table()

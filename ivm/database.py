@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -26,8 +27,10 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, CatalogError, IvmError, SqlSyntaxError, UnknownObjectError, UnsupportedError
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
+    CreateSource,
     CreateTable,
     CreateView,
+    DropSource,
     Delete,
     Drop,
     Explain,
@@ -79,9 +82,22 @@ class Database:
             from ivm.durable import DurableEngine
 
             self._engine = DurableEngine(path, settings)
+        self._sources = None
+        if path is not None and (Path(path) / "sources").is_dir():
+            self._cdc().resume()
 
     # --- lifecycle ------------------------------------------------------------
+    def _cdc(self):
+        """The CDC sources running inside this database (ivm/cdc/sources.py)."""
+        if self._sources is None:
+            from ivm.cdc.sources import Sources
+
+            self._sources = Sources(self)
+        return self._sources
+
     def close(self) -> None:
+        if self._sources is not None:
+            self._sources.close()
         if not self._engine.closed:
             self._engine.close()
 
@@ -243,6 +259,12 @@ class Database:
                 return 0, pa.table({"offset": pa.array([offset], pa.int64())})
             result = self.compact()
             return 0, pa.table({k: [v] for k, v in result.items()})
+        if isinstance(statement, CreateSource):
+            self._cdc().create(statement.name, statement.connection, statement.publication, statement.slot)
+            return 0, None
+        if isinstance(statement, DropSource):
+            self._cdc().drop(statement.name)
+            return 0, None
         if isinstance(statement, SetOption):
             return self._set(statement), None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")

@@ -90,6 +90,9 @@ def engine_status(engine: "Engine") -> dict:
             "checkpoint_error": engine.checkpointer.error, "folds": engine.maintainer.folds,
             "producers": {s: {"seq": q, "offset": o} for s, (q, o) in engine.producers.last().items()},
         })
+        from ivm.cdc.postgres import sources_status
+
+        facts["sources"] = sources_status(engine.path)
     return facts
 
 

@@ -10,7 +10,9 @@ does not run is rejected here, by name, before anything changes.
 
 from __future__ import annotations
 
+
 import logging
+import re
 from dataclasses import dataclass, field
 
 import sqlglot
@@ -118,9 +120,44 @@ class Maintenance:
     what: str  # "checkpoint" | "compact"
 
 
+@dataclass
+class CreateSource:
+    """CREATE SOURCE name FROM POSTGRES CONNECTION 'dsn' PUBLICATION 'pub' [SLOT 'slot'] (see ivm/cdc/postgres.py)."""
+
+    name: str
+    connection: str
+    publication: str
+    slot: str | None = None
+
+
+@dataclass
+class DropSource:
+    name: str
+
+
 Statement = (
     CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
+    | CreateSource | DropSource
 )
+
+_LITERAL = r"'((?:[^']|'')*)'"
+CREATE_SOURCE = re.compile(
+    r"\s*CREATE\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s+FROM\s+POSTGRES\s+CONNECTION\s+" + _LITERAL
+    + r"\s+PUBLICATION\s+" + _LITERAL + r"(?:\s+SLOT\s+" + _LITERAL + r")?\s*;?\s*", re.IGNORECASE | re.DOTALL)
+DROP_SOURCE = re.compile(r"\s*DROP\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*", re.IGNORECASE)
+
+
+def _source_statement(sql: str) -> Statement | None:
+    """CREATE/DROP SOURCE, which sqlglot cannot parse: matched as a whole statement."""
+    if re.match(r"\s*CREATE\s+SOURCE\b", sql, re.IGNORECASE):
+        m = CREATE_SOURCE.fullmatch(sql)
+        if m is None:
+            raise SqlSyntaxError("expected CREATE SOURCE name FROM POSTGRES CONNECTION '<dsn>' "
+                                 "PUBLICATION '<publication>' [SLOT '<slot>']")
+        unquote = lambda text: None if text is None else text.replace("''", "'")  # noqa: E731
+        return CreateSource(m[1].lower(), unquote(m[2]), unquote(m[3]), unquote(m[4]))
+    m = DROP_SOURCE.fullmatch(sql)
+    return DropSource(m[1].lower()) if m else None
 
 
 def normalize_name(identifier: exp.Expression | str) -> str:
@@ -132,6 +169,9 @@ def normalize_name(identifier: exp.Expression | str) -> str:
 
 def parse(sql: str) -> list[Statement]:
     """Parse one or more ';'-separated statements."""
+    source = _source_statement(sql)
+    if source is not None:
+        return [source]
     try:
         trees = [t for t in sqlglot.parse(sql, dialect=DIALECT) if t is not None]
     except (ParseError, TokenError) as e:

@@ -1,0 +1,354 @@
+"""Follow a PostgreSQL publication: initial snapshot, then logical replication (pgoutput).
+
+    ivm replicate --data DIR --dsn 'host=… dbname=…' --publication P [--slot S]
+    CREATE SOURCE name FROM POSTGRES CONNECTION 'dsn' PUBLICATION 'P' [SLOT 'S']
+
+A source's state lives in ``DIR/sources/<name>.json`` (written atomically):
+its configuration, the phase (snapshot -> streaming, or failed with the
+error) and the upstream tables with their columns. Progress (LSNs, lag) is
+in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
+
+1. Snapshot. The state is saved with phase "snapshot", then the slot is
+   created with ``EXPORT_SNAPSHOT`` on a replication connection; another
+   connection reads every published table with ``SET TRANSACTION SNAPSHOT``
+   (exactly the data before the slot's consistent point) through ``COPY …
+   TO STDOUT (FORMAT csv)``, parsed by Arrow and applied as ``r`` rows. Then
+   the phase becomes "streaming". A crash during the snapshot cannot resume
+   it (the exported snapshot died with its connection): the next start
+   drops the slot, deletes the rows loaded so far and starts again.
+2. Streaming. ``START_REPLICATION`` of pgoutput from the slot's confirmed
+   LSN. Committed transactions are grouped (until the stream is idle for
+   20 ms, or ``batch_rows`` rows, or ``batch_seconds`` after the first) and
+   applied per table with ``apply_changes(table, batch,
+   source="pg:<name>:<table>", seq=<commit LSN> << 16 | part)``.
+   Only after every table of a group is durable is the group's end LSN
+   confirmed (``send_feedback(flush_lsn=…)``). After a restart PostgreSQL
+   resends what was not confirmed; per table, changes of a transaction whose
+   seq the table has already applied are dropped, so nothing is applied
+   twice (the database's idempotent producers check the same again).
+3. Upstream tables need a primary key or ``REPLICA IDENTITY FULL`` (without
+   a key the local table is a bag). A Relation message that differs from the
+   recorded columns (a schema change), or a value that does not fit its
+   column, stops the source with the error in its state (``ivm status``);
+   nothing confirmed is lost and nothing after it is confirmed.
+
+A transaction touching several tables is applied as one batch per table, so
+a read between them can see part of it; every read after the group sees all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from ivm.binder import quote
+from ivm.changes import OP
+from sql_frontend.errors import IvmError, UnsupportedError
+
+PART_BITS = 16  # seq = commit LSN << 16 | part (parts split a transaction at a TRUNCATE)
+SIMPLE_TYPES = {
+    "smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "real": "FLOAT",
+    "double precision": "DOUBLE", "boolean": "BOOLEAN", "text": "VARCHAR", "date": "DATE", "name": "VARCHAR",
+    "timestamp without time zone": "TIMESTAMP", "timestamp with time zone": "TIMESTAMP WITH TIME ZONE", "uuid": "VARCHAR",
+    "json": "VARCHAR", "jsonb": "VARCHAR", "numeric": "DOUBLE", "time without time zone": "VARCHAR",
+}
+
+
+class SourceError(IvmError, ValueError):
+    """A CDC source cannot go on (upstream schema change, unsupported table, type mismatch)."""
+
+
+@dataclass
+class SourceConfig:
+    name: str
+    dsn: str
+    publication: str
+    slot: str
+
+
+def duck_type(pg_type: str) -> str | None:
+    """DuckDB type for a PostgreSQL ``format_type`` text, or None when unsupported."""
+    t = pg_type.lower()
+    if t in SIMPLE_TYPES:
+        return SIMPLE_TYPES[t]
+    if re.fullmatch(r"(character varying|character|bpchar)(\(\d+\))?", t):
+        return "VARCHAR"
+    if re.fullmatch(r"timestamp\(\d\) without time zone", t):
+        return "TIMESTAMP"
+    if re.fullmatch(r"timestamp\(\d\) with time zone", t):
+        return "TIMESTAMP WITH TIME ZONE"
+    m = re.fullmatch(r"numeric\((\d+),(\d+)\)", t)
+    if m:
+        return f"DECIMAL({m[1]},{m[2]})" if int(m[1]) <= 38 else "DOUBLE"
+    return None
+
+
+def lsn_int(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def lsn_text(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def _write_json(path: Path, doc: dict, sync: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def sources_dir(db) -> Path:
+    if db.path is None:
+        raise UnsupportedError("a PostgreSQL source needs a durable database (ivm.connect(path)): LSNs are "
+                               "confirmed upstream only once changes are on disk")
+    return Path(db.path) / "sources"
+
+
+def sources_status(path: str | os.PathLike) -> list[dict]:
+    """Every source of the database at ``path``: phase, error, LSNs and lag (from its files)."""
+    found = []
+    for state_file in sorted((Path(path) / "sources").glob("*.json")):
+        if state_file.name.endswith(".progress.json"):
+            continue
+        state = json.loads(state_file.read_text())
+        progress_file = state_file.with_name(state["name"] + ".progress.json")
+        progress = json.loads(progress_file.read_text()) if progress_file.exists() else {}
+        found.append({"name": state["name"], "kind": "postgres", "publication": state["publication"],
+                      "slot": state["slot"], "phase": state["phase"],
+                      "status": "failed: " + state["error"] if state.get("error") else "ok",
+                      "tables": sorted(t["table"] for t in state.get("tables", {}).values()), **progress})
+    return found
+
+
+class Replicator:
+    """Runs one source: snapshot if needed, then streaming, until stopped."""
+
+    def __init__(self, db, config: SourceConfig, *, batch_rows: int = 50_000, batch_seconds: float = 0.1,
+                 auto: bool = False):
+        import psycopg2  # noqa: F401  (fail early and clearly when the driver is missing)
+
+        self.db, self.config = db, config
+        self.batch_rows, self.batch_seconds = batch_rows, batch_seconds
+        self.dir = sources_dir(db)
+        self.state_file = self.dir / f"{config.name}.json"
+        self.progress_file = self.dir / f"{config.name}.progress.json"
+        self.state: dict = {}
+        self.auto = auto  # runs inside the database (CREATE SOURCE), resumed by every open
+        self.progress = {"applied_lsn": None, "confirmed_lsn": None, "received_lsn": None, "lag_bytes": 0,
+                         "lag_seconds": 0.0, "last_commit_delay_seconds": None, "transactions": 0, "rows": 0}
+        self._last_progress = 0.0
+
+    # --- state ------------------------------------------------------------------------
+    def _save(self) -> None:
+        _write_json(self.state_file, self.state, sync=True)
+
+    def _report(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_progress >= 0.5:
+            self.progress["updated"] = now
+            _write_json(self.progress_file, self.progress, sync=False)
+            self._last_progress = now
+
+    def _load(self) -> None:
+        c = self.config
+        if self.state_file.exists():
+            self.state = json.loads(self.state_file.read_text())
+            if (self.state["publication"], self.state["slot"]) != (c.publication, c.slot):
+                raise SourceError(f"source {c.name} follows publication {self.state['publication']} with slot "
+                                  f"{self.state['slot']}; drop it to follow another")
+            if self.state.get("auto") and not self.auto:
+                raise SourceError(f"source {c.name} was made by CREATE SOURCE and runs inside the database "
+                                  "whenever it is open (ivm serve); ivm replicate does not run it")
+            self.state["dsn"] = c.dsn
+        else:
+            self.state = {"name": c.name, "dsn": c.dsn, "publication": c.publication, "slot": c.slot,
+                          "phase": "new", "tables": {}, "error": None, "auto": self.auto}
+        if self.progress_file.exists():
+            self.progress.update(json.loads(self.progress_file.read_text()))
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, seconds: float | None = None, stop: threading.Event | None = None) -> None:
+        """Snapshot (when needed), then stream until ``stop`` is set or ``seconds`` pass."""
+        import psycopg2
+
+        stop = stop or threading.Event()
+        deadline = None if seconds is None else time.monotonic() + seconds
+        self._load()
+        try:
+            if self.state["phase"] != "streaming":
+                connection = self._snapshot()
+            else:
+                connection = self._replication_connection()
+            self.state["error"] = None
+            self._save()
+            try:
+                self._stream(connection, stop, deadline)
+            finally:
+                connection.close()
+        except (IvmError, psycopg2.Error) as e:
+            message = str(e).strip()
+            self.state["error"] = message
+            self._save()
+            raise SourceError(message) from e
+        finally:
+            self._report(force=True)
+
+    def _connect(self):
+        import psycopg2
+
+        connection = psycopg2.connect(self.config.dsn)
+        connection.autocommit = True
+        return connection
+
+    def _replication_connection(self):
+        import psycopg2
+        from psycopg2.extras import LogicalReplicationConnection
+
+        return psycopg2.connect(self.config.dsn, connection_factory=LogicalReplicationConnection)
+
+    # --- snapshot -------------------------------------------------------------------------
+    def _snapshot(self):
+        if self.state["phase"] == "snapshot":  # a snapshot was cut short: start it again
+            self._drop_slot()
+            self._clear_tables()
+        with contextlib.closing(self._connect()) as conn:
+            self.state["tables"] = describe(conn, self.config.publication)
+        self.state["phase"] = "snapshot"
+        self._save()
+        self._create_tables()
+        replication = self._replication_connection()
+        cursor = replication.cursor()
+        cursor.execute(f"CREATE_REPLICATION_SLOT {quote(self.config.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
+        _, consistent, snapshot_name, _ = cursor.fetchone()
+        reader = self._connect()
+        try:
+            reader.autocommit = False
+            with reader.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                for upstream, table in self.state["tables"].items():
+                    self._copy(cur, upstream, table)
+            reader.rollback()
+        finally:
+            reader.close()
+        self.state.update(phase="streaming", consistent_lsn=lsn_text(lsn_int(consistent)))
+        self.progress["confirmed_lsn"] = self.state["consistent_lsn"]
+        self._save()
+        return replication
+
+    def _copy(self, cur, upstream: str, table: dict) -> None:
+        names = [c["name"] for c in table["columns"]]
+        schema, name = upstream.split(".", 1)
+        select_sql = f"SELECT {', '.join(quote(n) for n in names)} FROM {quote(schema)}.{quote(name)}"
+        with tempfile.TemporaryFile(dir=self.dir) as spool:
+            cur.copy_expert(f"COPY ({select_sql}) TO STDOUT WITH (FORMAT csv)", spool)
+            if spool.tell() == 0:  # an empty table
+                return
+            spool.seek(0)
+            options = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
+                                           quoted_strings_can_be_null=False)
+            reader = pacsv.open_csv(spool, read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20),
+                                    convert_options=options)
+            for batch in reader:
+                rows = pa.Table.from_batches([batch])
+                rows = rows.append_column(OP, pa.repeat(pa.scalar("r"), rows.num_rows))
+                self.db.apply_changes(table["table"], rows)
+
+    def _create_tables(self) -> None:
+        for upstream, table in self.state["tables"].items():
+            columns = ", ".join(f"{quote(c['name'])} {c['type']}" + (" NOT NULL" if c["not_null"] else "")
+                                for c in table["columns"])
+            key = f", PRIMARY KEY ({', '.join(quote(k) for k in table['key'])})" if table["key"] else ""
+            catalog = self.db._engine.catalog
+            if not catalog.exists(table["table"]):
+                self.db.execute(f"CREATE TABLE {quote(table['table'])} ({columns}{key})")
+                continue
+            existing = catalog.table(table["table"])
+            if [(c.name, c.type) for c in existing.columns] != [(c["name"], c["type"]) for c in table["columns"]] \
+                    or list(existing.primary_key) != table["key"]:
+                raise SourceError(f"table {table['table']} exists with other columns, types or key than upstream "
+                                  f"{upstream} ({', '.join(c['name'] + ' ' + c['type'] for c in table['columns'])}"
+                                  f"{', key ' + ', '.join(table['key']) if table['key'] else ''}); drop it first")
+
+    def _clear_tables(self) -> None:
+        """Delete every row loaded by a snapshot that did not finish."""
+        objects = {o.name for o in self.db.objects()}
+        for table in self.state["tables"].values():
+            if table["table"] not in objects:
+                continue
+            identity = table["key"] or [c["name"] for c in table["columns"]]
+            rows = self.db.sql(f"SELECT {', '.join(quote(c) for c in identity)} FROM {quote(table['table'])}")
+            if rows.num_rows:
+                self.db.apply_changes(table["table"], rows.append_column(OP, pa.repeat(pa.scalar("d"), rows.num_rows)))
+
+    def _drop_slot(self) -> None:
+        with contextlib.closing(self._connect()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                        (self.config.slot,))
+
+    def drop(self) -> None:
+        """Drop the upstream slot and forget the source (its tables stay)."""
+        self._drop_slot()
+        for path in (self.state_file, self.progress_file):
+            path.unlink(missing_ok=True)
+
+    # --- streaming ---------------------------------------------------------------------------
+    def _stream(self, connection, stop: threading.Event, deadline: float | None) -> None:
+        from ivm.cdc.stream import Stream
+
+        Stream(self, connection).run(stop, deadline)
+
+
+def describe(conn, publication: str) -> dict:
+    """upstream "schema.table" -> {table, columns: [{name, type, pg_type, oid, not_null}], key}."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
+        if cur.fetchone() is None:
+            raise SourceError(f"publication {publication} does not exist upstream")
+        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+                    (publication,))
+        tables = cur.fetchall()
+        if not tables:
+            raise SourceError(f"publication {publication} has no tables")
+        found = {}
+        for schema, name in tables:
+            relation = f"{quote(schema)}.{quote(name)}"
+            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull "
+                        "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
+                        "AND NOT a.attisdropped ORDER BY a.attnum", (relation,))
+            columns = []
+            for column, pg_type, oid, not_null in cur.fetchall():
+                mapped = duck_type(pg_type)
+                if mapped is None:
+                    raise SourceError(f"column {column} of upstream table {schema}.{name} has type {pg_type}, "
+                                      "which ivm cannot replicate")
+                columns.append({"name": column.lower(), "type": mapped, "pg_type": pg_type, "oid": oid,
+                                "not_null": not_null})
+            cur.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
+                        "ORDER BY array_position(i.indkey::int2[], a.attnum)", (relation,))
+            key = [r[0].lower() for r in cur.fetchall()]
+            cur.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (relation,))
+            identity = cur.fetchone()[0]
+            if not ((key and identity == "d") or identity == "f"):
+                raise SourceError(f"upstream table {schema}.{name} needs a primary key (with the default replica "
+                                  "identity) or REPLICA IDENTITY FULL to be replicated")
+            local = name.lower() if schema == "public" else f"{schema}_{name}".lower()
+            found[f"{schema}.{name}"] = {"table": local, "columns": columns, "key": key}
+        return found
