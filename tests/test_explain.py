@@ -63,7 +63,9 @@ def test_every_part_says_how_it_is_maintained_and_what_it_keeps(explained, name)
 
 def section(lines: list[str], source: str) -> list[str]:
     start = lines.index(f"on a change to {source}:")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("on a change to ")), len(lines))
+    # A section is its indented lines: the next unindented line (another source,
+    # or the maintenance/engine lines at the end) closes it.
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
     return lines[start + 1:end]
 
 
