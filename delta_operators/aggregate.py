@@ -33,7 +33,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import UnsupportedError
 from sql_frontend.plan import AggCall, Aggregate, Column
-from sql_frontend.plan_sql import alias, column, quoted
+from sql_frontend.plan_sql import alias, column, lit, quoted, table
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
 from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
@@ -74,10 +74,6 @@ def accumulator(arg_type: str, func: str) -> Accumulator:
     if t in FLOATS:
         return Accumulator("DOUBLE", True)
     raise UnsupportedError(f"{func.upper()} over type {arg_type} is not supported in a materialized view")
-
-
-def lit(n: int) -> exp.Literal:
-    return exp.Literal.number(n)
 
 
 def coalesce0(e: exp.Expression) -> exp.Expression:
@@ -238,7 +234,7 @@ class AggregateRule:
             projections.append(alias(coalesce0(exp.Sum(this=when(not_null, w.copy(), lit(0)))), f"__n{i}"))
             if c.func in ("sum", "avg"):
                 projections.extend(self._sum_components(i, x, w))
-        select = exp.select(*projections).from_(table_as(delta_in, "d"))
+        select = exp.select(*projections).from_(table(delta_in, "d"))
         return self._group_by(select, "d")
 
     def _sum_components(self, i: int, x: exp.Expression, w: exp.Expression) -> list[exp.Expression]:
@@ -267,7 +263,7 @@ class AggregateRule:
             *[alias(column(k, "d"), k) for k in self.keys],
             alias(x, VALUE),
             alias(exp.Sum(this=w.copy()), WEIGHT),
-        ).from_(table_as(delta_in, "d")).where(exp.Not(this=exp.Is(this=x.copy(), expression=exp.null())))
+        ).from_(table(delta_in, "d")).where(exp.Not(this=exp.Is(this=x.copy(), expression=exp.null())))
         select = self._group_by(select, "d", [x.copy()]).having(
             exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
         )
@@ -286,8 +282,8 @@ class AggregateRule:
                 alias(column(RUN, "o"), RUN),
                 alias(column(POS, "o"), POS),
             )
-            .from_(table_as(changes, "d"))
-            .join(table_as(old, "o"), on=not_distinct("d", "o", names), join_type="left")
+            .from_(table(changes, "d"))
+            .join(table(old, "o"), on=not_distinct("d", "o", names), join_type="left")
         )
         merged = ctx.query("valnew", merged_sql, drivers=(changes,), note=f"new multiplicities of {arg}")
         ctx.replace(Replace(relation=relation, deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
@@ -302,8 +298,8 @@ class AggregateRule:
         rescan_sql = (
             exp.select(*[alias(column(k, "n"), k) for k in self.keys], alias(exp.true(), RESCAN))
             .distinct()
-            .from_(table_as(merged, "n"))
-            .join(table_as(old, "o"), on=not_distinct("n", "o", self.keys), join_type="inner")
+            .from_(table(merged, "n"))
+            .join(table(old, "o"), on=not_distinct("n", "o", self.keys), join_type="inner")
             .where(exp.and_(exp.LTE(this=column(WEIGHT, "n"), expression=lit(0)), exp.or_(*hits)))
         )
         rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
@@ -315,16 +311,16 @@ class AggregateRule:
         names = self.keys + (VALUE,)
         untouched = (
             exp.select(*[column(n, "g") for n in names])
-            .from_(table_as(group_rows, "g"))
+            .from_(table(group_rows, "g"))
             .where(
                 exp.Not(
                     this=exp.Exists(
-                        this=exp.select(lit(1)).from_(table_as(merged, "m")).where(not_distinct("g", "m", names))
+                        this=exp.select(lit(1)).from_(table(merged, "m")).where(not_distinct("g", "m", names))
                     )
                 )
             )
         )
-        present = exp.select(*[column(n, "m") for n in names]).from_(table_as(merged, "m")).where(
+        present = exp.select(*[column(n, "m") for n in names]).from_(table(merged, "m")).where(
             exp.GT(this=column(WEIGHT, "m"), expression=lit(0))
         )
         values = exp.Subquery(this=union_all([untouched, present]), alias=exp.TableAlias(this=quoted("v")))
@@ -349,7 +345,7 @@ class AggregateRule:
             projections.extend(
                 alias(p.this, f"__p{p.alias}") for p in self._sum_components(i, column(VALUE, "m"), w)
             )
-        select = exp.select(*projections).from_(table_as(merged, "m"))
+        select = exp.select(*projections).from_(table(merged, "m"))
         return ctx.query("pres", self._group_by(select, "m"), drivers=(merged,),
                          note=f"change of DISTINCT {arg} per group")
 
@@ -388,15 +384,15 @@ class AggregateRule:
         keep = exp.true() if self.is_global else exp.GT(this=new_count.copy(), expression=lit(0))
         projections.append(alias(keep, KEEP))
         projections.extend([alias(column(RUN, "o"), RUN), alias(column(POS, "o"), POS)])
-        select = exp.select(*projections).from_(table_as(partial, "p"))
-        select = select.join(table_as(old, "o"), on=not_distinct("p", "o", self.keys), join_type="left")
+        select = exp.select(*projections).from_(table(partial, "p"))
+        select = select.join(table(old, "o"), on=not_distinct("p", "o", self.keys), join_type="left")
         for arg, (rescan, extremes) in extreme.items():
             n = self.value_args.index(arg)
-            select = select.join(table_as(extremes, f"e{n}"), on=not_distinct("p", f"e{n}", self.keys), join_type="left")
-            select = select.join(table_as(rescan, f"r{n}"), on=not_distinct("p", f"r{n}", self.keys), join_type="left")
+            select = select.join(table(extremes, f"e{n}"), on=not_distinct("p", f"e{n}", self.keys), join_type="left")
+            select = select.join(table(rescan, f"r{n}"), on=not_distinct("p", f"r{n}", self.keys), join_type="left")
         for arg, pres in presence_of.items():
             n = self.value_args.index(arg)
-            select = select.join(table_as(pres, f"d{n}"), on=not_distinct("p", f"d{n}", self.keys), join_type="left")
+            select = select.join(table(pres, f"d{n}"), on=not_distinct("p", f"d{n}", self.keys), join_type="left")
         return select
 
     def _wide_sql(self, partial: str, old: str, extreme: dict, presence_of: dict) -> exp.Select:
@@ -428,7 +424,7 @@ class AggregateRule:
 
     # --- state reads --------------------------------------------------------
     def _rows(self, source: str) -> exp.Select:
-        return exp.select(*self.finalize("s"), alias(lit(1), WEIGHT)).from_(table_as(source, "s"))
+        return exp.select(*self.finalize("s"), alias(lit(1), WEIGHT)).from_(table(source, "s"))
 
     def scan(self, ctx: Context, mode: str) -> exp.Expression:
         if ctx.options.initial:
@@ -461,6 +457,3 @@ class AggregateRule:
             parts.append(select_columns(delta, self.node.columns))
         return ctx.query("look", union_all(parts), drivers=(), note="aggregate rows")
 
-
-def table_as(name: str, alias_name: str) -> exp.Table:
-    return exp.Table(this=quoted(name), alias=exp.TableAlias(this=quoted(alias_name)))

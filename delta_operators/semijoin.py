@@ -35,7 +35,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import LEFT, RIGHT, SPJ, Column, SemiJoin
-from sql_frontend.plan_sql import alias, column, match_condition, quoted, subquery
+from sql_frontend.plan_sql import alias, column, lit, match_condition, subquery, table
 from delta_operators.compiler import NEW, OLD, Context, select_columns, union_all
 from delta_operators.merge import merge
 from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
@@ -47,14 +47,6 @@ UP = "__up"
 DOWN = "__down"
 KEEP = "__keep"
 OUT = "__out"
-
-
-def lit(n: int) -> exp.Literal:
-    return exp.Literal.number(n)
-
-
-def table_as(name: str, alias_name: str) -> exp.Table:
-    return exp.Table(this=quoted(name), alias=exp.TableAlias(this=quoted(alias_name)))
 
 
 class SemiJoinRule:
@@ -130,7 +122,7 @@ class SemiJoinRule:
         proj = exp.select(
             *[alias(column(rk, d), k) for rk, k in zip(self.right_keys, self.key_names)],
             alias(column(WEIGHT, d), WEIGHT),
-        ).from_(table_as(d_right, d))
+        ).from_(table(d_right, d))
         if present:
             proj = proj.where(exp.and_(*present))  # a NULL key matches nothing
         keyed = ctx.query("semid", proj, drivers=(d_right,), note="right rows by join key", transparent=True)
@@ -158,7 +150,7 @@ class SemiJoinRule:
         drivers: tuple[str, ...] = (flips,)
         if self.left_keys and can_lookup(ctx, left, self.left_keys):
             rows = ctx.rule(left).lookup(ctx, self.left_keys, flips, self.left_keys, OLD)
-            source: exp.Expression = table_as(rows, "l")
+            source: exp.Expression = table(rows, "l")
             drivers = (flips, rows)
         else:
             source = subquery(ctx.rule(left).scan(ctx, OLD), "l")
@@ -166,7 +158,7 @@ class SemiJoinRule:
             exp.select(*[alias(column(n, "l"), n) for n in self.names],
                        alias(exp.Mul(this=column(WEIGHT, "l"), expression=column(WEIGHT, "f")), WEIGHT))
             .from_(source)
-            .join(table_as(flips, "f"), on=self._key_match("l", "f", self.left_keys), join_type="inner")
+            .join(table(flips, "f"), on=self._key_match("l", "f", self.left_keys), join_type="inner")
         )
         return ctx.query("semiflip", sql, drivers=drivers, note="left rows whose match flipped")
 
@@ -177,11 +169,11 @@ class SemiJoinRule:
                         probe_columns=self.left_keys, note="match counts of changed left rows"))
         counts = [column(WEIGHT, "c")]
         sql = exp.select(*[alias(column(n, "d"), n) for n in self.names], alias(column(WEIGHT, "d"), WEIGHT))
-        sql = sql.from_(table_as(d_left, "d")).join(
-            table_as(look, "c"), on=self._key_match("d", "c", self.key_names), join_type="left")
+        sql = sql.from_(table(d_left, "d")).join(
+            table(look, "c"), on=self._key_match("d", "c", self.key_names), join_type="left")
         if merged is not None:
             counts.insert(0, column(WEIGHT, "m"))
-            sql = sql.join(table_as(merged, "m"), on=self._key_match("d", "m", self.key_names), join_type="left")
+            sql = sql.join(table(merged, "m"), on=self._key_match("d", "m", self.key_names), join_type="left")
         count = exp.Coalesce(this=counts[0], expressions=counts[1:] + [lit(0)])
         sql = sql.where(self._test(count))
         return ctx.query("semileft", sql, drivers=(d_left,), note="changed left rows that pass")
@@ -208,7 +200,7 @@ class SemiJoinRule:
         for source, n, p in ((d_left, column(WEIGHT, "s"), lit(0)), (d_pairs, lit(0), column(WEIGHT, "s"))):
             if source is not None:
                 parts.append(exp.select(*[column(c, "s") for c in self.names], alias(n, "__dn"), alias(p, "__dp"))
-                             .from_(table_as(source, "s")))
+                             .from_(table(source, "s")))
         cols = [column(c, "u") for c in self.names]
         sums = [exp.Sum(this=column("__dn", "u")), exp.Sum(this=column("__dp", "u"))]
         changes_sql = (
@@ -235,14 +227,14 @@ class SemiJoinRule:
                 alias(exp.Sub(this=out_new, expression=out_old), OUT),
                 alias(column(RUN, "o"), RUN), alias(column(POS, "o"), POS),
             )
-            .from_(table_as(changes, "c"))
-            .join(table_as(old, "o"), on=not_distinct("c", "o", self.names), join_type="left")
+            .from_(table(changes, "c"))
+            .join(table(old, "o"), on=not_distinct("c", "o", self.names), join_type="left")
         )
         merged = ctx.query("semirows", merged_sql, drivers=(changes,), note="new multiplicities and matches")
         ctx.replace(Replace(relation=self.state(ctx), deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
         out_sql = (
             exp.select(*[alias(column(c, "m"), c) for c in self.names], alias(column(OUT, "m"), WEIGHT))
-            .from_(table_as(merged, "m"))
+            .from_(table(merged, "m"))
             .where(exp.NEQ(this=column(OUT, "m"), expression=lit(0)))
         )
         return [ctx.query("semiout", out_sql, drivers=(merged,), note="left rows whose output changed")]
@@ -254,7 +246,7 @@ class SemiJoinRule:
     def _rows_from_state(self, source: str) -> exp.Select:
         return (
             exp.select(*[alias(column(c, "s"), c) for c in self.names], alias(column(WEIGHT, "s"), WEIGHT))
-            .from_(table_as(source, "s"))
+            .from_(table(source, "s"))
             .where(self._test(column(PAIRS, "s")))
         )
 
@@ -280,7 +272,7 @@ class SemiJoinRule:
             old: exp.Expression = self._rows_from_state(scan_name(self.state(ctx)))
         else:
             rows = subquery(ctx.rule(self.node.left).scan(ctx, OLD), "l")
-            old = self._filtered(ctx, rows, table_as(scan_name(self.state(ctx)), "c"))
+            old = self._filtered(ctx, rows, table(scan_name(self.state(ctx)), "c"))
         return self._with_delta(ctx, old, mode)
 
     def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
@@ -302,7 +294,7 @@ class SemiJoinRule:
             counts = ctx.temp("semilook")
             ctx.emit(Lookup(out=counts, relation=self.state(ctx), index=self.key_names, probe=rows,
                             probe_columns=self.left_keys, note="match counts of looked-up rows"))
-            old = self._filtered(ctx, table_as(rows, "l"), table_as(counts, "c"))
+            old = self._filtered(ctx, table(rows, "l"), table(counts, "c"))
         return ctx.query("look", self._with_delta(ctx, old, mode), drivers=(), note="semi-join rows")
 
     def old_is_empty(self, ctx: Context) -> bool:

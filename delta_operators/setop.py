@@ -23,7 +23,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import Column, SetOp
-from sql_frontend.plan_sql import alias, column, quoted, subquery
+from sql_frontend.plan_sql import alias, column, lit, subquery, table
 from delta_operators.compiler import NEW, Context, cast, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
@@ -32,14 +32,6 @@ LEFT_COUNT = "__left"
 RIGHT_COUNT = "__right"
 OLD_OUT = "__old"
 KEEP = "__keep"
-
-
-def lit(n: int) -> exp.Literal:
-    return exp.Literal.number(n)
-
-
-def table_as(name: str, alias_name: str) -> exp.Table:
-    return exp.Table(this=quoted(name), alias=exp.TableAlias(this=quoted(alias_name)))
 
 
 class SetOpRule:
@@ -78,7 +70,7 @@ class SetOpRule:
             *[alias(cast(column(src, "s"), c.type), c.name) for src, c in zip(child.column_names, self.node.columns)],
             alias(w if is_left else lit(0), LEFT_COUNT),
             alias(lit(0) if is_left else w.copy(), RIGHT_COUNT),
-        ).from_(table_as(delta, "s"))
+        ).from_(table(delta, "s"))
 
     def delta(self, ctx: Context) -> str | None:
         sides = [(self.node.left, ctx.delta(self.node.left), True), (self.node.right, ctx.delta(self.node.right), False)]
@@ -112,15 +104,15 @@ class SetOpRule:
                               exp.NEQ(this=r_new.copy(), expression=lit(0))), KEEP),
                 alias(column(RUN, "o"), RUN), alias(column(POS, "o"), POS),
             )
-            .from_(table_as(changes, "c"))
-            .join(table_as(old, "o"), on=not_distinct("c", "o", self.names), join_type="left")
+            .from_(table(changes, "c"))
+            .join(table(old, "o"), on=not_distinct("c", "o", self.names), join_type="left")
         )
         merged = ctx.query("setnew", merged_sql, drivers=(changes,), note="new counts and output multiplicity")
         ctx.replace(Replace(relation=self.state(ctx), deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
         change = exp.Sub(this=column(WEIGHT, "m"), expression=column(OLD_OUT, "m"))
         out_sql = (
             exp.select(*[alias(column(n, "m"), n) for n in self.names], alias(change, WEIGHT))
-            .from_(table_as(merged, "m"))
+            .from_(table(merged, "m"))
             .where(exp.NEQ(this=change.copy(), expression=lit(0)))
         )
         return ctx.query("setop", out_sql, drivers=(merged,), note="rows whose output multiplicity changed")

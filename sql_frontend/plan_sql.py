@@ -65,6 +65,10 @@ def table(name: str, alias_name: str | None = None) -> exp.Table:
     return t
 
 
+def lit(n: int) -> exp.Literal:
+    return exp.Literal.number(n)
+
+
 def subquery(query: exp.Expression, alias_name: str) -> exp.Subquery:
     return exp.Subquery(this=query, alias=exp.TableAlias(this=quoted(alias_name)))
 
