@@ -35,7 +35,7 @@ from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.binder import quote
 from ivm.catalog import TableDef
-from storage.keys import KeyCoder
+from storage.keys import KeyCoder, sorted_unique
 from storage.relation import Relation
 
 OP = "__op"
@@ -198,7 +198,7 @@ class ChangeApplier:
         identity = table.identity
         rows = batch.num_rows
         codes = self.coder.codes(batch, identity)
-        unique = len(np.unique(codes)) == len(codes)
+        unique = len(sorted_unique(codes)) == len(codes)
         if table.primary_key and not unique and _last_wins(batch, policy):
             last = _last_per_key(batch, codes, table.primary_key)
             if last is not None:

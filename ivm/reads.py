@@ -148,18 +148,11 @@ class Reader:
 
     def relations_in(self, expression: exp.Expression) -> list[str]:
         """Catalog relations a query names; unknown plain names are errors."""
-        ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
-        names: list[str] = []
-        for table in expression.find_all(exp.Table):
-            if not isinstance(table.this, exp.Identifier) or table.args.get("db"):
-                continue
-            name = normalize_name(table.this)
-            if name in ctes or name in names:
-                continue
+        names = _named_relations(expression)
+        for name in names:
             if not self.engine.catalog.exists(name):
                 raise UnknownObjectError(f"table or view {name} does not exist")
-            names.append(name)
-        return names
+        return list(names)
 
     def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                  names: list[str], snapshot: Snapshot) -> None:
@@ -238,6 +231,28 @@ class Reader:
         metadata = dict(table.schema.metadata or {})
         metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
         return table.replace_schema_metadata(metadata)
+
+
+def _named_relations(expression: exp.Expression) -> tuple[str, ...]:
+    """Plain table names a query reads (not its CTEs), in order; kept in the tree's meta.
+
+    Parsed queries are shared and never modified (prepared statements and
+    repeated texts reuse one tree), so walking the tree once is enough.
+    """
+    found = expression.meta_get("ivm.relations")
+    # Copies carry meta along; a copy was made while this tree lived, so its id differs.
+    if found is not None and found[0] == id(expression):
+        return found[1]
+    ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
+    names: list[str] = []
+    for table in expression.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier) or table.args.get("db"):
+            continue
+        name = normalize_name(table.this)
+        if name not in ctes and name not in names:
+            names.append(name)
+    expression.meta["ivm.relations"] = (id(expression), tuple(names))
+    return tuple(names)
 
 
 def _close(cursor: duckdb.DuckDBPyConnection) -> None:
