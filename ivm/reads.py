@@ -83,7 +83,10 @@ def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: li
     if cached is not None and cached[0] is view and len(cached[1]) == len(others) \
             and all(a is b for a, b in zip(cached[1], others)):
         return cached[2]
-    rows = duck.arrow(cursor, view.read_text())
+    try:
+        rows = duck.arrow(cursor, view.read_text())
+    except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
+        raise ExecutionError(duckdb_message(e)) from None
     with first._cache_lock:
         first._cache[key] = (view, others, rows)
     return rows
