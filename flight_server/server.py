@@ -297,6 +297,9 @@ class IvmFlightServer(fl.FlightServerBase):
                 result = self.results.take(handle)
             except NotFound:
                 result = None
+            # Acknowledged writes may not be published yet (a durable database folds
+            # them in the background): wait for them before comparing versions.
+            self.db.offset
             if result is not None and version == self.db.version:
                 return result
         if statement.parameters == 0:
