@@ -79,9 +79,10 @@ class SparkExecutor(StepRunner):
 
         Inputs are renamed ``__v0, __v1, ...``: Spark's temporary views take
         single-part names, and state relations are named ``view.state``. Each
-        temporary keeps its Spark name for good: replacing a temporary view
-        drops Spark's cache of every plan that read it (a cached result read
-        by two later queries must not lose its cache in between).
+        temporary keeps its Spark name for good, so one registered once per
+        run serves every query that reads it (replacing a temporary view
+        also drops Spark's cache of every plan that read it, e.g. of a
+        large cached input batch, frames.py).
         """
         entry = self._texts.get(id(step))
         if entry is None or entry[0] is not step:
@@ -113,7 +114,7 @@ class SparkExecutor(StepRunner):
 
     def _query(self, step: Query, temps: SparkTemps, snapshot: Snapshot,
                registered: dict[str, object], label: str):
-        """The step's result as a lazy DataFrame (see temps.py); nothing runs yet."""
+        """The step's result as a lazy DataFrame (see temps.py), collected now if several steps read it."""
         text, inputs, empty = self._text(step)
         if empty is not None and self._skippable(step.drivers, step.skip, temps):
             return empty.empty_table()
