@@ -22,6 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     status = commands.add_parser("status", help="offsets, lags and sizes of a durable database")
     status.add_argument("--data", required=True, help="the database directory")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sql = commands.add_parser("sql", help="run SQL statements on a durable database (a progress bar while "
+                                            "CREATE MATERIALIZED VIEW computes the view)")
+    sql.add_argument("--data", required=True, help="the database directory (created if missing)")
+    sql.add_argument("--engine", choices=ENGINES, default="duckdb", help="maintenance engine (as ivm serve)")
+    sql.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
+                     help="a Spark setting (repeatable)")
+    sql.add_argument("statements", help="one or more ';'-separated statements")
     compact = commands.add_parser("compact", help="checkpoint, compact the retained log, vacuum stored files")
     compact.add_argument("--data", required=True, help="the database directory")
     serve = commands.add_parser("serve", help="run the Arrow Flight SQL server")
@@ -71,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         from ivm.cdc.cli import replicate
 
         return replicate(args)
+    if args.command == "sql":
+        from ivm.cli_sql import run_sql
+
+        return run_sql(args.data, args.statements, {"engine": args.engine,
+                                                    "spark_conf": _spark_conf(parser, args.spark_conf)})
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":

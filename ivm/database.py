@@ -27,6 +27,7 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, CatalogError, IvmError, SqlSyntaxError, UnknownObjectError, UnsupportedError
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
+    AlterView,
     CreateSource,
     CreateTable,
     CreateView,
@@ -282,6 +283,9 @@ class Database:
             return 0, None
         if isinstance(statement, SetOption):
             return self._set(statement), None
+        if isinstance(statement, AlterView):
+            engine.alter_view(statement)
+            return 0, None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
 
     def _set(self, stmt: SetOption) -> int:

@@ -46,7 +46,7 @@ from ivm.ingest_group import Pending, Ticket, convert_unit
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
-from sql_frontend.statements import CreateTable, CreateView, Drop
+from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from storage.checkpoint import unstorable
 from storage.log import ChangeLog, Record
 from storage.relation import Relation
@@ -241,6 +241,9 @@ class DurableEngine(Engine):
 
     def drop(self, stmt: Drop) -> bool:
         return self._ddl(lambda: Engine.drop(self, stmt))
+
+    def alter_view(self, stmt: AlterView) -> bool:
+        return self._ddl(lambda: Engine.alter_view(self, stmt))  # the setting is in the checkpoint
 
     # --- checkpoints and maintenance ---------------------------------------------------------
     def checkpoint_due(self) -> bool:

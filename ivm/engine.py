@@ -27,7 +27,7 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, CatalogError, UnknownObjectError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
-from sql_frontend.statements import CreateTable, CreateView, Drop
+from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program
 from delta_operators.zset import WEIGHT
@@ -143,6 +143,7 @@ class Engine:
         self.engine_used: dict[str, str] = {}
         # Views being computed for the first time (backfill): name -> progress (steps done of all).
         self.backfills: dict[str, dict] = {}
+        self.backfill_runners: dict[str, StepRunner] = {}  # their executors (Spark reports its tasks)
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
@@ -312,14 +313,27 @@ class Engine:
 
         def progress(done: int, total: int) -> None:
             self.backfills[view.name] = {"engine": executor.engine, "input_rows": rows, "step": done,
-                                         "steps": total, "seconds": round(time.monotonic() - started, 3)}
+                                         "steps": total, "started": started}
 
         progress(0, len(program.steps))
+        self.backfill_runners[view.name] = executor
         try:
             _, changes = executor.run(program, inputs, snapshot, label=f"view {view.name}", progress=progress)
         finally:
             self.backfills.pop(view.name, None)
+            self.backfill_runners.pop(view.name, None)
         return snapshot.with_changes(self._commit(changes, snapshot, self.large))
+
+    def alter_view(self, stmt: AlterView) -> bool:
+        """Set (or with None reset) a view's own engine; takes effect from its next step."""
+        with self.write_lock:
+            if not self.catalog.exists(stmt.name):
+                raise UnknownObjectError(f"materialized view {stmt.name} does not exist")
+            view = self.catalog.views.get(stmt.name)
+            if view is None:
+                raise CatalogError(f"{stmt.name} is a table; ALTER MATERIALIZED VIEW changes materialized views")
+            view.engine = stmt.engine
+            return True
 
     # --- engine choice ------------------------------------------------------------------
     def engine_setting(self, view: ViewDef) -> str:

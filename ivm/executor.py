@@ -87,7 +87,7 @@ class StepRunner:
 
         ``progress(done, total)`` is called after each top-level step (backfills report it).
         """
-        temps: dict[str, pa.Table] = dict(inputs)
+        temps = self._temps(inputs, label)
         # What one run registered with the engine, with the data each name
         # holds (a loop gives a name new data every round).
         registered: dict[str, pa.Table] = {}
@@ -98,10 +98,16 @@ class StepRunner:
                 for done, step in enumerate(program.steps, 1):
                     self._steps_run([step], temps, snapshot, registered, label)
                     progress(done, len(program.steps))
+            changes = [self._changes(r, temps) for r in program.replaces]
+            if program.output is not None:
+                temps[program.output] = temps[program.output]  # on the driver before release
         finally:
             self._release(registered)
-        changes = [self._changes(r, temps) for r in program.replaces]
         return temps, [c for c in changes if c is not None]
+
+    def _temps(self, inputs: dict[str, pa.Table], label: str) -> dict[str, pa.Table]:
+        """The run's temporaries, starting with its inputs (engines may hold some lazily)."""
+        return dict(inputs)
 
     def _release(self, registered: dict[str, pa.Table]) -> None:
         """Drop what one run registered with the engine."""

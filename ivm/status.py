@@ -80,7 +80,7 @@ def engine_status(engine: "Engine") -> dict:
              "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations,
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
-             "engine": engine.settings.engine, "backfills": dict(engine.backfills)}
+             "engine": engine.settings.engine, "backfills": backfills(engine)}
     if durable:
         facts.update({
             "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},
@@ -117,3 +117,22 @@ def status_table(facts: dict) -> pa.Table:
     table = pa.table({name: pa.array([r[name] for r in rows], type) for name, type in COLUMNS})
     rest = {k: v for k, v in facts.items() if k != "relations"}
     return table.replace_schema_metadata({b"ivm.status": json.dumps(rest).encode()})
+
+
+def backfills(engine: "Engine") -> dict[str, dict]:
+    """Views being computed for the first time: steps done, seconds, and on Spark its running tasks.
+
+    ``tasks_done``/``tasks`` count the tasks of the Spark stages running now
+    (Spark's status tracker), so a long step shows progress between steps.
+    """
+    now = time.monotonic()
+    found = {}
+    for name, entry in list(engine.backfills.items()):
+        entry = dict(entry)
+        entry["seconds"] = round(now - entry.pop("started", now), 3)
+        runner = engine.backfill_runners.get(name)
+        tasks = getattr(runner, "task_progress", None)
+        if tasks is not None:
+            entry.update(tasks())
+        found[name] = entry
+    return found

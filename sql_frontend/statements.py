@@ -135,9 +135,17 @@ class DropSource:
     name: str
 
 
+@dataclass
+class AlterView:
+    """ALTER MATERIALIZED VIEW name SET (engine = '...') | RESET (engine): the view's own engine."""
+
+    name: str
+    engine: str | None  # None: RESET, the database's setting again
+
+
 Statement = (
     CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
-    | CreateSource | DropSource
+    | CreateSource | DropSource | AlterView
 )
 
 _LITERAL = r"'((?:[^']|'')*)'"
@@ -147,8 +155,39 @@ CREATE_SOURCE = re.compile(
 DROP_SOURCE = re.compile(r"\s*DROP\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*", re.IGNORECASE)
 
 
+ALTER_VIEW = re.compile(
+    r"\s*ALTER\s+MATERIALIZED\s+VIEW\s+([A-Za-z_][A-Za-z0-9_]*)\s+(SET|RESET)\s*\((.*)\)\s*;?\s*",
+    re.IGNORECASE | re.DOTALL)
+ENGINE_OPTION = re.compile(r"\s*engine\s*=\s*" + _LITERAL + r"\s*", re.IGNORECASE)
+
+
+def _alter_view(sql: str) -> AlterView | None:
+    """ALTER MATERIALIZED VIEW, which sqlglot cannot parse: matched as a whole statement."""
+    if not re.match(r"\s*ALTER\s+MATERIALIZED\s+VIEW\b", sql, re.IGNORECASE):
+        return None
+    m = ALTER_VIEW.fullmatch(sql)
+    if m is None:
+        raise SqlSyntaxError("expected ALTER MATERIALIZED VIEW name SET (engine = '<engine>') "
+                             "or ALTER MATERIALIZED VIEW name RESET (engine)")
+    name, action, options = m[1].lower(), m[2].upper(), m[3].strip()
+    if action == "RESET":
+        if options.lower() != "engine":
+            raise UnsupportedError(f"materialized view option {options} is not supported (only engine)")
+        return AlterView(name, None)
+    option = ENGINE_OPTION.fullmatch(options)
+    if option is None:
+        raise UnsupportedError(f"materialized view option {options} is not supported (only engine = ...)")
+    value = option[1].replace("''", "'")
+    if value.lower() not in VIEW_ENGINES:
+        raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got '{value}'")
+    return AlterView(name, value.lower())
+
+
 def _source_statement(sql: str) -> Statement | None:
     """CREATE/DROP SOURCE, which sqlglot cannot parse: matched as a whole statement."""
+    altered = _alter_view(sql)
+    if altered is not None:
+        return altered
     if re.match(r"\s*CREATE\s+SOURCE\b", sql, re.IGNORECASE):
         m = CREATE_SOURCE.fullmatch(sql)
         if m is None:

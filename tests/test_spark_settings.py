@@ -12,7 +12,7 @@ import sqlglot
 
 import ivm
 from ivm.spark.dialect import to_spark
-from sql_frontend.errors import UnsupportedError
+from sql_frontend.errors import CatalogError, SqlSyntaxError, UnknownObjectError, UnsupportedError
 
 ORDERS = "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE)"
 TOTALS = "SELECT cust, SUM(amount) AS total, COUNT(*) AS n FROM orders GROUP BY cust"
@@ -132,3 +132,98 @@ def test_backfill_progress_is_in_status_while_a_view_is_first_computed(monkeypat
     steps = [s["step"] for s in seen]
     assert steps == sorted(steps) and all(s["steps"] == seen[0]["steps"] for s in seen)
     assert seen[0]["steps"] > steps[-1]  # the last query runs before the last step is done
+
+
+def test_alter_view_sets_and_resets_the_views_engine_and_it_survives_a_restart(tmp_path, spark_conf):
+    with ivm.connect(tmp_path / "db", spark_conf=spark_conf) as db:
+        db.execute(ORDERS)
+        db.execute(f"CREATE MATERIALIZED VIEW t AS {TOTALS}")
+        db.execute("INSERT INTO orders VALUES (1, 7, 9.5)")
+        assert "(engine: duckdb" in db.sql("EXPLAIN t").column(0)[0].as_py()
+        db.execute("ALTER MATERIALIZED VIEW t SET (engine = 'spark')")
+        assert "(engine: spark" in db.sql("EXPLAIN t").column(0)[0].as_py()
+        db.execute("INSERT INTO orders VALUES (2, 7, 1.0), (3, 8, 2.0)")
+        assert rows(db, "SELECT * FROM t") == [{"cust": 7, "total": 10.5, "n": 2}, {"cust": 8, "total": 2.0, "n": 1}]
+        assert db._engine.engine_used["t"] == "spark"
+    with ivm.connect(tmp_path / "db", spark_conf=spark_conf) as db:
+        assert "(engine: spark" in db.sql("EXPLAIN t").column(0)[0].as_py()
+        db.execute("alter materialized view T reset (ENGINE);")
+        assert "(engine: duckdb" in db.sql("EXPLAIN t").column(0)[0].as_py()  # the database's setting
+    with ivm.connect(tmp_path / "db") as db:
+        assert "(engine: duckdb" in db.sql("EXPLAIN t").column(0)[0].as_py()
+
+
+@pytest.mark.parametrize("sql, error, message", [
+    ("ALTER MATERIALIZED VIEW t SET (engine = 'hive')", UnsupportedError,
+     "engine must be one of auto, duckdb, spark; got 'hive'"),
+    ("ALTER MATERIALIZED VIEW t SET (fillfactor = 70)", UnsupportedError,
+     r"materialized view option fillfactor = 70 is not supported \(only engine = \.\.\.\)"),
+    ("ALTER MATERIALIZED VIEW t RESET (fillfactor)", UnsupportedError,
+     r"materialized view option fillfactor is not supported \(only engine\)"),
+    ("ALTER MATERIALIZED VIEW t RENAME TO u", SqlSyntaxError,
+     r"expected ALTER MATERIALIZED VIEW name SET \(engine = '<engine>'\)"),
+    ("ALTER MATERIALIZED VIEW nope SET (engine = 'spark')", UnknownObjectError,
+     "materialized view nope does not exist"),
+    ("ALTER MATERIALIZED VIEW orders SET (engine = 'spark')", CatalogError,
+     "orders is a table; ALTER MATERIALIZED VIEW changes materialized views"),
+])
+def test_alter_view_errors_are_clear_and_change_nothing(sql, error, message):
+    with ivm.connect() as db:
+        db.execute(ORDERS)
+        db.execute(f"CREATE MATERIALIZED VIEW t WITH (engine = 'duckdb') AS {TOTALS}")
+        with pytest.raises(error, match=message):
+            db.execute(sql)
+        assert "(engine: duckdb" in db.sql("EXPLAIN t").column(0)[0].as_py()
+        assert db._engine.catalog.views["t"].engine == "duckdb"
+        assert [o.name for o in db.objects()] == ["orders", "t"]
+
+
+def test_status_shows_a_spark_backfill_while_it_runs(spark_conf):
+    """Poll db.status() from another thread while CREATE computes a view on Spark."""
+    import threading
+    import time
+
+    with ivm.connect(engine="spark", spark_conf=spark_conf) as db:
+        db.execute(ORDERS)
+        db.apply_changes("orders", pa.table({"id": range(2000), "cust": [i % 13 for i in range(2000)],
+                                             "amount": [float(i) for i in range(2000)]}))
+        seen: list[dict] = []
+        creating = threading.Thread(target=db.execute, args=(f"CREATE MATERIALIZED VIEW t AS {TOTALS}",))
+        creating.start()
+        deadline = time.monotonic() + 120
+        while creating.is_alive() and time.monotonic() < deadline:
+            entry = db.status()["backfills"].get("t")
+            if entry is not None:
+                seen.append(entry)
+            time.sleep(0.01)
+        creating.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not creating.is_alive(), "the backfill did not finish within 2 minutes"
+        assert db.status()["backfills"] == {}
+        assert rows(db, "SELECT * FROM t WHERE cust = 0") == [
+            {"cust": 0, "total": float(sum(range(0, 2000, 13))), "n": len(range(0, 2000, 13))}]
+    assert seen, "status never showed the backfill"
+    assert all(s["engine"] == "spark" and s["input_rows"] == 2000 and 0 <= s["step"] <= s["steps"] for s in seen)
+    assert all(0 <= s["tasks_done"] <= s["tasks"] for s in seen)
+    assert [s["seconds"] for s in seen] == sorted(s["seconds"] for s in seen)
+
+
+def test_ivm_sql_creates_a_view_and_prints_query_results(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "db"
+
+    def ivm_sql(statements: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ivm", "sql", "--data", str(data), statements],
+                              cwd=root, capture_output=True, text=True, timeout=120)
+
+    done = ivm_sql(f"{ORDERS}; INSERT INTO orders VALUES (1, 7, 9.5), (2, 7, 1.0); "
+                   f"CREATE MATERIALIZED VIEW t AS {TOTALS}")
+    assert done.returncode == 0, done.stderr
+    done = ivm_sql("SELECT cust, total, n FROM t")
+    assert done.returncode == 0, done.stderr
+    assert "10.5" in done.stdout and "7" in done.stdout
+    failed = ivm_sql("ALTER MATERIALIZED VIEW nope SET (engine = 'spark')")
+    assert failed.returncode == 1 and "ivm sql: materialized view nope does not exist" in failed.stderr

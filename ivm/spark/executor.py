@@ -1,22 +1,28 @@
-"""Run delta programs on Spark: the same Program IR, queries as Spark jobs.
+"""Run delta programs on Spark: the same Program IR, chains of queries as one Spark job.
 
-    Query   -> spark.sql over temporary views: the step's inputs (Arrow
-               temporaries shipped as DataFrames) and whole stored relations
+    Query   -> spark.sql over temporary views, kept as a lazy DataFrame
+               (temps.py): a later query reads it inside its own plan, so a
+               chain of queries runs as one job; rows come to the driver only
+               where a step needs them there. Inputs are the change batches
+               (shipped once per run) and whole stored relations
                (``scan_name(rel)``: cached per run, see frames.py); the tree is
                rendered by dialect.py
-    Lookup  -> up to JOIN_PROBES probe rows: the relation's index on the driver
-               (numpy, exactly as on DuckDB: the relations live there); above,
-               a Spark left-semi join of the relation's DataFrame with the
-               distinct probe keys, NULL-safe (``<=>``) like the key codes
-    Stack, Loop, Replace -> shared with the DuckDB executor (ivm/executor.py)
+    Lookup  -> up to JOIN_PROBES probe rows: the relation's index on the
+               driver (numpy, exactly as on DuckDB: the relations live there);
+               above, a lazy Spark left-semi join of the relation's DataFrame
+               with the distinct probe keys, NULL-safe (``<=>``) like the key
+               codes; the whole relation (no index): its DataFrame, lazily
+    Stack, Loop, Replace -> shared with the DuckDB executor (ivm/executor.py),
+               on driver rows
 
-Each step's result comes back to the driver as Arrow, so emptiness (the
-skip rules), loops and the Replace bookkeeping behave exactly as on DuckDB,
-and the engine commits the same RowChanges. The price is one round trip per
-step; a later version could keep intermediate steps as lazy DataFrames.
+The skip rules use the sizes known without a job (driver temporaries); the
+Replace steps and the view's output come to the driver, so the engine commits
+the same RowChanges as on DuckDB.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pyarrow as pa
 from sqlglot import exp
@@ -26,6 +32,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
+from ivm.spark.temps import Lazy, SparkTemps, readers
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -47,14 +54,35 @@ class SparkExecutor(StepRunner):
         self.frames = Frames(self.spark)
         self.join_probes = JOIN_PROBES if join_probes is None else join_probes
         self._texts: dict[int, tuple[Query, str, dict[str, str], pa.Schema | None]] = {}
-        self.jobs = 0  # Spark queries run (for stats and tests)
+        self.jobs = 0  # Spark jobs whose rows came to the driver (for stats, tests, bench)
+        self._readers: Counter = Counter()
+        self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
+
+    def run(self, program, inputs, snapshot, label="", progress=None):
+        self._readers = readers(program)
+        return super().run(program, inputs, snapshot, label, progress)
+
+    def _temps(self, inputs: dict[str, pa.Table], label: str) -> SparkTemps:
+        def collect(lazy: Lazy) -> pa.Table:
+            try:
+                rows = lazy.frame.toArrow()
+            except Exception as e:  # pyspark raises its own hierarchy; report what Spark said
+                raise spark_error(e, label) from None
+            self.jobs += 1
+            return rows if lazy.schema is None else rows.select(lazy.schema.names).cast(lazy.schema)
+
+        return SparkTemps(inputs, self.frames.arrow, collect)
 
     # --- queries -------------------------------------------------------------------
     def _text(self, step: Query) -> tuple[str, dict[str, str], pa.Schema | None]:
         """Spark SQL of a step, the inputs it reads (Spark name -> temp or scan name), its result schema.
 
-        Inputs are renamed ``__in0, __in1, ...``: Spark's temporary views take
-        single-part names, and state relations are named ``view.state``.
+        Inputs are renamed ``__v0, __v1, ...``: Spark's temporary views take
+        single-part names, and state relations are named ``view.state``. Each
+        temporary keeps its Spark name for good, so one registered once per
+        run serves every query that reads it (replacing a temporary view
+        also drops Spark's cache of every plan that read it, e.g. of a
+        large cached input batch, frames.py).
         """
         entry = self._texts.get(id(step))
         if entry is None or entry[0] is not step:
@@ -64,7 +92,7 @@ class SparkExecutor(StepRunner):
             for table in tree.find_all(exp.Table):
                 if table.name in ctes:
                     continue
-                spark_name = next((k for k, v in inputs.items() if v == table.name), f"__in{len(inputs)}")
+                spark_name = self._names.setdefault(table.name, f"__v{len(self._names)}")
                 inputs[spark_name] = table.name
                 if not table.alias:  # columns may be qualified by the original name
                     table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
@@ -72,69 +100,128 @@ class SparkExecutor(StepRunner):
             entry = self._texts[id(step)] = (step, to_spark(tree), inputs, None)
         return entry[1], entry[2], entry[3]
 
-    def _query(self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot,
-               registered: dict[str, object], label: str) -> pa.Table:
+    def _remember_schema(self, step: Query, schema: pa.Schema) -> None:
+        entry = self._texts.get(id(step))
+        if entry is not None and entry[0] is step and entry[3] is None:
+            self._texts[id(step)] = (*entry[:3], schema)
+
+    def _skippable(self, drivers, skip, temps) -> bool:
+        """The skip rule over the drivers whose size is known without a Spark job."""
+        if not drivers:
+            return False
+        empty = [not temps.lazy(d) and temps[d].num_rows == 0 for d in drivers]
+        return any(empty) if skip == "any" else all(empty)
+
+    def _query(self, step: Query, temps: SparkTemps, snapshot: Snapshot,
+               registered: dict[str, object], label: str):
+        """The step's result as a lazy DataFrame (see temps.py), collected now if several steps read it."""
         text, inputs, empty = self._text(step)
         if empty is not None and self._skippable(step.drivers, step.skip, temps):
             return empty.empty_table()
         for spark_name, name in inputs.items():
             self._register(spark_name, name, temps, snapshot, registered)
         try:
-            result = self.spark.sql(text).toArrow()
-        except Exception as e:  # pyspark raises its own hierarchy; report what Spark said
+            frame = self.spark.sql(text)  # analysis only: errors in names and types show here
+        except Exception as e:
             raise spark_error(e, label) from None
-        self.jobs += 1
         if empty is None:
-            self._texts[id(step)] = (step, text, inputs, result.schema)
-        return result
+            # Known without a job, so the skip rule applies from the next run
+            # on, also to steps that are never collected (read inside others).
+            self._remember_schema(step, arrow_schema(frame))
+        lazy = Lazy(frame)
+        if self._readers[step.out] > 1:
+            # Read twice: collect it now and give readers its rows (a local
+            # relation Spark plans with exact sizes), not its plan twice.
+            # Caching in Spark was measured slower: a cached plan's size
+            # estimates turn broadcast joins into shuffles.
+            dict.__setitem__(temps, step.out, lazy)
+            temps[step.out]
+        return lazy
 
-    def _register(self, spark_name: str, name: str, temps: dict[str, pa.Table], snapshot: Snapshot,
+    def _steps_run(self, steps, temps, snapshot, registered, label) -> None:
+        for step in steps:
+            if isinstance(step, Query):
+                dict.__setitem__(temps, step.out, self._query(step, temps, snapshot, registered, label))
+            elif isinstance(step, Lookup):
+                dict.__setitem__(temps, step.out, self._lookup(step, temps, snapshot))
+            else:
+                super()._steps_run([step], temps, snapshot, registered, label)
+
+    def _register(self, spark_name: str, name: str, temps: SparkTemps, snapshot: Snapshot,
                   registered: dict[str, object]) -> None:
         if name in temps:
-            data = temps[name]
-            if registered.get(spark_name) is not data:
-                self.frames.arrow(data).createOrReplaceTempView(spark_name)
-                registered[spark_name] = data
+            frame = temps.frame(name)
         elif name.startswith(SCAN_PREFIX):
-            relation = snapshot[name[len(SCAN_PREFIX):]]
-            if registered.get(spark_name) is not relation:
-                self.frames.relation(relation).createOrReplaceTempView(spark_name)
-                registered[spark_name] = relation
+            frame = self.frames.relation(snapshot[name[len(SCAN_PREFIX):]])
         else:
             raise InternalError(f"query reads {name}, which is neither a temporary nor a relation scan")
+        if registered.get(spark_name) is not frame:
+            frame.createOrReplaceTempView(spark_name)
+            registered[spark_name] = frame
 
     def _release(self, registered: dict[str, object]) -> None:
         for name in registered:
             self.spark.catalog.dropTempView(name)
 
+    def task_progress(self) -> dict[str, int]:
+        """Tasks done and in all of the Spark stages running now (Spark's status tracker)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        done = total = 0
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            if info is not None:
+                done += info.numCompletedTasks
+                total += info.numTasks
+        return {"tasks_done": done, "tasks": total}
+
     # --- lookups -------------------------------------------------------------------
-    def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
+    def _lookup(self, step: Lookup, temps: SparkTemps, snapshot: Snapshot):
+        """Driver index lookup (O(probes)); a lazy Spark join for huge probes; the whole relation lazily.
+
+        A probe still in Spark is collected first. Joining it lazily with
+        small relations instead was measured slower (SF 0.1, 1% batches:
+        +50% JVM CPU): Spark plans the distinct keys and the join with
+        shuffles (several stages), where a collected probe costs one job.
+        """
+        relation = snapshot[step.relation]
         probe = temps[step.probe]
+        if not step.index and probe.num_rows:
+            return Lazy(self.frames.relation(relation, step.positions), schema=_schema(relation, step.positions))
         if not step.index or probe.num_rows <= self.join_probes:
             return super()._lookup(step, temps, snapshot)
-        return self._join_lookup(step, probe, snapshot)
+        return self._join_lookup(step, temps.frame(step.probe), relation)
 
-    def _join_lookup(self, step: Lookup, probe: pa.Table, snapshot: Snapshot) -> pa.Table:
+    def _join_lookup(self, step: Lookup, probe, relation) -> Lazy:
         """Rows of the relation whose index columns equal (NULL-safe) some probe's."""
-        relation = snapshot[step.relation]
+        from pyspark.sql import functions as F
+
         if step.probe_filter is not None:
-            probe = probe.filter(probe.column(step.probe_filter))
+            probe = probe.filter(F.col(step.probe_filter))
         keys = [f"__k{i}" for i in range(len(step.index))]
-        probe_keys = self.frames.arrow(probe.select(list(step.probe_columns)).rename_columns(keys)).distinct()
+        probe_keys = probe.select(*[F.col(c).alias(k) for c, k in zip(step.probe_columns, keys)]).distinct()
         stored = self.frames.relation(relation, step.positions)
         condition = None
         for column, key in zip(step.index, keys):
             equal = stored[column].eqNullSafe(probe_keys[key])
             condition = equal if condition is None else condition & equal
-        try:
-            found = stored.join(probe_keys, condition, "left_semi").toArrow()
-        except Exception as e:
-            raise spark_error(e, f"lookup in {step.relation}") from None
-        self.jobs += 1
-        schema = relation.schema
-        if step.positions:
-            schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
-        return found.select(schema.names).cast(schema)
+        return Lazy(stored.join(probe_keys, condition, "left_semi"), schema=_schema(relation, step.positions))
+
+
+def _schema(relation, positions: bool) -> pa.Schema:
+    """What a lookup in ``relation`` returns (Relation.lookup's columns)."""
+    schema = relation.schema
+    if positions:
+        schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
+    return schema
+
+
+def arrow_schema(frame) -> pa.Schema:
+    """The Arrow schema ``frame.toArrow()`` returns, without running a job (pyspark's own conversion)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = frame.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    return to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                           prefers_large_types=large)
 
 
 def spark_error(error: Exception, label: str) -> Exception:

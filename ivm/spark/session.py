@@ -30,6 +30,9 @@ DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
     # Deltas are small; 200 shuffle partitions would dominate every job.
     "spark.sql.shuffle.partitions": "8",
+    # Change batches and operator state are small: broadcast them into joins
+    # with stored relations instead of shuffling the relations (default 10 MB).
+    "spark.sql.autoBroadcastJoinThreshold": "64m",
     # Servers bind 127.0.0.1 only; no web UI on a public port.
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,95 @@
+"""A program run's temporaries on Spark: lazy DataFrames until the driver needs rows.
+
+Every Spark job costs a fixed second or so (scheduling, Arrow conversion both
+ways), far more than the work on a change batch. So a Query step's result
+read by one later query stays a lazy DataFrame that the reader's plan
+includes: a chain of such queries runs as one Spark job. Rows come to the
+driver where a step needs them there (``temps[name]``, a ``dict`` read): a
+Lookup in a large relation's index, a Stack, a loop's emptiness test, the
+Replace steps, the view's output, and results read by several steps (the
+executor collects those at once rather than have Spark compute them twice).
+
+Temporaries on the driver (change batches, lookups, collected results)
+become a DataFrame once per run, however many queries read them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+from sqlglot import exp
+
+from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step
+
+
+@dataclass
+class Lazy:
+    """A temporary computed by Spark, brought to the driver on first read."""
+
+    frame: object  # pyspark DataFrame
+    schema: pa.Schema | None = None  # cast the driver rows to this (stored relations' types)
+    arrow: pa.Table | None = None
+
+
+class SparkTemps(dict):
+    """Temporaries by name: Arrow tables or Lazy frames; ``[name]`` always gives Arrow."""
+
+    def __init__(self, inputs: dict[str, pa.Table], spark_frame: Callable[[pa.Table], object],
+                 collect: Callable[[Lazy], pa.Table]):
+        super().__init__(inputs)
+        self._spark_frame = spark_frame
+        self._collect = collect
+        self._frames: dict[str, tuple[pa.Table, object]] = {}  # driver temp -> its DataFrame this run
+
+    def __getitem__(self, name: str) -> pa.Table:
+        value = super().__getitem__(name)
+        if not isinstance(value, Lazy):
+            return value
+        if value.arrow is None:
+            value.arrow = self._collect(value)
+        return value.arrow
+
+    def lazy(self, name: str) -> bool:
+        """True while ``name`` has not been brought to the driver (reading it costs a job)."""
+        value = super().__getitem__(name)
+        return isinstance(value, Lazy) and value.arrow is None
+
+    def frame(self, name: str):
+        """``name`` as a DataFrame: its lazy plan, or its driver rows shipped once per run."""
+        value = super().__getitem__(name)
+        if isinstance(value, Lazy):
+            return value.frame
+        known = self._frames.get(name)
+        if known is None or known[0] is not value:
+            known = self._frames[name] = (value, self._spark_frame(value))
+        return known[1]
+
+
+def readers(program: Program) -> Counter:
+    """How many steps (and Replace/output uses) read each temporary."""
+    counts: Counter = Counter()
+    _count_steps(program.steps, counts)
+    for replace in program.replaces:
+        counts.update(n for n in (replace.deletes, replace.inserts) if n is not None)
+    if program.output is not None:
+        counts[program.output] += 1
+    return counts
+
+
+def _count_steps(steps: list[Step], counts: Counter) -> None:
+    for step in steps:
+        if isinstance(step, Query):
+            counts.update({t.name for t in step.sql.find_all(exp.Table)})
+        elif isinstance(step, Lookup):
+            counts[step.probe] += 1
+        elif isinstance(step, Stack):
+            counts[step.source] += 1
+        elif isinstance(step, Loop):
+            # Loop variables are re-read every round: count them as shared.
+            for _, source in (*step.init, *step.next, *step.collect):
+                counts[source] += 2
+            counts[step.until] += 2
+            _count_steps(step.body, counts)
