@@ -29,6 +29,10 @@ class TableDef:
     not_null: frozenset[str] = frozenset()
     defaults: dict[str, exp.Expression] = field(default_factory=dict)
     kind: str = "table"
+    # Event streams (CREATE TABLE … WATERMARK FOR ts AS ts - INTERVAL … APPEND ONLY; ivm/event_time.py):
+    append_only: bool = False  # inserts only: updates and deletes are refused
+    event_time: str | None = None  # the column the watermark is declared on
+    lateness_us: int = 0  # watermark = largest event time seen - lateness
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -55,6 +59,7 @@ class ViewDef:
     # False: rows are computed on read from operator state (see reads_only_state)
     stored_output: bool = True
     engine: str | None = None  # compute engine of this view (None: the database's setting)
+    late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
 

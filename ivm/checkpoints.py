@@ -50,11 +50,12 @@ log = logging.getLogger("ivm.checkpoint")
 def describe_catalog(catalog: Catalog) -> dict:
     tables = [
         {"name": t.name, "columns": [[c.name, c.type] for c in t.columns], "primary_key": list(t.primary_key),
-         "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()}}
+         "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()},
+         "append_only": t.append_only, "event_time": t.event_time, "lateness_us": t.lateness_us}
         for t in catalog.tables.values()
     ]
     views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
-              "engine": v.engine}
+              "engine": v.engine, "late": v.late}
              for v in catalog.views.values()]
     return {"tables": tables, "views": views}
 
@@ -66,6 +67,9 @@ def table_from_json(doc: dict) -> TableDef:
         primary_key=tuple(doc["primary_key"]),
         not_null=frozenset(doc["not_null"]),
         defaults={c: sqlglot.parse_one(sql, read="duckdb") for c, sql in doc["defaults"].items()},
+        append_only=doc.get("append_only", False),
+        event_time=doc.get("event_time"),
+        lateness_us=doc.get("lateness_us", 0),
     )
 
 
@@ -75,6 +79,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     if doc["stored_output"] and not view.stored_output:
         view.store_output()
     view.engine = doc.get("engine")
+    view.late = doc.get("late")
     return view
 
 

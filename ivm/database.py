@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import BindError, CatalogError, IvmError, SqlSyntaxError, UnknownObjectError, UnsupportedError
+from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, SqlSyntaxError, UnknownObjectError,
+                                 UnsupportedError)
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
     CreateSource,
@@ -307,6 +308,13 @@ class Database:
     def _table(self, name: str) -> TableDef:
         return self._engine.catalog.table(name)
 
+    def _changeable(self, name: str, statement: str) -> TableDef:
+        """A table UPDATE/DELETE may change: not an APPEND ONLY one (even when no row matches)."""
+        table = self._table(name)
+        if table.append_only:
+            raise ChangeError(f"table {name} is APPEND ONLY: {statement} is not allowed, only INSERT")
+        return table
+
     def _insert_batch(self, stmt: Insert) -> pa.Table:
         table = self._table(stmt.table)
         values = self._engine.reader.query(stmt.query.sql("duckdb"), stmt.query)
@@ -340,7 +348,7 @@ class Database:
         return pa.repeat(value, n)
 
     def _update_batch(self, stmt: Update) -> pa.Table:
-        table = self._table(stmt.table)
+        table = self._changeable(stmt.table, "UPDATE")
         assigned = dict(stmt.assignments)
         unknown = [c for c in assigned if c not in table.column_names]
         if unknown:
@@ -365,7 +373,7 @@ class Database:
         return batch.replace_schema_metadata({b"ivm.update": b"moving"})
 
     def _delete_batch(self, stmt: Delete) -> pa.Table:
-        table = self._table(stmt.table)
+        table = self._changeable(stmt.table, "DELETE")
         where = f" WHERE {stmt.where.sql('duckdb')}" if stmt.where is not None else ""
         cols = table.primary_key or table.column_names
         sql = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table.name)}{where}"

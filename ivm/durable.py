@@ -96,6 +96,9 @@ class DurableEngine(Engine):
     def _recover(self) -> None:
         start = time.perf_counter()
         self.offset = self.checkpointer.restore()
+        for table in self.catalog.tables.values():  # the largest event time is the stored table's
+            if table.event_time is not None:
+                self.watermarks.restore(table, self.store.snapshot[table.name].table())
         for view in self.catalog.views:  # subscribers resume from the restored offset on
             self.history.start(view, self.offset, complete=False)
         records = self.log.open(after=self.offset)
@@ -175,6 +178,7 @@ class DurableEngine(Engine):
                            f"checkpoint): {e}") from e
         self.offset = record.offset
         self.heads[record.table] = prepared.updated
+        self.accept_events(record.table, prepared)
         self.producers.record(record.source, record.seq, record.offset)
         self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
         self.maintainer.enqueue(Entry(record.offset, {record.table: [prepared.change.delta]},

@@ -21,6 +21,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqlglot import exp
 
@@ -36,6 +37,7 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
+from ivm.event_time import Watermarks, check_stream_table, max_event_us, on_time_mask
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -81,6 +83,8 @@ class Prepared:
     policy: str
     change: ZsetChange
     updated: Relation  # the table after the batch
+    event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
+    late: int = 0  # ... and how many of its events arrived below the watermark
 
 
 # Batches above this many rows are processed by the parallel DuckDB instance.
@@ -146,6 +150,8 @@ class Engine:
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
+        # Largest event time and late events per watermarked table (ivm/event_time.py).
+        self.watermarks = Watermarks()
 
     def wait_visible(self) -> None:
         """Block until reads see every acknowledged change (in memory: they always do)."""
@@ -219,13 +225,20 @@ class Engine:
                 raise CatalogError(f"primary key column {k} is not a column of {stmt.name}")
         if len(set(stmt.primary_key)) != len(stmt.primary_key):
             raise CatalogError(f"primary key of {stmt.name} names a column twice")
-        return TableDef(
+        stream = stmt.stream
+        event_time = stream.event_time if stream is not None else None
+        table = TableDef(
             name=stmt.name,
             columns=columns,
             primary_key=stmt.primary_key,
-            not_null=frozenset(not_null | set(stmt.primary_key)),
+            not_null=frozenset(not_null | set(stmt.primary_key) | ({event_time} if event_time else set())),
             defaults=defaults,
+            append_only=bool(stream and stream.append_only),
+            event_time=event_time,
+            lateness_us=(stream.lateness_us or 0) if stream is not None else 0,
         )
+        check_stream_table(table)
+        return table
 
     # --- views ------------------------------------------------------------------------
     def create_view(self, stmt: CreateView) -> bool:
@@ -238,6 +251,7 @@ class Engine:
             plan = plan_view(stmt.query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
             view.engine = stmt.engine
+            view.late = stmt.late
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -361,6 +375,7 @@ class Engine:
             for name in list(reversed(dependents)) + [stmt.name]:
                 self.catalog.remove(name)
                 self.history.drop(name)
+                self.watermarks.drop(name)
             self.store.publish(self.store.snapshot.with_changes(removed))
             return True
 
@@ -385,6 +400,7 @@ class Engine:
             # consolidated here: subscribers consolidate what they read
             # (ivm/changefeed.py), which keeps that query off the write path.
             self.history.append(self.offset, self.view_deltas(deltas))
+            self.accept_events(table, prepared)
             self.store.publish(snapshot.with_changes({}, offset=self.offset))
             self.producers.record(source, seq, self.offset)
             return self.offset
@@ -412,7 +428,18 @@ class Engine:
                 worker: Worker) -> Prepared:
         change = worker.applier.apply(definition, relation, batch, policy)
         updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, worker.coder)
-        return Prepared(batch, policy, change, updated)
+        prepared = Prepared(batch, policy, change, updated)
+        if definition.event_time is not None:
+            prepared.event_max = max_event_us(definition, change.inserts)
+            on_time = on_time_mask(definition, change.inserts, self.watermarks.watermark(definition))
+            prepared.late = 0 if on_time is None else len(on_time) - pc.sum(on_time).as_py()
+        return prepared
+
+    def accept_events(self, table: str, prepared: Prepared) -> None:
+        """A batch of ``table`` was accepted: move its watermark, count its late events."""
+        definition = self.catalog.tables[table]
+        if definition.event_time is not None:
+            self.watermarks.accept(definition, prepared.event_max, prepared.late)
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
                   isolate: bool = False) -> Snapshot:

@@ -121,7 +121,10 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
 
 def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
     definition = engine.catalog.table(table)
-    if len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1:
+    # Batches of a watermarked table are converted one by one: each is judged late
+    # against the watermark the batches before it left (as replay does).
+    if (len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1
+            and definition.event_time is None):
         combined = _renumbered([t.batch for t in group])
         try:
             prepared = engine.convert(definition, combined, group[0].policy, engine.head(table),
@@ -143,6 +146,7 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
             ticket.error, ticket.done = e, True
             continue
         engine.heads[table] = unit.versions[table] = prepared.updated
+        engine.accept_events(table, prepared)
         unit.deltas.setdefault(table, []).append(prepared.change.delta)
         ticket.delta = prepared.change.delta
 

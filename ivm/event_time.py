@@ -1,0 +1,112 @@
+"""Event streams: append-only tables, their watermarks and their stragglers.
+
+A table created ``APPEND ONLY`` takes inserts only (``__op`` ``c``, and ``r``
+when it has no primary key, where ``r`` is an insert); an update or a delete
+is refused and the batch changes nothing. With ``WATERMARK FOR ts AS ts -
+INTERVAL …`` the table also has an event-time column (NOT NULL) and a
+watermark:
+
+    watermark = max(ts over every accepted batch) - lateness
+
+It only moves forward (a maximum only grows). Stragglers are judged per
+batch: an event of a batch is late when its ts is below the watermark as it
+stood before that batch, so a batch never makes its own events late; the
+watermark then moves with the batch's largest ts. Because the rows of an
+append-only table are never deleted by changes, the largest event time is
+that of the stored table: recovery recomputes it from the table it loads,
+and replaying the log moves it exactly as the first time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sql_frontend.errors import ChangeError, CatalogError
+from ivm.catalog import TableDef
+
+EPOCH = datetime(1970, 1, 1)
+# Ops an append-only table accepts: inserts. ('r' replaces by key, so only a bag takes it.)
+INSERT_OPS = {"c": "insert", "r": "insert or replace", "u": "upsert", "d": "delete"}
+
+
+def check_appends(table: TableDef, ops: pa.ChunkedArray) -> None:
+    """Refuse updates and deletes of an append-only table, naming the first one."""
+    if not table.append_only or len(ops) == 0:
+        return
+    allowed = ["c"] if table.primary_key else ["c", "r"]
+    bad = pc.invert(pc.is_in(ops, value_set=pa.array(allowed)))
+    if pc.any(bad).as_py():
+        op = ops.filter(bad)[0].as_py()
+        raise ChangeError(f"table {table.name} is APPEND ONLY: __op {op!r} ({INSERT_OPS[op]}) is not allowed, "
+                          "only inserts")
+
+
+def check_stream_table(table: TableDef) -> None:
+    """The event-time column exists and is a TIMESTAMP."""
+    if table.event_time is None:
+        return
+    column = next((c for c in table.columns if c.name == table.event_time), None)
+    if column is None:
+        raise CatalogError(f"WATERMARK FOR {table.event_time}: {table.name} has no column {table.event_time}")
+    if column.type.upper() != "TIMESTAMP":
+        raise CatalogError(f"WATERMARK FOR {table.event_time}: the event-time column must be a TIMESTAMP, "
+                           f"not {column.type}")
+
+
+def max_event_us(table: TableDef, rows: pa.Table) -> int | None:
+    """Largest event time (microseconds since the epoch) among ``rows``; None when empty."""
+    if rows.num_rows == 0:
+        return None
+    column = rows.column(table.event_time)
+    return pc.max(pc.cast(column, pa.int64())).as_py()
+
+
+def on_time_mask(table: TableDef, rows: pa.Table, watermark_us: int | None) -> pa.ChunkedArray | None:
+    """True for rows at or above the watermark; None when every row is on time."""
+    if watermark_us is None or rows.num_rows == 0:
+        return None
+    on_time = pc.greater_equal(pc.cast(rows.column(table.event_time), pa.int64()), watermark_us)
+    return None if pc.all(on_time).as_py() else on_time
+
+
+def as_time(us: int | None) -> str | None:
+    return None if us is None else (EPOCH + timedelta(microseconds=us)).isoformat(sep=" ")
+
+
+@dataclass
+class Watermarks:
+    """Per watermarked table: the largest event time accepted, and the late events counted."""
+
+    max_us: dict[str, int] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)  # events that arrived below the watermark
+
+    def watermark(self, table: TableDef) -> int | None:
+        top = self.max_us.get(table.name)
+        return None if top is None else top - table.lateness_us
+
+    def accept(self, table: TableDef, batch_max: int | None, late: int) -> None:
+        if batch_max is not None and batch_max > self.max_us.get(table.name, batch_max - 1):
+            self.max_us[table.name] = batch_max
+        if late:
+            self.late[table.name] = self.late.get(table.name, 0) + late
+
+    def restore(self, table: TableDef, rows: pa.Table) -> None:
+        top = max_event_us(table, rows)
+        if top is not None:
+            self.max_us[table.name] = top
+
+    def drop(self, name: str) -> None:
+        self.max_us.pop(name, None)
+        self.late.pop(name, None)
+
+    def status(self, table: TableDef) -> dict:
+        return {"event_time": table.event_time, "lateness_seconds": table.lateness_us / 1e6,
+                "max_event_time": as_time(self.max_us.get(table.name)),
+                "watermark": as_time(self.watermark(table)), "late_events": self.late.get(table.name, 0)}
+
+
+__all__ = ["Watermarks", "check_appends", "check_stream_table", "max_event_us", "on_time_mask", "as_time"]
