@@ -33,6 +33,9 @@ class TableDef:
     append_only: bool = False  # inserts only: updates and deletes are refused
     event_time: str | None = None  # the column the watermark is declared on
     lateness_us: int = 0  # watermark = largest event time seen - lateness
+    # The hidden table of a watermarked table's on-time rows, read by views with
+    # late = 'drop' (ivm/event_time.py): the name of the table it shadows.
+    shadow_of: str | None = None
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -162,8 +165,17 @@ class Catalog:
 
     # --- dependencies ---------------------------------------------------------
     def readers(self, name: str) -> list[str]:
-        """Views that read ``name`` directly."""
-        return [v.name for v in self.views.values() if name in v.sources]
+        """Views that read ``name`` directly (or the hidden table of its on-time rows)."""
+        names = {name} | {t.name for t in self.tables.values() if t.shadow_of == name}
+        return [v.name for v in self.views.values() if names & set(v.sources)]
+
+    def shadow(self, name: str) -> TableDef | None:
+        """The hidden table of ``name``'s on-time rows, if it has one."""
+        return next((t for t in self.tables.values() if t.shadow_of == name), None)
+
+    def visible_tables(self) -> list[TableDef]:
+        """Tables users created (not the hidden on-time tables)."""
+        return [t for t in self.tables.values() if t.shadow_of is None]
 
     def dependents(self, name: str) -> list[str]:
         """Every view that reads ``name`` directly or through other views, readers first."""

@@ -32,6 +32,7 @@ from sqlglot import exp
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
+from ivm.event_time import view_query
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
@@ -51,7 +52,8 @@ def describe_catalog(catalog: Catalog) -> dict:
     tables = [
         {"name": t.name, "columns": [[c.name, c.type] for c in t.columns], "primary_key": list(t.primary_key),
          "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()},
-         "append_only": t.append_only, "event_time": t.event_time, "lateness_us": t.lateness_us}
+         "append_only": t.append_only, "event_time": t.event_time, "lateness_us": t.lateness_us,
+         "shadow_of": t.shadow_of}
         for t in catalog.tables.values()
     ]
     views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
@@ -70,11 +72,12 @@ def table_from_json(doc: dict) -> TableDef:
         append_only=doc.get("append_only", False),
         event_time=doc.get("event_time"),
         lateness_us=doc.get("lateness_us", 0),
+        shadow_of=doc.get("shadow_of"),
     )
 
 
 def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
-    plan = plan_view(parse_query(doc["sql"]), catalog, tuple(doc["columns"]))
+    plan = plan_view(view_query(parse_query(doc["sql"]), catalog, doc.get("late")), catalog, tuple(doc["columns"]))
     view = make_view(doc["name"], doc["sql"], plan)
     if doc["stored_output"] and not view.stored_output:
         view.store_output()

@@ -53,6 +53,7 @@ from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
+from ivm.event_time import view_query
 from ivm.maintenance import check_mode
 from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
@@ -147,7 +148,7 @@ class Database:
         self._check_open()
         catalog = self._engine.catalog
         found = []
-        for definition in list(catalog.tables.values()) + list(catalog.views.values()):
+        for definition in catalog.visible_tables() + list(catalog.views.values()):
             key = definition.primary_key if isinstance(definition, TableDef) else ()
             found.append(ObjectInfo(definition.name, definition.kind,
                                     self._engine.binder.arrow_schema(definition.columns), key))
@@ -397,7 +398,8 @@ class Database:
             query = stmt.create.query if stmt.create is not None else stmt.query.expression
             name = stmt.create.name if stmt.create is not None else "query"
             names = stmt.create.column_names if stmt.create is not None else None
-            plan = plan_view(query, engine.catalog, names)
+            late = stmt.create.late if stmt.create is not None else None
+            plan = plan_view(view_query(query, engine.catalog, late), engine.catalog, names)
             view = make_view(name, query.sql("duckdb"), plan)
         programs = {
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
@@ -420,7 +422,7 @@ class Database:
         engine = self._engine
         snapshot = engine.store.snapshot
         names, kinds, rows = [], [], []
-        for name in sorted(list(engine.catalog.tables) + list(engine.catalog.views)):
+        for name in sorted([t.name for t in engine.catalog.visible_tables()] + list(engine.catalog.views)):
             definition = engine.catalog.get(name)
             if stmt.what == "views" and definition.kind != "view":
                 continue

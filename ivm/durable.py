@@ -177,12 +177,15 @@ class DurableEngine(Engine):
             raise IvmError(f"replaying change log offset {record.offset} failed (the log does not match the "
                            f"checkpoint): {e}") from e
         self.offset = record.offset
-        self.heads[record.table] = prepared.updated
+        versions = prepared.versions()  # the table (and its on-time rows)
+        self.heads.update(versions)
         self.accept_events(record.table, prepared)
         self.producers.record(record.source, record.seq, record.offset)
         self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
-        self.maintainer.enqueue(Entry(record.offset, {record.table: [prepared.change.delta]},
-                                      {record.table: prepared.updated}, record.timestamp))
+        deltas = {record.table: [prepared.change.delta]}
+        if prepared.on_time is not None:
+            deltas[prepared.on_time.change_table] = [prepared.on_time.change.delta]
+        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp))
 
     def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
         with self._unstored_lock:

@@ -21,7 +21,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sqlglot import exp
 
@@ -37,7 +36,7 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import Watermarks, check_stream_table, max_event_us, on_time_mask
+from ivm.event_time import Watermarks, check_stream_table, max_event_us, on_time_batch, shadow_def, view_query
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -84,7 +83,23 @@ class Prepared:
     change: ZsetChange
     updated: Relation  # the table after the batch
     event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
-    late: int = 0  # ... and how many of its events arrived below the watermark
+    on_time: "Prepared | None" = None  # ... and the batch's effect on the table of on-time rows
+
+    def versions(self) -> dict[str, Relation]:
+        """New versions of the table (and of its on-time rows)."""
+        found = {self.change_table: self.updated}
+        if self.on_time is not None:
+            found[self.on_time.change_table] = self.on_time.updated
+        return found
+
+    def deltas(self) -> dict[str, pa.Table]:
+        """Non-empty deltas of the table (and of its on-time rows)."""
+        found = {self.change_table: self.change.delta}
+        if self.on_time is not None:
+            found[self.on_time.change_table] = self.on_time.change.delta
+        return {t: d for t, d in found.items() if d.num_rows}
+
+    change_table: str = ""
 
 
 # Batches above this many rows are processed by the parallel DuckDB instance.
@@ -150,7 +165,7 @@ class Engine:
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
-        # Largest event time and late events per watermarked table (ivm/event_time.py).
+        # Largest event time per watermarked table (ivm/event_time.py).
         self.watermarks = Watermarks()
 
     def wait_visible(self) -> None:
@@ -190,7 +205,13 @@ class Engine:
             table = self._table_def(stmt, columns)
             relation = self.empty_relation(table.name, table.columns, table.identity, (table.identity,))
             self.catalog.add_table(table)
-            self.store.publish(self.store.snapshot.with_changes({table.name: relation}))
+            relations = {table.name: relation}
+            if table.event_time is not None:  # its on-time rows, for views that drop stragglers
+                shadow = shadow_def(table)
+                self.catalog.add_table(shadow)
+                relations[shadow.name] = self.empty_relation(shadow.name, shadow.columns, shadow.identity,
+                                                             (shadow.identity,))
+            self.store.publish(self.store.snapshot.with_changes(relations))
             return True
 
     def _table_def(self, stmt: CreateTable, given: tuple[Column, ...] | None) -> TableDef:
@@ -248,7 +269,7 @@ class Engine:
                     return False
                 raise CatalogError(f"{stmt.name} already exists")
             check_name(stmt.name, "view")
-            plan = plan_view(stmt.query, self.catalog, stmt.column_names)
+            plan = plan_view(view_query(stmt.query, self.catalog, stmt.late), self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
             view.engine = stmt.engine
             view.late = stmt.late
@@ -365,6 +386,10 @@ class Engine:
                     "(DROP ... CASCADE drops them too)"
                 )
             removed: dict[str, Relation | None] = {}
+            shadow = self.catalog.shadow(stmt.name)
+            if shadow is not None:  # the on-time rows of a watermarked table go with it
+                removed[shadow.name] = None
+                self.catalog.remove(shadow.name)
             for name in list(reversed(dependents)) + [stmt.name]:
                 definition = self.catalog.get(name)
                 if isinstance(definition, ViewDef):
@@ -391,8 +416,8 @@ class Engine:
                     return known
             snapshot = self.store.snapshot
             prepared = self.prepare(table, data, on_missing_delete)
-            snapshot = snapshot.with_changes({table: prepared.updated})
-            deltas = {table: prepared.change.delta} if prepared.change.delta.num_rows else {}
+            snapshot = snapshot.with_changes(prepared.versions())
+            deltas = prepared.deltas()
             snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
             self.offset += 1
             # The history first: a reader who sees the view at this offset may
@@ -428,18 +453,19 @@ class Engine:
                 worker: Worker) -> Prepared:
         change = worker.applier.apply(definition, relation, batch, policy)
         updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, worker.coder)
-        prepared = Prepared(batch, policy, change, updated)
+        prepared = Prepared(batch, policy, change, updated, change_table=definition.name)
         if definition.event_time is not None:
             prepared.event_max = max_event_us(definition, change.inserts)
-            on_time = on_time_mask(definition, change.inserts, self.watermarks.watermark(definition))
-            prepared.late = 0 if on_time is None else len(on_time) - pc.sum(on_time).as_py()
+            on_time = on_time_batch(definition, batch, self.watermarks.watermark(definition))
+            shadow = self.catalog.shadow(definition.name)
+            prepared.on_time = self.convert(shadow, on_time, policy, self.head(shadow.name), worker)
         return prepared
 
     def accept_events(self, table: str, prepared: Prepared) -> None:
-        """A batch of ``table`` was accepted: move its watermark, count its late events."""
+        """A batch of ``table`` was accepted: move its watermark."""
         definition = self.catalog.tables[table]
         if definition.event_time is not None:
-            self.watermarks.accept(definition, prepared.event_max, prepared.late)
+            self.watermarks.accept(definition, prepared.event_max)
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
                   isolate: bool = False) -> Snapshot:

@@ -14,7 +14,8 @@ stood before that batch, so a batch never makes its own events late; the
 watermark then moves with the batch's largest ts. Because the rows of an
 append-only table are never deleted by changes, the largest event time is
 that of the stored table: recovery recomputes it from the table it loads,
-and replaying the log moves it exactly as the first time.
+and replaying the log moves it exactly as the first time. Likewise the
+count of late events is the table's rows minus its on-time rows (below).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError, CatalogError
+from delta_operators.zset import WEIGHT
 from ivm.catalog import TableDef
 
 EPOCH = datetime(1970, 1, 1)
@@ -77,22 +79,25 @@ def as_time(us: int | None) -> str | None:
     return None if us is None else (EPOCH + timedelta(microseconds=us)).isoformat(sep=" ")
 
 
+def weight_sum(relation) -> int:
+    """Rows of a stored relation, counting repeated rows (their weight)."""
+    table = relation.table()
+    return int(pc.sum(table.column(WEIGHT)).as_py() or 0) if table.num_rows else 0
+
+
 @dataclass
 class Watermarks:
-    """Per watermarked table: the largest event time accepted, and the late events counted."""
+    """Per watermarked table: the largest event time accepted."""
 
     max_us: dict[str, int] = field(default_factory=dict)
-    late: dict[str, int] = field(default_factory=dict)  # events that arrived below the watermark
 
     def watermark(self, table: TableDef) -> int | None:
         top = self.max_us.get(table.name)
         return None if top is None else top - table.lateness_us
 
-    def accept(self, table: TableDef, batch_max: int | None, late: int) -> None:
+    def accept(self, table: TableDef, batch_max: int | None) -> None:
         if batch_max is not None and batch_max > self.max_us.get(table.name, batch_max - 1):
             self.max_us[table.name] = batch_max
-        if late:
-            self.late[table.name] = self.late.get(table.name, 0) + late
 
     def restore(self, table: TableDef, rows: pa.Table) -> None:
         top = max_event_us(table, rows)
@@ -101,12 +106,67 @@ class Watermarks:
 
     def drop(self, name: str) -> None:
         self.max_us.pop(name, None)
-        self.late.pop(name, None)
 
-    def status(self, table: TableDef) -> dict:
+    def status(self, table: TableDef, relation_of) -> dict:
+        """The stream's facts; late events = its rows - its on-time rows (``relation_of(name)``: accepted)."""
+        late = weight_sum(relation_of(table.name)) - weight_sum(relation_of(on_time_name(table.name)))
         return {"event_time": table.event_time, "lateness_seconds": table.lateness_us / 1e6,
                 "max_event_time": as_time(self.max_us.get(table.name)),
-                "watermark": as_time(self.watermark(table)), "late_events": self.late.get(table.name, 0)}
+                "watermark": as_time(self.watermark(table)), "late_events": late}
 
 
 __all__ = ["Watermarks", "check_appends", "check_stream_table", "max_event_us", "on_time_mask", "as_time"]
+
+
+# --- stragglers: the hidden table of on-time rows ---------------------------------------------------
+#
+# A watermarked table T has a hidden twin ``__ontime_T`` holding the rows of T
+# that were on time when they arrived: every batch of T is applied to it too,
+# without its late rows. A view with ``late = 'drop'`` (the default) reads the
+# twin wherever its SELECT names T, so it is exactly the view over the
+# on-time events (for its initial computation, its deltas and its lookups
+# alike); a view with ``late = 'correct'`` reads T itself.
+
+ON_TIME_PREFIX = "__ontime_"
+LATE_POLICIES = ("drop", "correct")
+
+
+def on_time_name(table: str) -> str:
+    return ON_TIME_PREFIX + table
+
+
+def shadow_def(table: TableDef) -> TableDef:
+    return TableDef(name=on_time_name(table.name), columns=table.columns, primary_key=table.primary_key,
+                    not_null=table.not_null, defaults=table.defaults, append_only=True,
+                    shadow_of=table.name)
+
+
+def on_time_batch(table: TableDef, batch: pa.Table, watermark_us: int | None) -> pa.Table:
+    """The batch without its late rows."""
+    mask = on_time_mask(table, batch, watermark_us)
+    return batch if mask is None else batch.filter(mask)
+
+
+def view_query(query, catalog, late: str | None):
+    """The SELECT a view plans: with late = 'drop' (default), watermarked tables read as their on-time rows."""
+    from sqlglot import exp
+
+    from sql_frontend.errors import UnsupportedError
+    from sql_frontend.time_windows import expand_time_windows
+
+    query = expand_time_windows(query, catalog.schema())
+    shadows = {t.shadow_of: t.name for t in catalog.tables.values() if t.shadow_of is not None}
+    named = {t.this.name.lower() for t in query.find_all(exp.Table) if isinstance(t.this, exp.Identifier)}
+    if late is not None and not named & set(shadows):
+        raise UnsupportedError(f"late = '{late}' applies to views reading a table with a WATERMARK; "
+                               "this view reads none")
+    if (late or "drop") != "drop" or not named & set(shadows):
+        return query
+    query = query.copy()
+    for table in list(query.find_all(exp.Table)):
+        name = table.this.name.lower() if isinstance(table.this, exp.Identifier) else None
+        if name in shadows:
+            alias = table.alias or name
+            table.set("this", exp.to_identifier(shadows[name]))
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    return query

@@ -145,9 +145,12 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         except IvmError as e:
             ticket.error, ticket.done = e, True
             continue
-        engine.heads[table] = unit.versions[table] = prepared.updated
+        for name, version in prepared.versions().items():  # the table (and its on-time rows)
+            engine.heads[name] = unit.versions[name] = version
         engine.accept_events(table, prepared)
         unit.deltas.setdefault(table, []).append(prepared.change.delta)
+        if prepared.on_time is not None:
+            unit.deltas.setdefault(prepared.on_time.change_table, []).append(prepared.on_time.change.delta)
         ticket.delta = prepared.change.delta
 
 

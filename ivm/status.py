@@ -40,7 +40,7 @@ COLUMNS = [
 def base_tables(engine: "Engine", name: str) -> set[str]:
     catalog = engine.catalog
     if name in catalog.tables:
-        return {name}
+        return {catalog.tables[name].shadow_of or name}
     found: set[str] = set()
     for source in catalog.views[name].sources:
         found |= base_tables(engine, source)
@@ -58,12 +58,19 @@ def engine_status(engine: "Engine") -> dict:
     stored_offset = engine.checkpointer.offset if durable else None
     relations = []
     catalog = engine.catalog
+    heads = dict(engine.heads) if durable else {}  # tables with batches the views have not folded yet
+
+    def accepted(name: str):
+        return heads.get(name) or snapshot[name]
+
     for name in list(catalog.tables) + list(catalog.views):
         tables = base_tables(engine, name)
         mine = [e for e in unstored if e[3] in tables]
         owned = [name] if name in catalog.tables else [s.name for s in catalog.views[name].states]
         view = catalog.views.get(name)
-        kinds = [("table" if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
+        shadowed = catalog.tables[name].shadow_of if view is None else None
+        table_kind = f"on-time rows of {shadowed}" if shadowed else "table"
+        kinds = [(table_kind if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
         if view is not None and not view.stored_output:
             owned = [name] + owned
             kinds = ["materialized view (computed on read)"] + ["view state"] * (len(owned) - 1)
@@ -88,7 +95,7 @@ def engine_status(engine: "Engine") -> dict:
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
              "engine": engine.settings.engine, "backfills": dict(engine.backfills),
-             "streams": {t.name: engine.watermarks.status(t) for t in catalog.tables.values()
+             "streams": {t.name: engine.watermarks.status(t, accepted) for t in catalog.tables.values()
                          if t.event_time is not None}}
     if durable:
         facts.update({
