@@ -228,3 +228,65 @@ def test_windowed_views_durable_and_reopened(tmp_path):
     harness.db = ivm.connect(tmp_path)
     harness.check("after a clean reopen")
     harness.close()
+
+
+# --- errors of windows and view options -----------------------------------------------------------
+
+@pytest.mark.parametrize("body, error, message", [
+    ("SELECT * FROM TUMBLE(bids, ts)", SqlSyntaxError, r"TUMBLE takes 3 arguments: TUMBLE\(table, time_column"),
+    ("SELECT * FROM HOP(bids, ts, INTERVAL '1' SECOND)", SqlSyntaxError, "HOP takes 4 arguments"),
+    ("SELECT * FROM TUMBLE(nope, ts, INTERVAL '1' SECOND)", Exception, "relation nope does not exist"),
+    ("SELECT * FROM TUMBLE(bids, nope, INTERVAL '1' SECOND)", Exception, "TUMBLE: bids has no column nope"),
+    ("SELECT * FROM TUMBLE(bids, price, INTERVAL '1' SECOND)", Exception,
+     "the time column bids.price must be a TIMESTAMP, not BIGINT"),
+    ("SELECT * FROM TUMBLE(bids, ts, 10)", SqlSyntaxError, "TUMBLE expects INTERVAL sizes"),
+    ("SELECT * FROM TUMBLE(bids, ts, INTERVAL '1' MONTH)", SqlSyntaxError, "expected an interval such as"),
+    ("SELECT * FROM TUMBLE(bids, ts, INTERVAL '0' SECOND)", Exception, "window sizes must be positive"),
+    ("SELECT * FROM TUMBLE((SELECT * FROM bids), ts, INTERVAL '1' SECOND)", SqlSyntaxError,
+     "the first argument of TUMBLE must be a table or view name"),
+    ("SELECT * FROM HOP(bids, ts, INTERVAL '3' SECOND, INTERVAL '10' SECOND)", Exception,
+     "HOP size INTERVAL '10' SECOND must be a whole multiple of its slide"),
+    ("SELECT * FROM HOP(bids, ts, INTERVAL '1' SECOND, INTERVAL '1' HOUR)", UnsupportedError,
+     r"HOP with more than 100 windows per event \(size / slide = 3600\)"),
+    ("SELECT * FROM TUMBLE(w, ts, INTERVAL '1' SECOND)", Exception, "adds a column window_start, which w already"),
+])
+def test_bad_window_calls_are_refused(body, error, message):
+    db = ivm.connect()
+    db.execute(BIDS)
+    db.execute("CREATE TABLE w (window_start TIMESTAMP, ts TIMESTAMP)")
+    with pytest.raises(error, match=message):
+        db.execute(f"CREATE MATERIALIZED VIEW v AS {body}")
+    with pytest.raises(error, match=message):
+        db.sql(body)  # ad-hoc reads expand windows the same way
+    assert [r["name"] for r in db.sql("SHOW TABLES").to_pylist()] == ["bids", "w"]
+
+
+@pytest.mark.parametrize("ddl, error, message", [
+    ("CREATE MATERIALIZED VIEW v WITH (late = 'ignore') AS SELECT * FROM bids", UnsupportedError,
+     "late must be one of 'drop', 'correct'; got 'ignore'"),
+    ("CREATE MATERIALIZED VIEW v WITH (late = 'drop') AS SELECT * FROM plain", UnsupportedError,
+     "late = 'drop' applies to views reading a table with a WATERMARK; this view reads none"),
+    ("CREATE MATERIALIZED VIEW v WITH (lateness = 'drop') AS SELECT * FROM bids", UnsupportedError,
+     "materialized view option lateness='drop' is not supported"),
+])
+def test_bad_view_options_are_refused(tmp_path, ddl, error, message):
+    db = ivm.connect(tmp_path)
+    db.execute(BIDS)
+    db.execute("CREATE TABLE plain (a INT)")
+    with pytest.raises(error, match=message):
+        db.execute(ddl)
+    assert [r["name"] for r in db.sql("SHOW TABLES").to_pylist()] == ["bids", "plain"]
+    db.close()
+
+
+def test_window_columns_and_alignment():
+    db = ivm.connect()
+    db.execute(BIDS)
+    db.apply_changes("bids", bids((1, 10, 13.5), (2, 20, 6.999999)))
+    got = rows(db, "SELECT auction, window_start, window_end FROM TUMBLE(bids, ts, INTERVAL '7' SECOND)")
+    # aligned to the epoch: 2024-01-01 00:00 is 1704067200 s after it, 3 s past a multiple of 7 s
+    assert [(r["auction"], r["window_start"], r["window_end"]) for r in got] == [
+        (1, at(11), at(18)), (2, at(4), at(11))]
+    hops = rows(db, "SELECT window_start, window_end FROM HOP(bids, ts, INTERVAL '5' SECOND, INTERVAL '15' SECOND) b "
+                    "WHERE b.auction = 1")
+    assert [(r["window_start"], r["window_end"]) for r in hops] == [(at(s), at(s + 15)) for s in (0, 5, 10)]
