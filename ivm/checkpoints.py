@@ -143,6 +143,7 @@ class Checkpointer:
             outputs = self._write_outputs(computed, snapshot, generation)
             write_manifest(self.root, {
                 "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
+                "counters": dict(snapshot.counters),
                 "written_at": time.time(), "catalog": catalog, "failed": failed, "sources": sources,
                 "relations": {name: s.to_json() for name, (_, s) in stored.items()},
                 "outputs": {name: s.to_json() for name, (_, s) in outputs.items()},
@@ -204,7 +205,7 @@ class Checkpointer:
                 relations[spec.name] = self._load(empty, stored_docs)
         engine.failed.update(doc["failed"])
         engine.producers.load(doc["sources"])
-        snapshot = Snapshot().with_changes(relations, offset=doc["offset"])
+        snapshot = Snapshot().with_changes(relations, offset=doc["offset"]).with_counts(doc.get("counters", {}))
         engine.store.publish(snapshot)
         self.stored = {name: (relations[name], stored_docs[name]) for name in relations}
         self.offset, self.generation, self.count = doc["offset"], doc["generation"], doc["checkpoint"]

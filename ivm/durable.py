@@ -98,7 +98,7 @@ class DurableEngine(Engine):
         self.offset = self.checkpointer.restore()
         for table in self.catalog.tables.values():  # the largest event time is the stored table's
             if table.event_time is not None:
-                self.watermarks.restore(table, self.store.snapshot[table.name].table())
+                self.watermarks.restore(table, self.store.snapshot)
         for view in self.catalog.views:  # subscribers resume from the restored offset on
             self.history.start(view, self.offset, complete=False)
         records = self.log.open(after=self.offset)
@@ -166,7 +166,7 @@ class DurableEngine(Engine):
             self.producers.record(ticket.source, ticket.seq, offset)
             self._note_unstored(offset, now, ticket.delta.num_rows if ticket.delta is not None else 0, ticket.table)
             ticket.done = True
-        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now))
+        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now, unit.counts))
 
     def _replay(self, record: Record) -> None:
         definition = self.catalog.table(record.table)
@@ -185,7 +185,7 @@ class DurableEngine(Engine):
         deltas = {record.table: [prepared.change.delta]}
         if prepared.on_time is not None:
             deltas[prepared.on_time.change_table] = [prepared.on_time.change.delta]
-        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp))
+        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp, prepared.counts()))
 
     def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
         with self._unstored_lock:

@@ -36,7 +36,8 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import Watermarks, check_stream_table, max_event_us, on_time_batch, shadow_def, view_query
+from ivm.event_time import (Watermarks, check_stream_table, late_counter, max_event_us, on_time_batch, shadow_def,
+                            view_query)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -84,6 +85,11 @@ class Prepared:
     updated: Relation  # the table after the batch
     event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
     on_time: "Prepared | None" = None  # ... and the batch's effect on the table of on-time rows
+    late: int = 0  # ... and how many of its events arrived below the watermark
+
+    def counts(self) -> dict[str, int]:
+        """What the batch adds to the snapshot's counters: its late events."""
+        return {late_counter(self.change_table): self.late} if self.late else {}
 
     def versions(self) -> dict[str, Relation]:
         """New versions of the table (and of its on-time rows)."""
@@ -426,7 +432,7 @@ class Engine:
             # (ivm/changefeed.py), which keeps that query off the write path.
             self.history.append(self.offset, self.view_deltas(deltas))
             self.accept_events(table, prepared)
-            self.store.publish(snapshot.with_changes({}, offset=self.offset))
+            self.store.publish(snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts()))
             self.producers.record(source, seq, self.offset)
             return self.offset
 
@@ -457,6 +463,7 @@ class Engine:
         if definition.event_time is not None:
             prepared.event_max = max_event_us(definition, change.inserts)
             on_time = on_time_batch(definition, batch, self.watermarks.watermark(definition))
+            prepared.late = batch.num_rows - on_time.num_rows
             shadow = self.catalog.shadow(definition.name)
             prepared.on_time = self.convert(shadow, on_time, policy, self.head(shadow.name), worker)
         return prepared
@@ -465,7 +472,7 @@ class Engine:
         """A batch of ``table`` was accepted: move its watermark."""
         definition = self.catalog.tables[table]
         if definition.event_time is not None:
-            self.watermarks.accept(definition, prepared.event_max)
+            self.watermarks.accept(definition, prepared.event_max, prepared.late)
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
                   isolate: bool = False) -> Snapshot:

@@ -14,8 +14,9 @@ stood before that batch, so a batch never makes its own events late; the
 watermark then moves with the batch's largest ts. Because the rows of an
 append-only table are never deleted by changes, the largest event time is
 that of the stored table: recovery recomputes it from the table it loads,
-and replaying the log moves it exactly as the first time. Likewise the
-count of late events is the table's rows minus its on-time rows (below).
+and replaying the log moves it exactly as the first time. The count of late
+events is a counter of the published snapshot (``late:<table>``), stored
+with it by checkpoints and moved again by replay.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError, CatalogError
-from delta_operators.zset import WEIGHT
 from ivm.catalog import TableDef
 
 EPOCH = datetime(1970, 1, 1)
@@ -79,40 +79,43 @@ def as_time(us: int | None) -> str | None:
     return None if us is None else (EPOCH + timedelta(microseconds=us)).isoformat(sep=" ")
 
 
-def weight_sum(relation) -> int:
-    """Rows of a stored relation, counting repeated rows (their weight)."""
-    table = relation.table()
-    return int(pc.sum(table.column(WEIGHT)).as_py() or 0) if table.num_rows else 0
+def late_counter(table: str) -> str:
+    """The snapshot counter of a stream's late events (stored with the snapshot it belongs to)."""
+    return f"late:{table}"
 
 
 @dataclass
 class Watermarks:
-    """Per watermarked table: the largest event time accepted."""
+    """Per watermarked table: the largest event time and the late events, over accepted batches."""
 
     max_us: dict[str, int] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)
 
     def watermark(self, table: TableDef) -> int | None:
         top = self.max_us.get(table.name)
         return None if top is None else top - table.lateness_us
 
-    def accept(self, table: TableDef, batch_max: int | None) -> None:
+    def accept(self, table: TableDef, batch_max: int | None, late: int) -> None:
         if batch_max is not None and batch_max > self.max_us.get(table.name, batch_max - 1):
             self.max_us[table.name] = batch_max
+        if late:
+            self.late[table.name] = self.late.get(table.name, 0) + late
 
-    def restore(self, table: TableDef, rows: pa.Table) -> None:
-        top = max_event_us(table, rows)
+    def restore(self, table: TableDef, snapshot) -> None:
+        """From a loaded checkpoint: the stored table's largest event time, the stored late count."""
+        top = max_event_us(table, snapshot[table.name].table())
         if top is not None:
             self.max_us[table.name] = top
+        self.late[table.name] = snapshot.counters.get(late_counter(table.name), 0)
 
     def drop(self, name: str) -> None:
         self.max_us.pop(name, None)
+        self.late.pop(name, None)
 
-    def status(self, table: TableDef, relation_of) -> dict:
-        """The stream's facts; late events = its rows - its on-time rows (``relation_of(name)``: accepted)."""
-        late = weight_sum(relation_of(table.name)) - weight_sum(relation_of(on_time_name(table.name)))
+    def status(self, table: TableDef) -> dict:
         return {"event_time": table.event_time, "lateness_seconds": table.lateness_us / 1e6,
                 "max_event_time": as_time(self.max_us.get(table.name)),
-                "watermark": as_time(self.watermark(table)), "late_events": late}
+                "watermark": as_time(self.watermark(table)), "late_events": self.late.get(table.name, 0)}
 
 
 __all__ = ["Watermarks", "check_appends", "check_stream_table", "max_event_us", "on_time_mask", "as_time"]

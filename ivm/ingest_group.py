@@ -61,6 +61,7 @@ class Unit:
     tickets: list[Ticket] = field(default_factory=list)
     deltas: dict[str, list[pa.Table]] = field(default_factory=dict)
     versions: dict[str, "Relation"] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # late events per stream (snapshot counters)
 
 
 class Pending:
@@ -148,6 +149,8 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         for name, version in prepared.versions().items():  # the table (and its on-time rows)
             engine.heads[name] = unit.versions[name] = version
         engine.accept_events(table, prepared)
+        for name, n in prepared.counts().items():
+            unit.counts[name] = unit.counts.get(name, 0) + n
         unit.deltas.setdefault(table, []).append(prepared.change.delta)
         if prepared.on_time is not None:
             unit.deltas.setdefault(prepared.on_time.change_table, []).append(prepared.on_time.change.delta)

@@ -58,10 +58,6 @@ def engine_status(engine: "Engine") -> dict:
     stored_offset = engine.checkpointer.offset if durable else None
     relations = []
     catalog = engine.catalog
-    heads = dict(engine.heads) if durable else {}  # tables with batches the views have not folded yet
-
-    def accepted(name: str):
-        return heads.get(name) or snapshot[name]
 
     for name in list(catalog.tables) + list(catalog.views):
         tables = base_tables(engine, name)
@@ -95,7 +91,7 @@ def engine_status(engine: "Engine") -> dict:
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
              "engine": engine.settings.engine, "backfills": dict(engine.backfills),
-             "streams": {t.name: engine.watermarks.status(t, accepted) for t in catalog.tables.values()
+             "streams": {t.name: engine.watermarks.status(t) for t in catalog.tables.values()
                          if t.event_time is not None}}
     if durable:
         facts.update({
