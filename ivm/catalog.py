@@ -33,6 +33,7 @@ class TableDef:
     append_only: bool = False  # inserts only: updates and deletes are refused
     event_time: str | None = None  # the column the watermark is declared on
     lateness_us: int = 0  # watermark = largest event time seen - lateness
+    retain_us: int | None = None  # RETAIN: rows below watermark - retain are dropped (None: kept)
     # The hidden table of a watermarked table's on-time rows, read by views with
     # late = 'drop' (ivm/event_time.py): the name of the table it shadows.
     shadow_of: str | None = None

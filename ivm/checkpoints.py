@@ -53,7 +53,7 @@ def describe_catalog(catalog: Catalog) -> dict:
         {"name": t.name, "columns": [[c.name, c.type] for c in t.columns], "primary_key": list(t.primary_key),
          "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()},
          "append_only": t.append_only, "event_time": t.event_time, "lateness_us": t.lateness_us,
-         "shadow_of": t.shadow_of}
+         "shadow_of": t.shadow_of, "retain_us": t.retain_us}
         for t in catalog.tables.values()
     ]
     views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
@@ -73,6 +73,7 @@ def table_from_json(doc: dict) -> TableDef:
         event_time=doc.get("event_time"),
         lateness_us=doc.get("lateness_us", 0),
         shadow_of=doc.get("shadow_of"),
+        retain_us=doc.get("retain_us"),
     )
 
 

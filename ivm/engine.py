@@ -36,8 +36,8 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_stream_table, late_counter, max_event_us, on_time_batch, shadow_def,
-                            view_query)
+from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, expire_retained, late_counter,
+                            max_event_us, on_time_batch, shadow_def, view_query)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -263,6 +263,7 @@ class Engine:
             append_only=bool(stream and stream.append_only),
             event_time=event_time,
             lateness_us=(stream.lateness_us or 0) if stream is not None else 0,
+            retain_us=stream.retain_us if stream is not None else None,
         )
         check_stream_table(table)
         return table
@@ -277,6 +278,7 @@ class Engine:
             check_name(stmt.name, "view")
             plan = plan_view(view_query(stmt.query, self.catalog, stmt.late), self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
+            check_retained_reads(view, self.catalog, self._stored_new)
             view.engine = stmt.engine
             view.late = stmt.late
             snapshot = self.store.snapshot
@@ -466,6 +468,8 @@ class Engine:
             prepared.late = batch.num_rows - on_time.num_rows
             shadow = self.catalog.shadow(definition.name)
             prepared.on_time = self.convert(shadow, on_time, policy, self.head(shadow.name), worker)
+            if definition.retain_us is not None:
+                expire_retained(definition, prepared, self.watermarks, worker.coder)
         return prepared
 
     def accept_events(self, table: str, prepared: Prepared) -> None:

@@ -24,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sql_frontend.errors import ChangeError, CatalogError
+from sql_frontend.errors import CatalogError, ChangeError, UnsupportedError
 from ivm.catalog import TableDef
 
 EPOCH = datetime(1970, 1, 1)
@@ -173,3 +174,60 @@ def view_query(query, catalog, late: str | None):
             table.set("this", exp.to_identifier(shadows[name]))
             table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
     return query
+
+
+# --- bounded state: RETAIN ---------------------------------------------------------------------------
+#
+# ``APPEND ONLY RETAIN INTERVAL r``: after each batch, rows of the table (and
+# of its on-time twin) with ts < watermark - r are dropped. Dropping them is
+# not a change of the data: views do not see it (they took those rows in as
+# deltas long ago, and a view over closed windows keeps its rows), so a view
+# whose maintenance would look up or scan the stored rows of such a table
+# (a join whose other side changes, a self-join) is refused: its answer
+# would depend on what was dropped. Replay drops exactly the same rows (the
+# watermark is a function of the log).
+
+
+def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.ndarray]:
+    """(runs, rows) of the live rows whose ``column`` is below the cutoff."""
+    runs, rows = [], []
+    for r, run in enumerate(relation.runs):
+        ts = pc.cast(run.table.column(column), pa.int64()).to_numpy(zero_copy_only=False)
+        old = np.flatnonzero(ts < cutoff_us)
+        old = old[run.is_live(old)] if len(old) else old
+        if len(old):
+            runs.append(np.full(len(old), r, dtype=np.int64))
+            rows.append(old.astype(np.int64))
+    if not runs:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(runs), np.concatenate(rows)
+
+
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) -> None:
+    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN."""
+    top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
+    cutoff = top - table.lateness_us - table.retain_us
+    for version in (prepared, prepared.on_time):
+        runs, rows = expired_rows(version.updated, table.event_time, cutoff)
+        if len(runs):
+            version.updated = version.updated.replace_rows(runs, rows, None, coder)
+
+
+def check_retained_reads(view, catalog, stored_new) -> None:
+    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone)."""
+    retained = {t.name for t in catalog.tables.values() if t.retain_us is not None}
+    retained |= {t.name for t in catalog.tables.values() if t.shadow_of in retained}
+    if not retained & set(view.sources):
+        return
+    sources = list(view.sources)
+    changed_sets = [frozenset([s]) for s in sources] + [frozenset(sources)]
+    for changed in changed_sets:
+        program = view.program(changed, stored_new(changed))
+        read = {i.relation for i in program.indexes} | set(program.scans)
+        hit = sorted(read & retained)
+        if hit:
+            name = hit[0].removeprefix(ON_TIME_PREFIX)
+            raise UnsupportedError(
+                f"materialized view {view.name} would look up stored rows of {name}, which keeps only "
+                f"recent rows (RETAIN): a join with a table that changes, or of {name} with itself, needs "
+                f"rows {name} may have dropped; create {name} without RETAIN")

@@ -9,11 +9,14 @@ here (close to Flink and RisingWave), checked, and the rest goes to sqlglot:
 >>> sql
 'CREATE TABLE bids (auction BIGINT, ts TIMESTAMP)'
 >>> spec
-StreamSpec(append_only=True, event_time='ts', lateness_us=5000000)
+StreamSpec(append_only=True, event_time='ts', lateness_us=5000000, retain_us=None)
 
 The watermark of a table is the largest event time it has seen minus the
 lateness; it only moves forward. A watermark needs an append-only table
 (a stream whose past can be retracted has no meaningful watermark).
+``APPEND ONLY RETAIN INTERVAL '1' MINUTE`` bounds what the table keeps:
+rows whose event time the watermark passed by more than that are dropped
+(ivm/event_time.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ _IDENT = r'("[^"]+"|[A-Za-z_][A-Za-z0-9_]*)'
 _WATERMARK = re.compile(r",\s*WATERMARK\b(\s+FOR\b.*?)(?=\)\s*(?:APPEND\b|;|$))", re.IGNORECASE | re.DOTALL)
 _WATERMARK_BODY = re.compile(r"\s*FOR\s+" + _IDENT + r"\s+AS\s+" + _IDENT + r"(?:\s*-\s*(.+?))?\s*",
                              re.IGNORECASE | re.DOTALL)
-_APPEND_ONLY = re.compile(r"\)\s*APPEND\s+ONLY\s*;?\s*$", re.IGNORECASE)
+_APPEND_ONLY = re.compile(r"\)\s*APPEND\s+ONLY(?:\s+RETAIN\s+(.+?))?\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _MENTIONS = re.compile(r"\b(WATERMARK\s+FOR|APPEND\s+ONLY)\b", re.IGNORECASE)
 _CREATE_TABLE = re.compile(r"\s*CREATE\s+TABLE\b", re.IGNORECASE)
 WATERMARK_SYNTAX = "WATERMARK FOR <column> AS <column> - INTERVAL '<n>' <unit>"
@@ -46,6 +49,7 @@ class StreamSpec:
     append_only: bool = False
     event_time: str | None = None  # the column the watermark is declared on
     lateness_us: int | None = None  # allowed lateness in microseconds
+    retain_us: int | None = None  # RETAIN: rows the watermark passed by more than this are dropped
 
 
 def interval_us(text: str) -> int:
@@ -74,12 +78,15 @@ def strip_stream_clauses(sql: str) -> tuple[str, StreamSpec | None]:
         raise SqlSyntaxError("a CREATE TABLE with WATERMARK or APPEND ONLY must be a statement of its own")
     text = sql.strip()
     append_only = False
+    retain = None
     m = _APPEND_ONLY.search(text)
     if m is not None:
         append_only = True
+        retain = None if m[1] is None else interval_us(m[1])
         text = text[:m.start()] + ")"
     elif re.search(r"\bAPPEND\s+ONLY\b", text, re.IGNORECASE):
-        raise SqlSyntaxError("APPEND ONLY must end the CREATE TABLE statement: CREATE TABLE t (…) APPEND ONLY")
+        raise SqlSyntaxError("APPEND ONLY must end the CREATE TABLE statement: CREATE TABLE t (…) APPEND ONLY "
+                         "[RETAIN INTERVAL '<n>' <unit>]")
     event_time = lateness = None
     w = _WATERMARK.search(text)
     if w is not None:
@@ -90,7 +97,9 @@ def strip_stream_clauses(sql: str) -> tuple[str, StreamSpec | None]:
                                  f"{WATERMARK_SYNTAX}) APPEND ONLY")
     elif re.search(r"\bWATERMARK\s+FOR\b", text, re.IGNORECASE):
         raise SqlSyntaxError(f"the WATERMARK clause must come last in the column list: {WATERMARK_SYNTAX}")
-    return text, StreamSpec(append_only, event_time, lateness)
+    if retain is not None and event_time is None:
+        raise SqlSyntaxError("RETAIN needs a WATERMARK: rows are dropped once the watermark passed them by that much")
+    return text, StreamSpec(append_only, event_time, lateness, retain)
 
 
 def _watermark(body: str) -> tuple[str, int]:

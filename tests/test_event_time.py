@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -290,3 +291,84 @@ def test_window_columns_and_alignment():
     hops = rows(db, "SELECT window_start, window_end FROM HOP(bids, ts, INTERVAL '5' SECOND, INTERVAL '15' SECOND) b "
                     "WHERE b.auction = 1")
     assert sorted((r["window_start"], r["window_end"]) for r in hops) == [(at(s), at(s + 15)) for s in (0, 5, 10)]
+
+
+# --- bounded state: RETAIN ----------------------------------------------------------------------------
+
+RETAINED = ("CREATE TABLE bids (auction BIGINT, price BIGINT, ts TIMESTAMP, "
+            "WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) APPEND ONLY RETAIN INTERVAL '10' SECOND")
+
+
+def test_retain_drops_rows_the_watermark_passed_and_views_keep_their_windows(tmp_path):
+    db = ivm.connect(tmp_path)
+    db.execute(RETAINED)
+    db.execute("CREATE MATERIALIZED VIEW counts AS SELECT window_start, COUNT(*) AS n, MAX(price) AS top "
+               "FROM TUMBLE(bids, ts, INTERVAL '10' SECOND) GROUP BY window_start")
+    db.execute("CREATE MATERIALIZED VIEW fixed WITH (late = 'correct') AS SELECT window_start, COUNT(*) AS n "
+               "FROM TUMBLE(bids, ts, INTERVAL '10' SECOND) GROUP BY window_start")
+    db.apply_changes("bids", bids((1, 10, 1), (1, 20, 12), (2, 5, 18)))  # watermark 13: keeps ts >= 3
+    assert [r["ts"] for r in rows(db, "SELECT ts FROM bids")] == [at(12), at(18)]
+    db.apply_changes("bids", bids((1, 7, 2), (3, 1, 40)))  # 2 is late; watermark 35 keeps ts >= 25
+    assert [r["ts"] for r in rows(db, "SELECT ts FROM bids")] == [at(40)]
+    windows = {(r["window_start"], r["n"], r["top"]) for r in db.sql("SELECT * FROM counts").to_pylist()}
+    assert windows == {(at(0), 1, 10), (at(10), 2, 20), (at(40), 1, 1)}
+    assert {(r["window_start"], r["n"]) for r in db.sql("SELECT * FROM fixed").to_pylist()} == {
+        (at(0), 2), (at(10), 2), (at(40), 1)}  # the late event corrected window 0
+    assert stream(db)["late_events"] == 1
+    close_without_checkpoint(db)
+    db = ivm.connect(tmp_path)  # replay drops the same rows
+    assert [r["ts"] for r in rows(db, "SELECT ts FROM bids")] == [at(40)]
+    assert {(r["window_start"], r["n"]) for r in db.sql("SELECT * FROM fixed").to_pylist()} == {
+        (at(0), 2), (at(10), 2), (at(40), 1)}
+    assert stream(db)["late_events"] == 1
+    db.close()
+
+
+@pytest.mark.parametrize("body", [
+    "SELECT w.window_start, a.category, COUNT(*) AS n FROM TUMBLE(bids, ts, INTERVAL '10' SECOND) AS w "
+    "JOIN auctions a ON w.auction = a.id GROUP BY w.window_start, a.category",
+    "SELECT x.auction, y.price FROM bids x JOIN bids y ON x.auction = y.auction",
+])
+def test_views_that_look_up_retained_rows_are_refused(body):
+    db = ivm.connect()
+    db.execute(RETAINED)
+    db.execute("CREATE TABLE auctions (id BIGINT PRIMARY KEY, category VARCHAR)")
+    with pytest.raises(UnsupportedError, match="would look up stored rows of bids, which keeps only recent rows"):
+        db.execute(f"CREATE MATERIALIZED VIEW v AS {body}")
+    assert not db._engine.catalog.views and [r["name"] for r in db.sql("SHOW TABLES").to_pylist()] == [
+        "auctions", "bids"]
+
+
+def test_retain_needs_a_watermark():
+    db = ivm.connect()
+    with pytest.raises(SqlSyntaxError, match="RETAIN needs a WATERMARK"):
+        db.execute("CREATE TABLE b (a INT) APPEND ONLY RETAIN INTERVAL '1' MINUTE")
+    assert db.sql("SHOW TABLES").num_rows == 0
+
+
+def _state_rows(db, view: str) -> dict[str, int]:
+    snapshot = db._engine.store.snapshot
+    return {s.name: snapshot[s.name].num_rows for s in db._engine.catalog.views[view].states}
+
+
+def test_a_long_stream_keeps_stream_rows_bounded_by_lateness_and_retain():
+    """200,000 events, 1,000 per second of event time, up to 4 s out of order, in batches of 20,000."""
+    db = ivm.connect()
+    db.execute(RETAINED)
+    db.execute("CREATE MATERIALIZED VIEW q AS SELECT window_start, COUNT(*) AS n, SUM(price) AS total "
+               "FROM TUMBLE(bids, ts, INTERVAL '10' SECOND) GROUP BY window_start")
+    rng = np.random.default_rng(7)
+    rate, batch, total = 1_000, 20_000, 200_000
+    bound = rate * (5 + 10 + 4)  # events within lateness + retain (+ disorder) of the newest one
+    for first in range(0, total, batch):
+        us = (np.arange(first, first + batch) * (1e6 / rate)).astype(np.int64) - rng.integers(0, 4_000_000, batch)
+        db.apply_changes("bids", pa.table({
+            "auction": rng.integers(1, 100, batch), "price": rng.integers(0, 100, batch),
+            "ts": pa.array(np.datetime64(T0, "us") + us.astype("timedelta64[us]"))}))
+        snapshot = db._engine.store.snapshot
+        stored = snapshot["bids"].num_rows + snapshot["__ontime_bids"].num_rows
+        assert stored <= 2 * bound, (first, stored)
+        windows = db.sql("SELECT COUNT(*) AS n FROM q").to_pylist()[0]["n"]
+        assert _state_rows(db, "q") == {"q.agg2": windows}  # one state row per window: its output row
+    assert windows == total // rate // 10 + 1
+    assert db.sql("SELECT SUM(n) AS n FROM q").to_pylist() == [{"n": total - stream(db)["late_events"]}]
