@@ -34,8 +34,9 @@ class TableDef:
     event_time: str | None = None  # the column the watermark is declared on
     lateness_us: int = 0  # watermark = largest event time seen - lateness
     retain_us: int | None = None  # RETAIN: rows below watermark - retain are dropped (None: kept)
-    # The hidden table of a watermarked table's on-time rows, read by views with
-    # late = 'drop' (ivm/event_time.py): the name of the table it shadows.
+    # Hidden twins of a watermarked table (its on-time rows, read by views with
+    # late = 'drop'; its one-row watermark, read by views with emit = 'on_close';
+    # ivm/event_time.py): the name of the table they belong to.
     shadow_of: str | None = None
 
     @property
@@ -64,6 +65,7 @@ class ViewDef:
     stored_output: bool = True
     engine: str | None = None  # compute engine of this view (None: the database's setting)
     late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
+    emit: str | None = None  # "on_close": rows of a window only once the watermark passed its end
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
 
@@ -170,9 +172,9 @@ class Catalog:
         names = {name} | {t.name for t in self.tables.values() if t.shadow_of == name}
         return [v.name for v in self.views.values() if names & set(v.sources)]
 
-    def shadow(self, name: str) -> TableDef | None:
-        """The hidden table of ``name``'s on-time rows, if it has one."""
-        return next((t for t in self.tables.values() if t.shadow_of == name), None)
+    def hidden(self, name: str) -> list[TableDef]:
+        """The hidden twins of a watermarked table (its on-time rows, its watermark)."""
+        return [t for t in self.tables.values() if t.shadow_of == name]
 
     def visible_tables(self) -> list[TableDef]:
         """Tables users created (not the hidden on-time tables)."""

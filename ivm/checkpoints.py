@@ -57,7 +57,7 @@ def describe_catalog(catalog: Catalog) -> dict:
         for t in catalog.tables.values()
     ]
     views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
-              "engine": v.engine, "late": v.late}
+              "engine": v.engine, "late": v.late, "emit": v.emit}
              for v in catalog.views.values()]
     return {"tables": tables, "views": views}
 
@@ -78,12 +78,14 @@ def table_from_json(doc: dict) -> TableDef:
 
 
 def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
-    plan = plan_view(view_query(parse_query(doc["sql"]), catalog, doc.get("late")), catalog, tuple(doc["columns"]))
+    query = view_query(parse_query(doc["sql"]), catalog, doc.get("late"), doc.get("emit"))
+    plan = plan_view(query, catalog, tuple(doc["columns"]))
     view = make_view(doc["name"], doc["sql"], plan)
     if doc["stored_output"] and not view.stored_output:
         view.store_output()
     view.engine = doc.get("engine")
     view.late = doc.get("late")
+    view.emit = doc.get("emit")
     return view
 
 

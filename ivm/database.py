@@ -398,8 +398,8 @@ class Database:
             query = stmt.create.query if stmt.create is not None else stmt.query.expression
             name = stmt.create.name if stmt.create is not None else "query"
             names = stmt.create.column_names if stmt.create is not None else None
-            late = stmt.create.late if stmt.create is not None else None
-            plan = plan_view(view_query(query, engine.catalog, late), engine.catalog, names)
+            late, emit = (stmt.create.late, stmt.create.emit) if stmt.create is not None else (None, None)
+            plan = plan_view(view_query(query, engine.catalog, late, emit), engine.catalog, names)
             view = make_view(name, query.sql("duckdb"), plan)
         programs = {
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))

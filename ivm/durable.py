@@ -182,9 +182,7 @@ class DurableEngine(Engine):
         self.accept_events(record.table, prepared)
         self.producers.record(record.source, record.seq, record.offset)
         self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
-        deltas = {record.table: [prepared.change.delta]}
-        if prepared.on_time is not None:
-            deltas[prepared.on_time.change_table] = [prepared.on_time.change.delta]
+        deltas = {part.change_table: [part.change.delta] for part in [prepared, *prepared.hidden]}
         self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp, prepared.counts()))
 
     def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:

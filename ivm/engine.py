@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -36,8 +36,9 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, expire_retained, late_counter,
-                            max_event_us, on_time_batch, shadow_def, view_query)
+from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, expire_retained, hidden_defs,
+                            late_counter, max_event_us, on_time_batch, on_time_name, view_query, watermark_batch,
+                            watermark_name)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -84,7 +85,9 @@ class Prepared:
     change: ZsetChange
     updated: Relation  # the table after the batch
     event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
-    on_time: "Prepared | None" = None  # ... and the batch's effect on the table of on-time rows
+    # ... and the batch's effect on the table's hidden twins: its on-time rows and
+    # its one-row watermark (ivm/event_time.py)
+    hidden: list["Prepared"] = field(default_factory=list)
     late: int = 0  # ... and how many of its events arrived below the watermark
 
     def counts(self) -> dict[str, int]:
@@ -92,18 +95,12 @@ class Prepared:
         return {late_counter(self.change_table): self.late} if self.late else {}
 
     def versions(self) -> dict[str, Relation]:
-        """New versions of the table (and of its on-time rows)."""
-        found = {self.change_table: self.updated}
-        if self.on_time is not None:
-            found[self.on_time.change_table] = self.on_time.updated
-        return found
+        """New versions of the table (and of its hidden twins)."""
+        return {p.change_table: p.updated for p in [self, *self.hidden]}
 
     def deltas(self) -> dict[str, pa.Table]:
-        """Non-empty deltas of the table (and of its on-time rows)."""
-        found = {self.change_table: self.change.delta}
-        if self.on_time is not None:
-            found[self.on_time.change_table] = self.on_time.change.delta
-        return {t: d for t, d in found.items() if d.num_rows}
+        """Non-empty deltas of the table (and of its hidden twins)."""
+        return {p.change_table: p.change.delta for p in [self, *self.hidden] if p.change.delta.num_rows}
 
     change_table: str = ""
 
@@ -212,11 +209,10 @@ class Engine:
             relation = self.empty_relation(table.name, table.columns, table.identity, (table.identity,))
             self.catalog.add_table(table)
             relations = {table.name: relation}
-            if table.event_time is not None:  # its on-time rows, for views that drop stragglers
-                shadow = shadow_def(table)
-                self.catalog.add_table(shadow)
-                relations[shadow.name] = self.empty_relation(shadow.name, shadow.columns, shadow.identity,
-                                                             (shadow.identity,))
+            for hidden in hidden_defs(table):  # its on-time rows and its watermark, for views
+                self.catalog.add_table(hidden)
+                relations[hidden.name] = self.empty_relation(hidden.name, hidden.columns, hidden.identity,
+                                                             (hidden.identity,))
             self.store.publish(self.store.snapshot.with_changes(relations))
             return True
 
@@ -276,11 +272,13 @@ class Engine:
                     return False
                 raise CatalogError(f"{stmt.name} already exists")
             check_name(stmt.name, "view")
-            plan = plan_view(view_query(stmt.query, self.catalog, stmt.late), self.catalog, stmt.column_names)
+            query = view_query(stmt.query, self.catalog, stmt.late, stmt.emit)
+            plan = plan_view(query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
             check_retained_reads(view, self.catalog, self._stored_new)
             view.engine = stmt.engine
             view.late = stmt.late
+            view.emit = stmt.emit
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -394,10 +392,9 @@ class Engine:
                     "(DROP ... CASCADE drops them too)"
                 )
             removed: dict[str, Relation | None] = {}
-            shadow = self.catalog.shadow(stmt.name)
-            if shadow is not None:  # the on-time rows of a watermarked table go with it
-                removed[shadow.name] = None
-                self.catalog.remove(shadow.name)
+            for hidden in self.catalog.hidden(stmt.name):  # a watermarked table's twins go with it
+                removed[hidden.name] = None
+                self.catalog.remove(hidden.name)
             for name in list(reversed(dependents)) + [stmt.name]:
                 definition = self.catalog.get(name)
                 if isinstance(definition, ViewDef):
@@ -466,8 +463,12 @@ class Engine:
             prepared.event_max = max_event_us(definition, change.inserts)
             on_time = on_time_batch(definition, batch, self.watermarks.watermark(definition))
             prepared.late = batch.num_rows - on_time.num_rows
-            shadow = self.catalog.shadow(definition.name)
-            prepared.on_time = self.convert(shadow, on_time, policy, self.head(shadow.name), worker)
+            shadow = self.catalog.tables[on_time_name(definition.name)]
+            prepared.hidden.append(self.convert(shadow, on_time, policy, self.head(shadow.name), worker))
+            moved = watermark_batch(definition, self.watermarks, prepared.event_max)
+            if moved is not None:
+                mark = self.catalog.tables[watermark_name(definition.name)]
+                prepared.hidden.append(self.convert(mark, moved, "error", self.head(mark.name), worker))
             if definition.retain_us is not None:
                 expire_retained(definition, prepared, self.watermarks, worker.coder)
         return prepared

@@ -28,8 +28,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sqlglot import exp
+
 from sql_frontend.errors import CatalogError, ChangeError, UnsupportedError
+from sql_frontend.time_windows import expand_time_windows
 from ivm.catalog import TableDef
+from sql_frontend.plan import Column
 
 EPOCH = datetime(1970, 1, 1)
 # Ops an append-only table accepts: inserts. ('r' replaces by key, so only a bag takes it.)
@@ -139,10 +143,32 @@ def on_time_name(table: str) -> str:
     return ON_TIME_PREFIX + table
 
 
-def shadow_def(table: TableDef) -> TableDef:
-    return TableDef(name=on_time_name(table.name), columns=table.columns, primary_key=table.primary_key,
-                    not_null=table.not_null, defaults=table.defaults, append_only=True,
-                    shadow_of=table.name)
+WATERMARK_PREFIX = "__wm_"
+
+
+def watermark_name(table: str) -> str:
+    return WATERMARK_PREFIX + table
+
+
+def hidden_defs(table: TableDef) -> list[TableDef]:
+    """A watermarked table's twins: its on-time rows, and its watermark as a one-row table (k = 0, wm)."""
+    if table.event_time is None:
+        return []
+    on_time = TableDef(name=on_time_name(table.name), columns=table.columns, primary_key=table.primary_key,
+                       not_null=table.not_null, defaults=table.defaults, append_only=True, shadow_of=table.name)
+    mark = TableDef(name=watermark_name(table.name), columns=(Column("k", "INTEGER"), Column("wm", "TIMESTAMP")),
+                    primary_key=("k",), not_null=frozenset({"k"}), shadow_of=table.name)
+    return [on_time, mark]
+
+
+def watermark_batch(table: TableDef, watermarks: "Watermarks", batch_max: int | None) -> pa.Table | None:
+    """The normalized upsert of the watermark table when the batch moves the watermark, else None."""
+    old = watermarks.max_us.get(table.name)
+    if batch_max is None or (old is not None and batch_max <= old):
+        return None
+    mark = pa.array([batch_max - table.lateness_us], pa.int64()).cast(pa.timestamp("us"))
+    return pa.table({"k": pa.array([0], pa.int32()), "wm": mark, "__op": ["r"],
+                     "__seq": pa.array([0], pa.int64())})
 
 
 def on_time_batch(table: TableDef, batch: pa.Table, watermark_us: int | None) -> pa.Table:
@@ -151,29 +177,47 @@ def on_time_batch(table: TableDef, batch: pa.Table, watermark_us: int | None) ->
     return batch if mask is None else batch.filter(mask)
 
 
-def view_query(query, catalog, late: str | None):
-    """The SELECT a view plans: with late = 'drop' (default), watermarked tables read as their on-time rows."""
-    from sqlglot import exp
+def view_query(query, catalog, late: str | None, emit: str | None = None):
+    """The SELECT a view plans, given its options:
 
-    from sql_frontend.errors import UnsupportedError
-    from sql_frontend.time_windows import expand_time_windows
-
+    * late = 'drop' (default): watermarked tables read as their on-time rows;
+    * emit = 'on_close': only rows whose window_end the watermark has reached,
+      ``SELECT * FROM (<query>) WHERE window_end <= (SELECT MAX(wm) FROM __wm_<table>)``.
+    """
     query = expand_time_windows(query, catalog.schema())
-    shadows = {t.shadow_of: t.name for t in catalog.tables.values() if t.shadow_of is not None}
+    streams = {t.name for t in catalog.tables.values() if t.event_time is not None}
     named = {t.this.name.lower() for t in query.find_all(exp.Table) if isinstance(t.this, exp.Identifier)}
-    if late is not None and not named & set(shadows):
-        raise UnsupportedError(f"late = '{late}' applies to views reading a table with a WATERMARK; "
-                               "this view reads none")
-    if (late or "drop") != "drop" or not named & set(shadows):
-        return query
-    query = query.copy()
-    for table in list(query.find_all(exp.Table)):
-        name = table.this.name.lower() if isinstance(table.this, exp.Identifier) else None
-        if name in shadows:
-            alias = table.alias or name
-            table.set("this", exp.to_identifier(shadows[name]))
-            table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    read = sorted(named & streams)
+    for option, value in (("late", late), ("emit", emit)):
+        if value is not None and not read:
+            raise UnsupportedError(f"{option} = '{value}' applies to views reading a table with a WATERMARK; "
+                                   "this view reads none")
+    closing = emit == "on_close" and _closing(query, read, catalog)
+    if (late or "drop") == "drop" and read:
+        query = query.copy()
+        for table in list(query.find_all(exp.Table)):
+            name = table.this.name.lower() if isinstance(table.this, exp.Identifier) else None
+            if name in streams:
+                alias = table.alias or name
+                table.set("this", exp.to_identifier(on_time_name(name)))
+                table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    if closing:
+        mark = exp.select(exp.func("MAX", exp.column("wm"))).from_(watermark_name(read[0])).subquery()
+        query = (exp.select("*").from_(query.subquery("__closed"))
+                 .where(exp.LTE(this=exp.column("window_end", table="__closed"), expression=mark)))
     return query
+
+
+def _closing(query, read: list[str], catalog) -> bool:
+    """Check that emit = 'on_close' can apply: one watermarked table, a window_end column out."""
+    if len(read) > 1:
+        raise UnsupportedError(f"emit = 'on_close' over several watermarked tables ({', '.join(read)}) "
+                               "is not supported")
+    names = [c.name for c in catalog.describe(query.sql("duckdb"))]
+    if "window_end" not in names:
+        raise UnsupportedError("emit = 'on_close' needs the view to output the window_end column of its "
+                               "TUMBLE/HOP (a window's row is published once the watermark passes its end)")
+    return True
 
 
 # --- bounded state: RETAIN ---------------------------------------------------------------------------
@@ -207,7 +251,7 @@ def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) 
     """Drop from the batch's new versions the rows the watermark passed by more than RETAIN."""
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
-    for version in (prepared, prepared.on_time):
+    for version in (prepared, prepared.hidden[0]):  # the table and its on-time rows
         runs, rows = expired_rows(version.updated, table.event_time, cutoff)
         if len(runs):
             version.updated = version.updated.replace_rows(runs, rows, None, coder)

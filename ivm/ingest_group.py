@@ -151,9 +151,8 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         engine.accept_events(table, prepared)
         for name, n in prepared.counts().items():
             unit.counts[name] = unit.counts.get(name, 0) + n
-        unit.deltas.setdefault(table, []).append(prepared.change.delta)
-        if prepared.on_time is not None:
-            unit.deltas.setdefault(prepared.on_time.change_table, []).append(prepared.on_time.change.delta)
+        for part in [prepared, *prepared.hidden]:
+            unit.deltas.setdefault(part.change_table, []).append(part.change.delta)
         ticket.delta = prepared.change.delta
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ivm.event_time import as_time
+from ivm.event_time import ON_TIME_PREFIX, as_time
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
@@ -65,7 +65,8 @@ def engine_status(engine: "Engine") -> dict:
         owned = [name] if name in catalog.tables else [s.name for s in catalog.views[name].states]
         view = catalog.views.get(name)
         shadowed = catalog.tables[name].shadow_of if view is None else None
-        table_kind = f"on-time rows of {shadowed}" if shadowed else "table"
+        table_kind = (("on-time rows of " if name.startswith(ON_TIME_PREFIX) else "watermark of ") + shadowed
+                      if shadowed else "table")
         kinds = [(table_kind if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
         if view is not None and not view.stored_output:
             owned = [name] + owned

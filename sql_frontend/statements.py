@@ -56,6 +56,7 @@ class CreateView:
     if_not_exists: bool = False
     engine: str | None = None  # WITH (engine = 'spark'|'duckdb'|'auto'); None: the database's setting
     late: str | None = None  # WITH (late = 'drop'|'correct'): stragglers of watermarked tables
+    emit: str | None = None  # WITH (emit = 'on_update'|'on_close'): windows published as they change or once closed
 
 
 @dataclass
@@ -370,12 +371,13 @@ def _create_view(tree: exp.Create) -> CreateView:
         if_not_exists=bool(tree.args.get("exists")),
         engine=options.get("engine"),
         late=options.get("late"),
+        emit=options.get("emit"),
     )
 
 
 VIEW_ENGINES = ("auto", "duckdb", "spark")
 # Options of CREATE MATERIALIZED VIEW … WITH (name = 'value') besides engine.
-VIEW_OPTIONS = {"late": ("drop", "correct")}
+VIEW_OPTIONS = {"late": ("drop", "correct"), "emit": ("on_update", "on_close")}
 
 
 def _view_options(tree: exp.Create) -> dict[str, str]:
@@ -408,7 +410,7 @@ def _view_engine(prop: exp.Expression) -> str | None:
             raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {prop.this.sql(DIALECT)}")
         return value
     raise UnsupportedError(f"materialized view option {prop.sql(DIALECT)} is not supported "
-                           "(only engine = ... and late = ...)")
+                           "(only engine = ..., late = ... and emit = ...)")
 
 
 def _drop(tree: exp.Drop) -> Drop:

@@ -372,3 +372,38 @@ def test_a_long_stream_keeps_stream_rows_bounded_by_lateness_and_retain():
         assert _state_rows(db, "q") == {"q.agg2": windows}  # one state row per window: its output row
     assert windows == total // rate // 10 + 1
     assert db.sql("SELECT SUM(n) AS n FROM q").to_pylist() == [{"n": total - stream(db)["late_events"]}]
+
+
+# --- emit = 'on_close' ---------------------------------------------------------------------------------
+
+def test_on_close_subscribers_see_each_window_once_final():
+    harness = StreamHarness()
+    try:
+        play(5, 8, harness)
+        final = harness.db.sql("SELECT * FROM tumble_totals_closed").to_pylist()
+        changes = harness.db.changes("tumble_totals_closed", 0).rows
+        assert changes.num_rows == len(final) > 0
+        assert set(changes.column("__weight").to_pylist()) == {1}  # inserts only: never retracted
+        mark = harness.model.watermark()
+        assert all(r["window_end"] <= mark for r in final)
+        # the on-update twin has the open windows too
+        assert harness.db.sql("SELECT COUNT(*) AS n FROM tumble_totals_drop").to_pylist()[0]["n"] > len(final)
+    finally:
+        harness.close()
+
+
+@pytest.mark.parametrize("ddl, message", [
+    ("CREATE MATERIALIZED VIEW v WITH (emit = 'on_close') AS SELECT window_start, COUNT(*) AS n "
+     "FROM TUMBLE(bids, ts, INTERVAL '1' SECOND) GROUP BY window_start", "needs the view to output the window_end"),
+    ("CREATE MATERIALIZED VIEW v WITH (emit = 'sometimes') AS SELECT * FROM bids",
+     "emit must be one of 'on_update', 'on_close'; got 'sometimes'"),
+    ("CREATE MATERIALIZED VIEW v WITH (emit = 'on_close') AS SELECT * FROM plain",
+     "emit = 'on_close' applies to views reading a table with a WATERMARK"),
+])
+def test_bad_emit_options_are_refused(ddl, message):
+    db = ivm.connect()
+    db.execute(BIDS)
+    db.execute("CREATE TABLE plain (a INT)")
+    with pytest.raises(UnsupportedError, match=message):
+        db.execute(ddl)
+    assert not db._engine.catalog.views

@@ -4,8 +4,10 @@ The stream has out-of-order events (within the lateness), stragglers (below
 the watermark when they arrive) and an ordinary table that changes beside
 it. After every batch, each view with ``late = 'drop'`` must equal DuckDB
 evaluating its SELECT (TUMBLE/HOP expanded as the planner does) over the
-events that were on time when they arrived, and each view with ``late =
-'correct'`` the same SELECT over all events.
+events that were on time when they arrived, each view with ``late =
+'correct'`` the same SELECT over all events, and each view with ``emit =
+'on_close'`` (views with a window_end column) the drop result restricted to
+windows whose end the watermark has reached.
 """
 
 from __future__ import annotations
@@ -104,11 +106,16 @@ class StreamHarness:
         self.expected_sql = {}
         schema = self.db._engine.catalog.schema()
         for view in self.views:
-            for policy in ("drop", "correct"):
+            expanded = expand_time_windows(parse_query(view.sql), schema).sql("duckdb")
+            for policy in ("drop", "correct", "closed"):
+                if policy == "closed" and "window_end" not in [c.name for c in self.db.sql(
+                        f"SELECT * FROM ({expanded}) LIMIT 0").schema]:
+                    continue  # emit = 'on_close' needs a window_end column
                 name = f"{view.name}_{policy}"
-                option = "" if policy == "drop" else " WITH (late = 'correct')"
+                option = {"drop": "", "correct": " WITH (late = 'correct')",
+                          "closed": " WITH (emit = 'on_close')"}[policy]
                 self.db.execute(f"CREATE MATERIALIZED VIEW {name}{option} AS {view.sql}")
-                self.expected_sql[name] = (policy, expand_time_windows(parse_query(view.sql), schema).sql("duckdb"))
+                self.expected_sql[name] = (policy, expanded)
 
     def close(self) -> None:
         self.db.close()
@@ -134,7 +141,11 @@ class StreamHarness:
 
     def check(self, context: str = "") -> None:
         problems = []
+        mark = self.model.watermark()
         for name, (policy, sql) in self.expected_sql.items():
+            if policy == "closed":  # only windows the watermark has passed the end of
+                bound = "NULL" if mark is None else f"TIMESTAMP '{mark.isoformat(sep=' ')}'"
+                sql, policy = f"SELECT * FROM ({sql}) WHERE window_end <= {bound}", "drop"
             diff = multiset_diff(self.db.sql(f"SELECT * FROM {name}"), self.refs[policy].sql(sql).to_arrow_table())
             if diff:
                 problems.append(f"view {name}: {diff}")
