@@ -66,6 +66,7 @@ class ViewDef:
     engine: str | None = None  # compute engine of this view (None: the database's setting)
     late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
     emit: str | None = None  # "on_close": rows of a window only once the watermark passed its end
+    closed: object = None  # event_time.ClosedWindows: state that closed windows no longer need
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
 

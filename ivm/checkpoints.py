@@ -32,7 +32,7 @@ from sqlglot import exp
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
-from ivm.event_time import view_query
+from ivm.event_time import closed_windows, view_query
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
@@ -86,6 +86,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     view.engine = doc.get("engine")
     view.late = doc.get("late")
     view.emit = doc.get("emit")
+    view.closed = closed_windows(view, parse_query(doc["sql"]), catalog)
     return view
 
 

@@ -36,7 +36,7 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, expire_retained, hidden_defs,
+from ivm.event_time import (Watermarks, check_retained_reads, closed_windows, drop_closed_windows, check_stream_table, expire_retained, hidden_defs,
                             late_counter, max_event_us, on_time_batch, on_time_name, view_query, watermark_batch,
                             watermark_name)
 from ivm.executor import Executor, RowChanges, StepRunner
@@ -279,6 +279,7 @@ class Engine:
             view.engine = stmt.engine
             view.late = stmt.late
             view.emit = stmt.emit
+            view.closed = closed_windows(view, stmt.query, self.catalog)
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -522,7 +523,18 @@ class Engine:
                 continue
             view.cost.record(path, time.perf_counter() - started, rows, sizes)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
-        return snapshot.with_changes({**committed, **recomputed})
+        snapshot = snapshot.with_changes({**committed, **recomputed})
+        return self._drop_closed_windows(deltas, snapshot, worker)
+
+    def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
+        """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""
+        moved = {t.shadow_of for t in self.catalog.tables.values() if t.shadow_of and t.name in deltas
+                 and t.name.startswith("__wm_")}
+        dropped = {}
+        for view in self.catalog.views.values():
+            if view.closed is not None and view.closed.stream in moved and view.name not in self.failed:
+                dropped.update(drop_closed_windows(view.closed, snapshot, worker.coder))
+        return snapshot.with_changes(dropped) if dropped else snapshot
 
     def _as_view_delta(self, view: ViewDef, delta: pa.Table, snapshot: Snapshot) -> pa.Table:
         """The delta in the view's own column types (Spark's may differ: BIGINT for HUGEINT...)."""

@@ -275,3 +275,56 @@ def check_retained_reads(view, catalog, stored_new) -> None:
                 f"materialized view {view.name} would look up stored rows of {name}, which keeps only "
                 f"recent rows (RETAIN): a join with a table that changes, or of {name} with itself, needs "
                 f"rows {name} may have dropped; create {name} without RETAIN")
+
+
+# --- bounded state: closed windows -------------------------------------------------------------------
+#
+# A view with late = 'drop' over one watermarked table T, windowed by
+# TUMBLE/HOP of at most ``size``: an event reaches it only if ts >= W (the
+# watermark before its batch), and an event is in window [s, s + size) only
+# if ts < s + size. So once W >= s + size the window is closed: no change
+# reaches its groups again, and operator state keyed by window_start <= W -
+# size can go. W is read from T's one-row watermark table in the snapshot the
+# batch is maintained into, so a durable fold and a replay drop exactly
+# what the first run dropped. Kept: state the view's rows are read from
+# (a view computed on read keeps one state row per window: its rows).
+
+
+@dataclass(frozen=True)
+class ClosedWindows:
+    stream: str  # the watermarked table
+    size_us: int  # the largest window over it
+    relations: tuple[str, ...]  # state relations keyed by window_start that may lose closed windows
+
+
+def closed_windows(view, query, catalog) -> ClosedWindows | None:
+    """What of ``view``'s state may go once windows close (None: nothing)."""
+    from sql_frontend.time_windows import window_sizes
+
+    if (view.late or "drop") != "drop":
+        return None  # a 'correct' view takes late events into any window
+    sizes = window_sizes(query)
+    streams = [t for t in sizes if t in catalog.tables and catalog.tables[t].event_time is not None]
+    bases = {catalog.tables[s].shadow_of or s for s in view.sources if s in catalog.tables}
+    if len(streams) != 1 or bases - {streams[0]} or set(view.sources) - set(catalog.tables):
+        return None  # other tables (or views) in the view: their changes may touch closed windows
+    read = set() if view.stored_output else view.read_sql()[1]
+    relations = tuple(s.name for s in view.states
+                      if s.name not in read and s.name != view.name
+                      and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
+    return ClosedWindows(streams[0], sizes[streams[0]], relations) if relations else None
+
+
+def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
+    """New versions of ``spec.relations`` without the windows closed by the snapshot's watermark."""
+    mark = snapshot[watermark_name(spec.stream)].table()
+    if mark.num_rows == 0:
+        return {}
+    cutoff = pc.cast(mark.column("wm"), pa.int64())[0].as_py() - spec.size_us + 1  # window_start + size <= W
+    changed = {}
+    for name in spec.relations:
+        relation = snapshot[name]
+        runs, rows = expired_rows(relation, "window_start", cutoff)
+        if len(runs):
+            changed[name] = relation.replace_rows(runs, rows, None, coder)
+    return changed

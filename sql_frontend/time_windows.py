@@ -141,3 +141,18 @@ def _interval(kind: str, arg: exp.Expression) -> tuple[exp.Expression, int]:
     if us <= 0:
         raise BindError(f"{kind}: window sizes must be positive, got {arg.sql(DIALECT)}")
     return arg, us
+
+
+def window_sizes(query: exp.Expression) -> dict[str, int]:
+    """Per table windowed by TUMBLE/HOP in ``query``: the largest window size (microseconds)."""
+    sizes: dict[str, int] = {}
+    for table in query.find_all(exp.Table):
+        kind = window_call(table)
+        if kind is None:
+            continue
+        args = table.this.expressions
+        if not args or not isinstance(args[0], exp.Column) or not isinstance(args[-1], exp.Interval):
+            continue
+        name = normalize_name(args[0].this)
+        sizes[name] = max(sizes.get(name, 0), interval_us(args[-1].sql(DIALECT)))
+    return sizes
