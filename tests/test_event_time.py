@@ -215,7 +215,7 @@ def test_windowed_views_equal_batch_over_on_time_or_all_events(seed, batches):
 
 
 @pytest.mark.slow
-@settings(max_examples=4)
+@settings(max_examples=3)
 @given(seed=st.integers(0, 2**32 - 1), batches=st.integers(8, 16))
 def test_windowed_views_longer_streams(seed, batches):
     _play_fresh(seed, batches)
