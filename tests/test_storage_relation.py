@@ -123,3 +123,16 @@ def test_lookup_on_missing_index_is_an_internal_error(coder):
     rel = Relation.empty("t", SCHEMA, ("k",))
     with pytest.raises(InternalError, match="no index"):
         rel.lookup(("g",), np.array([1], np.uint64))
+
+
+def test_sorted_unique_is_numpys_unique():
+    import numpy as np
+
+    from storage.keys import sorted_unique
+
+    rng = np.random.default_rng(3)
+    for values in (np.empty(0, np.uint64), np.array([5], np.uint64), rng.integers(0, 50, 1000).astype(np.uint64),
+                   rng.integers(0, 2**63, 300).astype(np.uint64), np.array([3, 1, 3, 2, 1], np.int64)):
+        got = sorted_unique(values)
+        assert got.dtype == values.dtype
+        assert np.array_equal(got, np.unique(values))
