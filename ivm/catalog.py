@@ -29,6 +29,15 @@ class TableDef:
     not_null: frozenset[str] = frozenset()
     defaults: dict[str, exp.Expression] = field(default_factory=dict)
     kind: str = "table"
+    # Event streams (CREATE TABLE … WATERMARK FOR ts AS ts - INTERVAL … APPEND ONLY; ivm/event_time.py):
+    append_only: bool = False  # inserts only: updates and deletes are refused
+    event_time: str | None = None  # the column the watermark is declared on
+    lateness_us: int = 0  # watermark = largest event time seen - lateness
+    retain_us: int | None = None  # RETAIN: rows below watermark - retain are dropped (None: kept)
+    # Hidden twins of a watermarked table (its on-time rows, read by views with
+    # late = 'drop'; its one-row watermark, read by views with emit = 'on_close';
+    # ivm/event_time.py): the name of the table they belong to.
+    shadow_of: str | None = None
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -55,6 +64,9 @@ class ViewDef:
     # False: rows are computed on read from operator state (see reads_only_state)
     stored_output: bool = True
     engine: str | None = None  # compute engine of this view (None: the database's setting)
+    late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
+    emit: str | None = None  # "on_close": rows of a window only once the watermark passed its end
+    closed: object = None  # event_time.ClosedWindows: state that closed windows no longer need
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
 
@@ -157,8 +169,17 @@ class Catalog:
 
     # --- dependencies ---------------------------------------------------------
     def readers(self, name: str) -> list[str]:
-        """Views that read ``name`` directly."""
-        return [v.name for v in self.views.values() if name in v.sources]
+        """Views that read ``name`` directly (or the hidden table of its on-time rows)."""
+        names = {name} | {t.name for t in self.tables.values() if t.shadow_of == name}
+        return [v.name for v in self.views.values() if names & set(v.sources)]
+
+    def hidden(self, name: str) -> list[TableDef]:
+        """The hidden twins of a watermarked table (its on-time rows, its watermark)."""
+        return [t for t in self.tables.values() if t.shadow_of == name]
+
+    def visible_tables(self) -> list[TableDef]:
+        """Tables users created (not the hidden on-time tables)."""
+        return [t for t in self.tables.values() if t.shadow_of is None]
 
     def dependents(self, name: str) -> list[str]:
         """Every view that reads ``name`` directly or through other views, readers first."""

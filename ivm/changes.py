@@ -35,6 +35,7 @@ from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck, keyed_once
 from ivm.binder import quote
 from ivm.catalog import TableDef
+from ivm.event_time import check_appends
 from storage.keys import KeyCoder, sorted_unique
 from storage.relation import Relation
 
@@ -153,6 +154,7 @@ class ChangeNormalizer:
         if pc.any(bad).as_py():
             first = ops.filter(bad)[0].as_py()
             raise ChangeError(f"unknown __op {first!r}: use c (insert), r (insert or replace), u (upsert) or d (delete)")
+        check_appends(table, ops)
         if not table.primary_key and pc.any(pc.equal(ops, "u")).as_py():
             raise ChangeError(
                 f"table {table.name} has no primary key, so __op 'u' (upsert by key) cannot apply; "

@@ -32,6 +32,7 @@ from sqlglot import exp
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
+from ivm.event_time import closed_windows, view_query
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
@@ -50,11 +51,13 @@ log = logging.getLogger("ivm.checkpoint")
 def describe_catalog(catalog: Catalog) -> dict:
     tables = [
         {"name": t.name, "columns": [[c.name, c.type] for c in t.columns], "primary_key": list(t.primary_key),
-         "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()}}
+         "not_null": sorted(t.not_null), "defaults": {c: e.sql("duckdb") for c, e in t.defaults.items()},
+         "append_only": t.append_only, "event_time": t.event_time, "lateness_us": t.lateness_us,
+         "shadow_of": t.shadow_of, "retain_us": t.retain_us}
         for t in catalog.tables.values()
     ]
     views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
-              "engine": v.engine}
+              "engine": v.engine, "late": v.late, "emit": v.emit}
              for v in catalog.views.values()]
     return {"tables": tables, "views": views}
 
@@ -66,15 +69,24 @@ def table_from_json(doc: dict) -> TableDef:
         primary_key=tuple(doc["primary_key"]),
         not_null=frozenset(doc["not_null"]),
         defaults={c: sqlglot.parse_one(sql, read="duckdb") for c, sql in doc["defaults"].items()},
+        append_only=doc.get("append_only", False),
+        event_time=doc.get("event_time"),
+        lateness_us=doc.get("lateness_us", 0),
+        shadow_of=doc.get("shadow_of"),
+        retain_us=doc.get("retain_us"),
     )
 
 
 def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
-    plan = plan_view(parse_query(doc["sql"]), catalog, tuple(doc["columns"]))
+    query = view_query(parse_query(doc["sql"]), catalog, doc.get("late"), doc.get("emit"))
+    plan = plan_view(query, catalog, tuple(doc["columns"]))
     view = make_view(doc["name"], doc["sql"], plan)
     if doc["stored_output"] and not view.stored_output:
         view.store_output()
     view.engine = doc.get("engine")
+    view.late = doc.get("late")
+    view.emit = doc.get("emit")
+    view.closed = closed_windows(view, parse_query(doc["sql"]), catalog)
     return view
 
 
@@ -135,6 +147,7 @@ class Checkpointer:
             outputs = self._write_outputs(computed, snapshot, generation)
             write_manifest(self.root, {
                 "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
+                "counters": dict(snapshot.counters),
                 "written_at": time.time(), "catalog": catalog, "failed": failed, "sources": sources,
                 "relations": {name: s.to_json() for name, (_, s) in stored.items()},
                 "outputs": {name: s.to_json() for name, (_, s) in outputs.items()},
@@ -196,7 +209,7 @@ class Checkpointer:
                 relations[spec.name] = self._load(empty, stored_docs)
         engine.failed.update(doc["failed"])
         engine.producers.load(doc["sources"])
-        snapshot = Snapshot().with_changes(relations, offset=doc["offset"])
+        snapshot = Snapshot().with_changes(relations, offset=doc["offset"]).with_counts(doc.get("counters", {}))
         engine.store.publish(snapshot)
         self.stored = {name: (relations[name], stored_docs[name]) for name in relations}
         self.offset, self.generation, self.count = doc["offset"], doc["generation"], doc["checkpoint"]

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import BindError, CatalogError, IvmError, SqlSyntaxError, UnknownObjectError, UnsupportedError
+from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, SqlSyntaxError, UnknownObjectError,
+                                 UnsupportedError)
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
     AlterView,
@@ -53,6 +54,7 @@ from ivm.catalog import TableDef, make_view
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
+from ivm.event_time import view_query
 from ivm.maintenance import check_mode
 from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
@@ -162,7 +164,7 @@ class Database:
         self._check_open()
         catalog = self._engine.catalog
         found = []
-        for definition in list(catalog.tables.values()) + list(catalog.views.values()):
+        for definition in catalog.visible_tables() + list(catalog.views.values()):
             key = definition.primary_key if isinstance(definition, TableDef) else ()
             found.append(ObjectInfo(definition.name, definition.kind,
                                     self._engine.binder.arrow_schema(definition.columns), key))
@@ -326,6 +328,13 @@ class Database:
     def _table(self, name: str) -> TableDef:
         return self._engine.catalog.table(name)
 
+    def _changeable(self, name: str, statement: str) -> TableDef:
+        """A table UPDATE/DELETE may change: not an APPEND ONLY one (even when no row matches)."""
+        table = self._table(name)
+        if table.append_only:
+            raise ChangeError(f"table {name} is APPEND ONLY: {statement} is not allowed, only INSERT")
+        return table
+
     def _insert_batch(self, stmt: Insert) -> pa.Table:
         table = self._table(stmt.table)
         values = self._engine.reader.query(stmt.query.sql("duckdb"), stmt.query)
@@ -359,7 +368,7 @@ class Database:
         return pa.repeat(value, n)
 
     def _update_batch(self, stmt: Update) -> pa.Table:
-        table = self._table(stmt.table)
+        table = self._changeable(stmt.table, "UPDATE")
         assigned = dict(stmt.assignments)
         unknown = [c for c in assigned if c not in table.column_names]
         if unknown:
@@ -384,7 +393,7 @@ class Database:
         return batch.replace_schema_metadata({b"ivm.update": b"moving"})
 
     def _delete_batch(self, stmt: Delete) -> pa.Table:
-        table = self._table(stmt.table)
+        table = self._changeable(stmt.table, "DELETE")
         where = f" WHERE {stmt.where.sql('duckdb')}" if stmt.where is not None else ""
         cols = table.primary_key or table.column_names
         sql = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table.name)}{where}"
@@ -408,7 +417,8 @@ class Database:
             query = stmt.create.query if stmt.create is not None else stmt.query.expression
             name = stmt.create.name if stmt.create is not None else "query"
             names = stmt.create.column_names if stmt.create is not None else None
-            plan = plan_view(query, engine.catalog, names)
+            late, emit = (stmt.create.late, stmt.create.emit) if stmt.create is not None else (None, None)
+            plan = plan_view(view_query(query, engine.catalog, late, emit), engine.catalog, names)
             view = make_view(name, query.sql("duckdb"), plan)
         programs = {
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
@@ -431,7 +441,7 @@ class Database:
         engine = self._engine
         snapshot = engine.store.snapshot
         names, kinds, rows = [], [], []
-        for name in sorted(list(engine.catalog.tables) + list(engine.catalog.views)):
+        for name in sorted([t.name for t in engine.catalog.visible_tables()] + list(engine.catalog.views)):
             definition = engine.catalog.get(name)
             if stmt.what == "views" and definition.kind != "view":
                 continue

@@ -96,6 +96,9 @@ class DurableEngine(Engine):
     def _recover(self) -> None:
         start = time.perf_counter()
         self.offset = self.checkpointer.restore()
+        for table in self.catalog.tables.values():  # the largest event time is the stored table's
+            if table.event_time is not None:
+                self.watermarks.restore(table, self.store.snapshot)
         for view in self.catalog.views:  # subscribers resume from the restored offset on
             self.history.start(view, self.offset, complete=False)
         records = self.log.open(after=self.offset)
@@ -163,7 +166,7 @@ class DurableEngine(Engine):
             self.producers.record(ticket.source, ticket.seq, offset)
             self._note_unstored(offset, now, ticket.delta.num_rows if ticket.delta is not None else 0, ticket.table)
             ticket.done = True
-        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now))
+        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now, unit.counts))
 
     def _replay(self, record: Record) -> None:
         definition = self.catalog.table(record.table)
@@ -174,11 +177,13 @@ class DurableEngine(Engine):
             raise IvmError(f"replaying change log offset {record.offset} failed (the log does not match the "
                            f"checkpoint): {e}") from e
         self.offset = record.offset
-        self.heads[record.table] = prepared.updated
+        versions = prepared.versions()  # the table (and its on-time rows)
+        self.heads.update(versions)
+        self.accept_events(record.table, prepared)
         self.producers.record(record.source, record.seq, record.offset)
         self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
-        self.maintainer.enqueue(Entry(record.offset, {record.table: [prepared.change.delta]},
-                                      {record.table: prepared.updated}, record.timestamp))
+        deltas = {part.change_table: [part.change.delta] for part in [prepared, *prepared.hidden]}
+        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp, prepared.counts()))
 
     def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
         with self._unstored_lock:

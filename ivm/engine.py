@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -36,6 +36,9 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
+from ivm.event_time import (Watermarks, check_retained_reads, closed_windows, drop_closed_windows, check_stream_table, expire_retained, hidden_defs,
+                            late_counter, max_event_us, on_time_batch, on_time_name, view_query, watermark_batch,
+                            watermark_name)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import CostModel, check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -81,6 +84,25 @@ class Prepared:
     policy: str
     change: ZsetChange
     updated: Relation  # the table after the batch
+    event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
+    # ... and the batch's effect on the table's hidden twins: its on-time rows and
+    # its one-row watermark (ivm/event_time.py)
+    hidden: list["Prepared"] = field(default_factory=list)
+    late: int = 0  # ... and how many of its events arrived below the watermark
+
+    def counts(self) -> dict[str, int]:
+        """What the batch adds to the snapshot's counters: its late events."""
+        return {late_counter(self.change_table): self.late} if self.late else {}
+
+    def versions(self) -> dict[str, Relation]:
+        """New versions of the table (and of its hidden twins)."""
+        return {p.change_table: p.updated for p in [self, *self.hidden]}
+
+    def deltas(self) -> dict[str, pa.Table]:
+        """Non-empty deltas of the table (and of its hidden twins)."""
+        return {p.change_table: p.change.delta for p in [self, *self.hidden] if p.change.delta.num_rows}
+
+    change_table: str = ""
 
 
 # Batches above this many rows are processed by the parallel DuckDB instance.
@@ -147,6 +169,8 @@ class Engine:
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
+        # Largest event time per watermarked table (ivm/event_time.py).
+        self.watermarks = Watermarks()
 
     def wait_visible(self) -> None:
         """Block until reads see every acknowledged change (in memory: they always do)."""
@@ -185,7 +209,12 @@ class Engine:
             table = self._table_def(stmt, columns)
             relation = self.empty_relation(table.name, table.columns, table.identity, (table.identity,))
             self.catalog.add_table(table)
-            self.store.publish(self.store.snapshot.with_changes({table.name: relation}))
+            relations = {table.name: relation}
+            for hidden in hidden_defs(table):  # its on-time rows and its watermark, for views
+                self.catalog.add_table(hidden)
+                relations[hidden.name] = self.empty_relation(hidden.name, hidden.columns, hidden.identity,
+                                                             (hidden.identity,))
+            self.store.publish(self.store.snapshot.with_changes(relations))
             return True
 
     def _table_def(self, stmt: CreateTable, given: tuple[Column, ...] | None) -> TableDef:
@@ -220,13 +249,21 @@ class Engine:
                 raise CatalogError(f"primary key column {k} is not a column of {stmt.name}")
         if len(set(stmt.primary_key)) != len(stmt.primary_key):
             raise CatalogError(f"primary key of {stmt.name} names a column twice")
-        return TableDef(
+        stream = stmt.stream
+        event_time = stream.event_time if stream is not None else None
+        table = TableDef(
             name=stmt.name,
             columns=columns,
             primary_key=stmt.primary_key,
-            not_null=frozenset(not_null | set(stmt.primary_key)),
+            not_null=frozenset(not_null | set(stmt.primary_key) | ({event_time} if event_time else set())),
             defaults=defaults,
+            append_only=bool(stream and stream.append_only),
+            event_time=event_time,
+            lateness_us=(stream.lateness_us or 0) if stream is not None else 0,
+            retain_us=stream.retain_us if stream is not None else None,
         )
+        check_stream_table(table)
+        return table
 
     # --- views ------------------------------------------------------------------------
     def create_view(self, stmt: CreateView) -> bool:
@@ -236,9 +273,14 @@ class Engine:
                     return False
                 raise CatalogError(f"{stmt.name} already exists")
             check_name(stmt.name, "view")
-            plan = plan_view(stmt.query, self.catalog, stmt.column_names)
+            query = view_query(stmt.query, self.catalog, stmt.late, stmt.emit)
+            plan = plan_view(query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
+            check_retained_reads(view, self.catalog, self._stored_new)
             view.engine = stmt.engine
+            view.late = stmt.late
+            view.emit = stmt.emit
+            view.closed = closed_windows(view, stmt.query, self.catalog)
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -365,6 +407,9 @@ class Engine:
                     "(DROP ... CASCADE drops them too)"
                 )
             removed: dict[str, Relation | None] = {}
+            for hidden in self.catalog.hidden(stmt.name):  # a watermarked table's twins go with it
+                removed[hidden.name] = None
+                self.catalog.remove(hidden.name)
             for name in list(reversed(dependents)) + [stmt.name]:
                 definition = self.catalog.get(name)
                 if isinstance(definition, ViewDef):
@@ -375,6 +420,7 @@ class Engine:
             for name in list(reversed(dependents)) + [stmt.name]:
                 self.catalog.remove(name)
                 self.history.drop(name)
+                self.watermarks.drop(name)
             self.store.publish(self.store.snapshot.with_changes(removed))
             return True
 
@@ -390,8 +436,8 @@ class Engine:
                     return known
             snapshot = self.store.snapshot
             prepared = self.prepare(table, data, on_missing_delete)
-            snapshot = snapshot.with_changes({table: prepared.updated})
-            deltas = {table: prepared.change.delta} if prepared.change.delta.num_rows else {}
+            snapshot = snapshot.with_changes(prepared.versions())
+            deltas = prepared.deltas()
             snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
             self.offset += 1
             # The history first: a reader who sees the view at this offset may
@@ -399,7 +445,8 @@ class Engine:
             # consolidated here: subscribers consolidate what they read
             # (ivm/changefeed.py), which keeps that query off the write path.
             self.history.append(self.offset, self.view_deltas(deltas))
-            self.store.publish(snapshot.with_changes({}, offset=self.offset))
+            self.accept_events(table, prepared)
+            self.store.publish(snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts()))
             self.producers.record(source, seq, self.offset)
             return self.offset
 
@@ -426,7 +473,26 @@ class Engine:
                 worker: Worker) -> Prepared:
         change = worker.applier.apply(definition, relation, batch, policy)
         updated = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, worker.coder)
-        return Prepared(batch, policy, change, updated)
+        prepared = Prepared(batch, policy, change, updated, change_table=definition.name)
+        if definition.event_time is not None:
+            prepared.event_max = max_event_us(definition, change.inserts)
+            on_time = on_time_batch(definition, batch, self.watermarks.watermark(definition))
+            prepared.late = batch.num_rows - on_time.num_rows
+            shadow = self.catalog.tables[on_time_name(definition.name)]
+            prepared.hidden.append(self.convert(shadow, on_time, policy, self.head(shadow.name), worker))
+            moved = watermark_batch(definition, self.watermarks, prepared.event_max)
+            if moved is not None:
+                mark = self.catalog.tables[watermark_name(definition.name)]
+                prepared.hidden.append(self.convert(mark, moved, "error", self.head(mark.name), worker))
+            if definition.retain_us is not None:
+                expire_retained(definition, prepared, self.watermarks, worker.coder)
+        return prepared
+
+    def accept_events(self, table: str, prepared: Prepared) -> None:
+        """A batch of ``table`` was accepted: move its watermark."""
+        definition = self.catalog.tables[table]
+        if definition.event_time is not None:
+            self.watermarks.accept(definition, prepared.event_max, prepared.late)
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
                   isolate: bool = False) -> Snapshot:
@@ -471,7 +537,18 @@ class Engine:
                 continue
             view.cost.record(path, time.perf_counter() - started, rows, sizes)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
-        return snapshot.with_changes({**committed, **recomputed})
+        snapshot = snapshot.with_changes({**committed, **recomputed})
+        return self._drop_closed_windows(deltas, snapshot, worker)
+
+    def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
+        """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""
+        moved = {t.shadow_of for t in self.catalog.tables.values() if t.shadow_of and t.name in deltas
+                 and t.name.startswith("__wm_")}
+        dropped = {}
+        for view in self.catalog.views.values():
+            if view.closed is not None and view.closed.stream in moved and view.name not in self.failed:
+                dropped.update(drop_closed_windows(view.closed, snapshot, worker.coder))
+        return snapshot.with_changes(dropped) if dropped else snapshot
 
     def _as_view_delta(self, view: ViewDef, delta: pa.Table, snapshot: Snapshot) -> pa.Table:
         """The delta in the view's own column types (Spark's may differ: BIGINT for HUGEINT...)."""

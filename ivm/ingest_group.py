@@ -61,6 +61,7 @@ class Unit:
     tickets: list[Ticket] = field(default_factory=list)
     deltas: dict[str, list[pa.Table]] = field(default_factory=dict)
     versions: dict[str, "Relation"] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # late events per stream (snapshot counters)
 
 
 class Pending:
@@ -121,7 +122,10 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
 
 def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
     definition = engine.catalog.table(table)
-    if len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1:
+    # Batches of a watermarked table are converted one by one: each is judged late
+    # against the watermark the batches before it left (as replay does).
+    if (len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1
+            and definition.event_time is None):
         combined = _renumbered([t.batch for t in group])
         try:
             prepared = engine.convert(definition, combined, group[0].policy, engine.head(table),
@@ -142,8 +146,13 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         except IvmError as e:
             ticket.error, ticket.done = e, True
             continue
-        engine.heads[table] = unit.versions[table] = prepared.updated
-        unit.deltas.setdefault(table, []).append(prepared.change.delta)
+        for name, version in prepared.versions().items():  # the table (and its on-time rows)
+            engine.heads[name] = unit.versions[name] = version
+        engine.accept_events(table, prepared)
+        for name, n in prepared.counts().items():
+            unit.counts[name] = unit.counts.get(name, 0) + n
+        for part in [prepared, *prepared.hidden]:
+            unit.deltas.setdefault(part.change_table, []).append(part.change.delta)
         ticket.delta = prepared.change.delta
 
 

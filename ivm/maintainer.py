@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -53,6 +53,7 @@ class Entry:
     deltas: dict[str, list[pa.Table]]  # per table: Z-set deltas (table columns + weight)
     versions: dict[str, Relation]  # per table: the table after these batches
     timestamp: float
+    counts: dict[str, int] = field(default_factory=dict)  # added to the snapshot's counters (late events)
 
     @property
     def rows(self) -> int:
@@ -172,8 +173,11 @@ class Maintainer:
             before = snapshot = engine.store.snapshot
             versions: dict[str, Relation] = {}
             parts: dict[str, list[pa.Table]] = {}
+            counts: dict[str, int] = {}
             for entry in entries:
                 versions.update(entry.versions)
+                for name, n in entry.counts.items():
+                    counts[name] = counts.get(name, 0) + n
                 for table, deltas in entry.deltas.items():
                     parts.setdefault(table, []).extend(d for d in deltas if d.num_rows)
             parts = {table: tables for table, tables in parts.items() if tables}
@@ -187,7 +191,7 @@ class Maintainer:
             hook("fold.before_publish")
             with self.cond:
                 engine.history.append(entries[-1].offset, engine.view_deltas(deltas), first=before.offset + 1)
-                engine.store.publish(snapshot.with_changes({}, offset=entries[-1].offset))
+                engine.store.publish(snapshot.with_changes({}, offset=entries[-1].offset).with_counts(counts))
                 self.folds += 1
                 self.cond.notify_all()
 

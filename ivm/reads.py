@@ -34,6 +34,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import BindError, ExecutionError, UnknownObjectError
 from sql_frontend.statements import normalize_name
+from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
 from ivm import duck
 from ivm.executor import duckdb_message
@@ -220,6 +221,9 @@ class Reader:
         if snapshot is None:
             self.engine.wait_visible()  # read your writes: every acknowledged change
             snapshot = self.engine.store.snapshot
+        if has_time_windows(expression):  # TUMBLE/HOP in FROM: the same expansion views get
+            expression = expand_time_windows(expression, self.engine.catalog.schema())
+            sql = expression.sql("duckdb")
         names = self.relations_in(expression)
         with self._lease() as lease:
             self.register(lease.cursor, lease.registered, names, snapshot)

@@ -1,7 +1,9 @@
 """Status: where each relation stands between the log head and stored state.
 
 ``SHOW STATUS``, ``db.status()`` and ``ivm status --data DIR`` report, per
-relation (tables, views, operator state): rows in memory, the offset of its
+relation (tables, views, operator state): rows in memory, the watermark
+of a watermarked table (details per stream in ``facts["streams"]``: max
+event time, lateness, late events counted), the offset of its
 stored (checkpointed) version, the offset reads see (published), the log
 head (last accepted offset), the lag of stored state behind the head in
 changes and seconds (of the oldest change to the relation's tables that is
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from ivm.event_time import ON_TIME_PREFIX, as_time
+
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
     from ivm.engine import Engine
@@ -29,13 +33,14 @@ COLUMNS = [
     ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
     ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
     ("status", pa.string()), ("maintenance", pa.string()), ("engine", pa.string()),
+    ("watermark", pa.string()),
 ]
 
 
 def base_tables(engine: "Engine", name: str) -> set[str]:
     catalog = engine.catalog
     if name in catalog.tables:
-        return {name}
+        return {catalog.tables[name].shadow_of or name}
     found: set[str] = set()
     for source in catalog.views[name].sources:
         found |= base_tables(engine, source)
@@ -53,12 +58,16 @@ def engine_status(engine: "Engine") -> dict:
     stored_offset = engine.checkpointer.offset if durable else None
     relations = []
     catalog = engine.catalog
+
     for name in list(catalog.tables) + list(catalog.views):
         tables = base_tables(engine, name)
         mine = [e for e in unstored if e[3] in tables]
         owned = [name] if name in catalog.tables else [s.name for s in catalog.views[name].states]
         view = catalog.views.get(name)
-        kinds = [("table" if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
+        shadowed = catalog.tables[name].shadow_of if view is None else None
+        table_kind = (("on-time rows of " if name.startswith(ON_TIME_PREFIX) else "watermark of ") + shadowed
+                      if shadowed else "table")
+        kinds = [(table_kind if view is None else "materialized view")] + ["view state"] * (len(owned) - 1)
         if view is not None and not view.stored_output:
             owned = [name] + owned
             kinds = ["materialized view (computed on read)"] + ["view state"] * (len(owned) - 1)
@@ -75,12 +84,16 @@ def engine_status(engine: "Engine") -> dict:
                 "maintenance": _maintenance(engine, view) if view is not None and relation == name else None,
                 # the engine that ran the view's last maintenance step (None: tables, or not run yet)
                 "engine": engine.engine_used.get(name) if view is not None and relation == name else None,
+                # watermarked tables: max event time seen - lateness (ivm/event_time.py)
+                "watermark": _watermark(engine, name) if relation == name else None,
             })
     facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
              "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations,
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
-             "engine": engine.settings.engine, "backfills": backfills(engine)}
+             "engine": engine.settings.engine, "backfills": backfills(engine),
+             "streams": {t.name: engine.watermarks.status(t) for t in catalog.tables.values()
+                         if t.event_time is not None}}
     if durable:
         facts.update({
             "durable_offset": engine.log.durable, **{"log_" + k: v for k, v in engine.log.stats().items()},
@@ -94,6 +107,11 @@ def engine_status(engine: "Engine") -> dict:
 
         facts["sources"] = sources_status(engine.path)
     return facts
+
+
+def _watermark(engine: "Engine", name: str) -> str | None:
+    table = engine.catalog.tables.get(name)
+    return None if table is None or table.event_time is None else as_time(engine.watermarks.watermark(table))
 
 
 def _maintenance(engine: "Engine", view: "ViewDef") -> str:

@@ -2,6 +2,7 @@
 
 The pipeline, each step a small function:
 
+    expand_time_windows -> TUMBLE/HOP in FROM become derived tables (time_windows.py)
     check_supported     -> reject constructs we cannot maintain, by name
     bind                -> DuckDB's binder checks names/types and gives the output schema
     resolve             -> qualify columns, expand *, inline CTEs
@@ -42,6 +43,7 @@ from sql_frontend.recursion import check_recursion
 from sql_frontend.resolve import check_relations, resolve
 from sql_frontend.statements import DIALECT
 from sql_frontend.supported import check_supported
+from sql_frontend.time_windows import expand_time_windows
 from sql_frontend.top_k import has_limit
 
 
@@ -49,6 +51,7 @@ def plan_view(
     query: exp.Expression, catalog: CatalogReader, column_names: Sequence[str] | None = None
 ) -> ViewPlan:
     """Plan a materialized view body; raise a named error for anything unsupported."""
+    query = expand_time_windows(query, catalog.schema())
     check_supported(query, catalog.aggregate_names())
     query = drop_order_by(query)
     schema = catalog.schema()

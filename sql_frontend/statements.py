@@ -20,6 +20,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
+from sql_frontend.event_time import StreamSpec, strip_stream_clauses
 
 DIALECT = "duckdb"
 
@@ -43,6 +44,7 @@ class CreateTable:
     primary_key: tuple[str, ...] = ()
     if_not_exists: bool = False
     as_query: exp.Expression | None = None
+    stream: StreamSpec | None = None  # APPEND ONLY / WATERMARK (sql_frontend/event_time.py)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class CreateView:
     column_names: tuple[str, ...] | None = None
     if_not_exists: bool = False
     engine: str | None = None  # WITH (engine = 'spark'|'duckdb'|'auto'); None: the database's setting
+    late: str | None = None  # WITH (late = 'drop'|'correct'): stragglers of watermarked tables
+    emit: str | None = None  # WITH (emit = 'on_update'|'on_close'): windows published as they change or once closed
 
 
 @dataclass
@@ -211,6 +215,19 @@ def parse(sql: str) -> list[Statement]:
     source = _source_statement(sql)
     if source is not None:
         return [source]
+    sql, stream = strip_stream_clauses(sql)
+    if stream is not None:
+        statement = _parse_trees(sql)
+        if len(statement) != 1 or not isinstance(statement[0], CreateTable):
+            raise SqlSyntaxError("WATERMARK and APPEND ONLY belong to a CREATE TABLE statement")
+        if statement[0].as_query is not None:
+            raise UnsupportedError("CREATE TABLE … AS SELECT cannot be APPEND ONLY; create the table, then INSERT")
+        statement[0].stream = stream
+        return statement
+    return _parse_trees(sql)
+
+
+def _parse_trees(sql: str) -> list[Statement]:
     try:
         trees = [t for t in sqlglot.parse(sql, dialect=DIALECT) if t is not None]
     except (ParseError, TokenError) as e:
@@ -384,34 +401,55 @@ def _create_view(tree: exp.Create) -> CreateView:
     query = tree.expression
     if not isinstance(query, QUERY_TYPES) or isinstance(query, exp.Describe):
         raise SqlSyntaxError("CREATE MATERIALIZED VIEW needs AS SELECT ...")
+    options = _view_options(tree)
     return CreateView(
         name=normalize_name(target),
         query=query,
         sql=query.sql(DIALECT),
         column_names=column_names,
         if_not_exists=bool(tree.args.get("exists")),
-        engine=_view_engine(tree),
+        engine=options.get("engine"),
+        late=options.get("late"),
+        emit=options.get("emit"),
     )
 
 
 VIEW_ENGINES = ("auto", "duckdb", "spark")
+# Options of CREATE MATERIALIZED VIEW … WITH (name = 'value') besides engine.
+VIEW_OPTIONS = {"late": ("drop", "correct"), "emit": ("on_update", "on_close")}
 
 
-def _view_engine(tree: exp.Create) -> str | None:
-    """The ``WITH (engine = '...')`` option of CREATE MATERIALIZED VIEW; other options are refused."""
+def _view_options(tree: exp.Create) -> dict[str, str]:
+    """The ``WITH (engine = '...', late = '...')`` options of CREATE MATERIALIZED VIEW; others are refused."""
     properties = tree.args.get("properties")
-    engine = None
+    options: dict[str, str] = {}
     for prop in properties.expressions if properties is not None else []:
-        if isinstance(prop, exp.MaterializedProperty):
+        if isinstance(prop, exp.Property) and prop.name.lower() in VIEW_OPTIONS:
+            name, allowed = prop.name.lower(), VIEW_OPTIONS[prop.name.lower()]
+            value = prop.args.get("value")
+            text = value.name.lower() if isinstance(value, (exp.Literal, exp.Identifier, exp.Var, exp.Column)) else ""
+            if text not in allowed:
+                shown = value.sql(DIALECT) if value is not None else "nothing"
+                raise UnsupportedError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {shown}")
+            options[name] = text
             continue
-        if isinstance(prop, exp.EngineProperty):
-            value = prop.this.name.lower() if isinstance(prop.this, (exp.Literal, exp.Identifier, exp.Var)) else ""
-            if value not in VIEW_ENGINES:
-                raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {prop.this.sql(DIALECT)}")
-            engine = value
-            continue
-        raise UnsupportedError(f"materialized view option {prop.sql(DIALECT)} is not supported (only engine = ...)")
-    return engine
+        engine = _view_engine(prop)
+        if engine is not None:
+            options["engine"] = engine
+    return options
+
+
+def _view_engine(prop: exp.Expression) -> str | None:
+    """``engine = '...'``; None for the MATERIALIZED marker; anything else is refused."""
+    if isinstance(prop, exp.MaterializedProperty):
+        return None
+    if isinstance(prop, exp.EngineProperty):
+        value = prop.this.name.lower() if isinstance(prop.this, (exp.Literal, exp.Identifier, exp.Var)) else ""
+        if value not in VIEW_ENGINES:
+            raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {prop.this.sql(DIALECT)}")
+        return value
+    raise UnsupportedError(f"materialized view option {prop.sql(DIALECT)} is not supported "
+                           "(only engine = ..., late = ... and emit = ...)")
 
 
 def _drop(tree: exp.Drop) -> Drop:

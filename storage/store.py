@@ -21,6 +21,9 @@ from storage.relation import Relation
 class Snapshot:
     relations: Mapping[str, Relation] = field(default_factory=lambda: MappingProxyType({}))
     offset: int = 0
+    # Counts that belong to this offset and are stored with it (e.g. "late:bids",
+    # the late events of a stream): checkpoints write them, recovery reads them.
+    counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def __getitem__(self, name: str) -> Relation:
         try:
@@ -38,7 +41,16 @@ class Snapshot:
                 relations.pop(name, None)
             else:
                 relations[name] = relation
-        return Snapshot(MappingProxyType(relations), self.offset if offset is None else offset)
+        return Snapshot(MappingProxyType(relations), self.offset if offset is None else offset, self.counters)
+
+    def with_counts(self, added: Mapping[str, int]) -> "Snapshot":
+        """The snapshot with ``added`` summed into its counters."""
+        if not added:
+            return self
+        counters = dict(self.counters)
+        for name, n in added.items():
+            counters[name] = counters.get(name, 0) + n
+        return Snapshot(self.relations, self.offset, MappingProxyType(counters))
 
 
 class Store:

@@ -239,7 +239,7 @@ def test_status_checkpoint_and_compaction(tmp_path):
     table = db.sql("SHOW STATUS")
     assert table.column_names == ["name", "kind", "rows", "stored_offset", "published_offset", "log_head",
                                   "lag_changes", "lag_seconds", "stored_bytes", "buffer_rows", "status",
-                                  "maintenance", "engine"]
+                                  "maintenance", "engine", "watermark"]
     head = db.offset
     assert db.sql("CHECKPOINT").to_pylist() == [{"offset": head}]
     result = db.sql("COMPACT").to_pylist()[0]
