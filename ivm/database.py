@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, SqlSyntaxError, UnknownObjectError,
+from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, UnknownObjectError,
                                  UnsupportedError)
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
@@ -56,7 +56,6 @@ from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
 from ivm.event_time import view_query
 from ivm.maintenance import check_mode
-from storage.view_history import DEFAULT_RETAIN_ROWS
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
 

@@ -40,7 +40,7 @@ from ivm.event_time import (Watermarks, check_retained_reads, closed_windows, dr
                             late_counter, max_event_us, on_time_batch, on_time_name, view_query, watermark_batch,
                             watermark_name)
 from ivm.executor import Executor, RowChanges, StepRunner
-from ivm.maintenance import CostModel, check_mode, recompute, source_rows
+from ivm.maintenance import check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
