@@ -103,17 +103,39 @@ def recompute_times(native: duckdb.DuckDBPyConnection, sql: str, repeats: int) -
     return times
 
 
-def run_view(data: dict[str, pa.Table], rows: int, view: str, batches: int, batch_size: int, seed: int) -> dict:
-    """One database holding one view: per-batch cost = ingest + that view's maintenance."""
-    customers = data["customers"].num_rows
+def database_with_view(data: dict[str, pa.Table], view: str, sql: str) -> tuple[ivm.Database, float]:
+    """An in-memory database loaded with ``data`` and holding one view; also the seconds CREATE took."""
     db = ivm.connect()
     for statement in SCHEMA:
         db.execute(statement)
     for name in ("nations", "customers", "orders"):
         db.apply_changes(name, data[name])
     start = time.perf_counter()
-    db.execute(f"CREATE MATERIALIZED VIEW {view} AS {VIEWS[view]}")
-    create = time.perf_counter() - start
+    db.execute(f"CREATE MATERIALIZED VIEW {view} AS {sql}")
+    return db, time.perf_counter() - start
+
+
+def recompute_and_check(db: ivm.Database, view: str, sql: str, repeats: int) -> tuple[list[float], bool]:
+    """Close ``db`` after timing DuckDB recomputing ``sql`` over the same rows and comparing it with the view.
+
+    The recompute runs in the same process and run, over native DuckDB tables
+    holding the tables' current rows, so the ratio compares like with like.
+    """
+    native = duckdb.connect()
+    for name in ("nations", "customers", "orders"):
+        current = db.sql(f"SELECT * FROM {name}")  # noqa: F841  (read by DuckDB)
+        native.execute(f"CREATE TABLE {name} AS SELECT * FROM current")
+    recompute = recompute_times(native, sql, repeats=repeats)
+    equal = _equal(db.sql(f"SELECT * FROM {view}"), native.sql(sql).to_arrow_table())
+    db.close()
+    native.close()
+    return recompute, equal
+
+
+def run_view(data: dict[str, pa.Table], rows: int, view: str, batches: int, batch_size: int, seed: int) -> dict:
+    """One database holding one view: per-batch cost = ingest + that view's maintenance."""
+    customers = data["customers"].num_rows
+    db, create = database_with_view(data, view, VIEWS[view])
 
     rng = np.random.default_rng(seed)  # the same change stream for every view
     next_id = rows
@@ -125,15 +147,7 @@ def run_view(data: dict[str, pa.Table], rows: int, view: str, batches: int, batc
         db.apply_changes("orders", batch)
         latencies.append(time.perf_counter() - start)
 
-    # Recompute in the same run, over native DuckDB tables holding the same rows.
-    native = duckdb.connect()
-    for name in ("nations", "customers", "orders"):
-        current = db.sql(f"SELECT * FROM {name}")  # noqa: F841  (read by DuckDB)
-        native.execute(f"CREATE TABLE {name} AS SELECT * FROM current")
-    recompute = recompute_times(native, VIEWS[view], repeats=max(5, batches // 4))
-    equal = _equal(db.sql(f"SELECT * FROM {view}"), native.sql(VIEWS[view]).to_arrow_table())
-    db.close()
-    native.close()
+    recompute, equal = recompute_and_check(db, view, VIEWS[view], repeats=max(5, batches // 4))
     median = statistics.median(latencies) * 1000
     recompute_median = statistics.median(recompute) * 1000
     return {
@@ -169,6 +183,15 @@ def _equal(got: pa.Table, want: pa.Table) -> bool:
     return True
 
 
+def write_results(out: Path, name: str, results: list[dict], table: str) -> None:
+    """Print the Markdown table and keep it, with the raw results and the machine, as ``out/name.{md,json}``."""
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": platform.platform(), "python": platform.python_version(), "duckdb": duckdb.__version__}
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    (out / f"{name}.md").write_text(table + "\n")
+
+
 def report(results: list[dict]) -> str:
     lines = [
         "| rows | view | ivm per batch median (ms) | p95 (ms) | recompute median (ms) | ratio | equal to recompute | create view (s) |",
@@ -191,13 +214,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     results = [r for rows in args.rows for r in run_size(rows, args.batches, args.batch_size, args.seed)]
-    text = report(results)
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.platform(), "python": platform.python_version(), "duckdb": duckdb.__version__}
-    (out / "core.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    (out / "core.md").write_text(text + "\n")
+    write_results(Path(args.out), "core", results, report(results))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ of the input) every few batches.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 import ivm
-from bench.core import SCHEMA, _equal, change_batch, generate, percentile, recompute_times
+from bench.core import (change_batch, database_with_view, generate, percentile, recompute_and_check,
+                        write_results)
 
 VIEWS = {
     "top10": "SELECT id, cust, amount FROM orders ORDER BY amount DESC, id LIMIT 10",
@@ -51,14 +50,7 @@ def drain_batch(db: ivm.Database, size: int) -> pa.Table:
 
 def run_view(data: dict[str, pa.Table], rows: int, view: str, batches: int, batch_size: int, seed: int) -> dict:
     customers = data["customers"].num_rows
-    db = ivm.connect()
-    for statement in SCHEMA:
-        db.execute(statement)
-    for name in ("nations", "customers", "orders"):
-        db.apply_changes(name, data[name])
-    start = time.perf_counter()
-    db.execute(f"CREATE MATERIALIZED VIEW {view} AS {VIEWS[view]}")
-    create = time.perf_counter() - start
+    db, create = database_with_view(data, view, VIEWS[view])
     rng = np.random.default_rng(seed)
     next_id, deleted, latencies = rows, set(), []
     for _ in range(batches):
@@ -69,14 +61,7 @@ def run_view(data: dict[str, pa.Table], rows: int, view: str, batches: int, batc
         start = time.perf_counter()
         db.apply_changes("orders", batch, on_missing_delete="ignore")
         latencies.append(time.perf_counter() - start)
-    native = duckdb.connect()
-    for name in ("nations", "customers", "orders"):
-        current = db.sql(f"SELECT * FROM {name}")  # noqa: F841  (read by DuckDB)
-        native.execute(f"CREATE TABLE {name} AS SELECT * FROM current")
-    recompute = recompute_times(native, VIEWS[view], repeats=max(5, batches // 4))
-    equal = _equal(db.sql(f"SELECT * FROM {view}"), native.sql(VIEWS[view]).to_arrow_table())
-    db.close()
-    native.close()
+    recompute, equal = recompute_and_check(db, view, VIEWS[view], repeats=max(5, batches // 4))
     median, recompute_median = statistics.median(latencies) * 1000, statistics.median(recompute) * 1000
     return {
         "rows": rows, "view": view, "batch_size": 20 if view == "top10_drain" else batch_size, "batches": batches,
@@ -110,13 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     data = generate(duckdb.connect(), args.rows)
     results = [run_view(data, args.rows, v, args.batches, args.batch_size, args.seed) for v in args.views]
-    text = report(results)
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.platform(), "python": platform.python_version(), "duckdb": duckdb.__version__}
-    (out / "ordered.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    (out / "ordered.md").write_text(text + "\n")
+    write_results(Path(args.out), "ordered", results, report(results))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,14 @@ def spark_conf():
 
     session(SPARK_TEST_CONF)
     return dict(SPARK_TEST_CONF)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put every Spark test in one xdist group, so the suite starts one SparkSession.
+
+    ``./dev test`` runs two workers with ``--dist loadgroup``; without xdist
+    the mark is inert.
+    """
+    for item in items:
+        if "spark" in item.nodeid.lower():
+            item.add_marker(pytest.mark.xdist_group("spark"))

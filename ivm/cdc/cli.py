@@ -7,14 +7,23 @@ import json
 import sys
 
 
+def _connect(data: str):
+    """The database at ``data``, or None after saying why it cannot be opened."""
+    import ivm
+
+    try:
+        return ivm.connect(data)
+    except ivm.IvmError as e:
+        print(f"ivm: {e}", file=sys.stderr)
+        return None
+
+
 def ingest_debezium(args: argparse.Namespace) -> int:
     import ivm
     from ivm.cdc import debezium
 
-    try:
-        db = ivm.connect(args.data)
-    except ivm.IvmError as e:
-        print(f"ivm: {e}", file=sys.stderr)
+    db = _connect(args.data)
+    if db is None:
         return 1
     with db:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
@@ -44,10 +53,8 @@ def replicate(args: argparse.Namespace) -> int:
     import ivm
     from ivm.cdc.postgres import Replicator, SourceConfig
 
-    try:
-        db = ivm.connect(args.data)
-    except ivm.IvmError as e:
-        print(f"ivm: {e}", file=sys.stderr)
+    db = _connect(args.data)
+    if db is None:
         return 1
     name = args.name or f"pg_{args.publication}"
     config = SourceConfig(name, args.dsn, args.publication, args.slot or f"ivm_{args.publication}")

@@ -61,12 +61,14 @@ PLANS = {"fast": _fast, "ingest_and_maintenance": _ingest_and_maintenance, "chec
          "compaction": _compaction}
 
 
-def _run(tmp_path, plan: str, seed: int) -> list[dict]:
+def _run(request, tmp_path, plan: str, seed: int) -> list[dict]:
     kills = PLANS[plan]()
-    before = sum(KILLS.values())
+    before = KILLS.copy()
     statuses = crash_cycles(tmp_path, kills, seed=seed)
+    delivered = KILLS - before
     assert len(statuses) == len(kills)  # every cycle ended in a SIGKILL and a verified reopen
-    assert sum(KILLS.values()) - before == len(kills)
+    assert sum(delivered.values()) == len(kills)
+    request.node.user_properties.append(("crash_kills", dict(delivered)))  # summed in conftest.py
     return statuses
 
 
@@ -79,23 +81,23 @@ def test_the_plan_kills_at_least_50_times():
     assert sum(1 for k in kills if k.hook is None and k.compact_every) >= 3  # random moments while compacting
 
 
-def test_a_few_kills(tmp_path):
-    statuses = _run(tmp_path, "fast", seed=1)
+def test_a_few_kills(request, tmp_path):
+    statuses = _run(request, tmp_path, "fast", seed=1)
     assert any(s["log_truncations"] for s in statuses)  # the torn record was found and cut
 
 
 @pytest.mark.slow
-def test_kills_during_ingest_and_maintenance(tmp_path):
-    statuses = _run(tmp_path, "ingest_and_maintenance", seed=2)
+def test_kills_during_ingest_and_maintenance(request, tmp_path):
+    statuses = _run(request, tmp_path, "ingest_and_maintenance", seed=2)
     assert sum(bool(s["log_truncations"]) for s in statuses) >= 4
     assert sum(s["recovered_records"] for s in statuses) > 0  # recovery replayed the log
 
 
 @pytest.mark.slow
-def test_kills_during_checkpoints(tmp_path):
-    _run(tmp_path, "checkpoints", seed=3)
+def test_kills_during_checkpoints(request, tmp_path):
+    _run(request, tmp_path, "checkpoints", seed=3)
 
 
 @pytest.mark.slow
-def test_kills_during_compaction(tmp_path):
-    _run(tmp_path, "compaction", seed=4)
+def test_kills_during_compaction(request, tmp_path):
+    _run(request, tmp_path, "compaction", seed=4)
