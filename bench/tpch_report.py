@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ivm.maintenance import RECOMPUTE_MARGIN
 from bench.tpch_run import ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
 
 SLOWER = "slower incrementally"
@@ -57,6 +58,16 @@ def _ms(seconds: float) -> str:
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
 
 
+def why_path(view: ViewResult, inc: float | None, rec: float | None) -> str:
+    """Why the engine kept (or left) the incremental path for a view slower than DuckDB's recompute."""
+    if view.paths.get("recompute"):
+        return ": the engine switched it to recompute"
+    if inc is not None and rec is not None and inc <= RECOMPUTE_MARGIN * rec:
+        return (": the engine's own recompute (which rebuilds operator state, not only the SELECT) "
+                "is estimated dearer per call, so it stays incremental")
+    return ""
+
+
 def view_table(result: ScaleResult) -> list[str]:
     spark = any(v.spark for v in result.views.values())
     lines = ["| view | ivm median ms | p95 | p99 | recompute median ms | speedup | engine chose | "
@@ -67,11 +78,11 @@ def view_table(result: ScaleResult) -> list[str]:
             continue
         factor = speedup(view)
         note = []
+        inc, rec = view.estimates.get("incremental"), view.estimates.get("recompute")
         if factor < 1:
-            note.append(SLOWER)
+            note.append(SLOWER + why_path(view, inc, rec))
         if view.problem:
             note.append("WRONG RESULT")
-        inc, rec = view.estimates.get("incremental"), view.estimates.get("recompute")
         estimates = f"{_ms(inc) if inc is not None else '-'} / {_ms(rec) if rec is not None else '-'}"
         lines.append(
             f"| {view.label} | {_ms(statistics.median(view.ivm))} | {_ms(percentile(view.ivm, 95))} | "
