@@ -297,6 +297,9 @@ class IvmFlightServer(fl.FlightServerBase):
                 result = self.results.take(handle)
             except NotFound:
                 result = None
+            # Acknowledged writes may not be published yet (a durable database folds
+            # them in the background): wait for them before comparing versions.
+            self.db.offset
             if result is not None and version == self.db.version:
                 return result
         if statement.parameters == 0:
@@ -305,7 +308,7 @@ class IvmFlightServer(fl.FlightServerBase):
             raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s); none were bound")
         if bound.num_rows != 1:
             raise InvalidArgument(f"a query takes one row of parameters, not {bound.num_rows}")
-        return self.db.sql(params.bind(statement.sql, bound, 0))
+        return self.db.bound_query(params.numbered(statement.sql), params.bind(statement.sql, bound, 0))
 
     def _update_prepared(self, statement: Prepared, values: pa.Table) -> int:
         if statement.parameters == 0:

@@ -32,10 +32,10 @@ import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError
 from delta_operators.zset import POS, RUN, WEIGHT
-from ivm import duck
+from ivm import duck, keyed_once
 from ivm.binder import quote
 from ivm.catalog import TableDef
-from storage.keys import KeyCoder
+from storage.keys import KeyCoder, sorted_unique
 from storage.relation import Relation
 
 OP = "__op"
@@ -198,14 +198,19 @@ class ChangeApplier:
         identity = table.identity
         rows = batch.num_rows
         codes = self.coder.codes(batch, identity)
-        unique = len(np.unique(codes)) == len(codes)
+        unique = len(sorted_unique(codes)) == len(codes)
         if table.primary_key and not unique and _last_wins(batch, policy):
             last = _last_per_key(batch, codes, table.primary_key)
             if last is not None:
                 batch, codes, unique = batch.take(last), codes[last], True
         existing = relation.lookup(identity, codes, positions=True)
         try:
-            if table.primary_key and unique:
+            if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
+                # An integer key is its own code: no collisions, matched in numpy.
+                result = keyed_once.convert(table.column_names, table.primary_key[0], batch, codes, existing,
+                                            policy, self.coder)
+                self._raise_errors(table, result)
+            elif table.primary_key and unique:
                 # Every key once (the usual batch): no ordering within keys to resolve.
                 # Equal codes may be a collision of different keys; those take the
                 # general path, which is never wrong, only slower.

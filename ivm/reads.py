@@ -66,6 +66,30 @@ def visible(relation: Relation, may_repeat: bool) -> pa.Table:
 
 
 IDLE_CURSORS = 16
+COMPUTE_ONCE_ROWS = 200_000  # state rows up to which a computed view's rows are kept per version
+
+
+def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: list[Relation]) -> pa.Table:
+    """The rows of a view without stored output over these state versions, computed once per version.
+
+    Kept in the first state relation's cache (released with that version),
+    keyed by the view and the very objects of the other states. ``cursor``
+    has every state registered under its scan name.
+    """
+    key = ("computed", view.name, id(view))
+    first, others = states[0], tuple(states[1:])
+    with first._cache_lock:
+        cached = first._cache.get(key)
+    if cached is not None and cached[0] is view and len(cached[1]) == len(others) \
+            and all(a is b for a, b in zip(cached[1], others)):
+        return cached[2]
+    try:
+        rows = duck.arrow(cursor, view.read_text())
+    except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
+        raise ExecutionError(duckdb_message(e)) from None
+    with first._cache_lock:
+        first._cache[key] = (view, others, rows)
+    return rows
 
 
 def failed_view_error(name: str, failed: str) -> ExecutionError:
@@ -127,18 +151,11 @@ class Reader:
 
     def relations_in(self, expression: exp.Expression) -> list[str]:
         """Catalog relations a query names; unknown plain names are errors."""
-        ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
-        names: list[str] = []
-        for table in expression.find_all(exp.Table):
-            if not isinstance(table.this, exp.Identifier) or table.args.get("db"):
-                continue
-            name = normalize_name(table.this)
-            if name in ctes or name in names:
-                continue
+        names = _named_relations(expression)
+        for name in names:
             if not self.engine.catalog.exists(name):
                 raise UnknownObjectError(f"table or view {name} does not exist")
-            names.append(name)
-        return names
+        return list(names)
 
     def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                  names: list[str], snapshot: Snapshot) -> None:
@@ -160,24 +177,41 @@ class Reader:
             previous = registered.get(name)
             if previous is relation:
                 continue
-            if previous is not None and not isinstance(previous, Relation):
-                cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")  # it was computed on read
+            if previous is not None and not isinstance(previous, (Relation, pa.Table)):
+                cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")  # it was computed on read over its state
             cursor.register(name, visible(relation, not definition.is_set))
             registered[name] = relation
 
     def _register_computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                            view: "ViewDef", snapshot: Snapshot) -> None:
-        """A view without stored output: a DuckDB view over its operator state."""
+        """A view without stored output: its rows computed from its operator state.
+
+        Small states: the rows are computed once per state version and kept
+        with that version (``computed_rows``), so the reads between two
+        changes (e.g. lookups while ingesting) scan a plain table instead of
+        planning the view's expressions again on every read: a 1-row lookup
+        in a 1,000-group aggregate took 1.1 ms of DuckDB CPU over the state,
+        0.56 ms over the computed rows. Large states: a DuckDB view over the
+        state, so a selective read does not pay for computing every row.
+        """
         _, scans = view.read_sql()
-        for relation_name in scans:
-            scan = scan_name(relation_name)
-            relation = snapshot[relation_name]
+        states = [snapshot[relation_name] for relation_name in sorted(scans)]
+        for relation in states:
+            scan = scan_name(relation.name)
             if registered.get(scan) is not relation:
                 cursor.register(scan, relation.table())
                 registered[scan] = relation
         previous = registered.get(view.name)
+        if sum(relation.num_rows for relation in states) <= COMPUTE_ONCE_ROWS:
+            rows = computed_rows(cursor, view, states)
+            if previous is not rows:
+                if previous is view:
+                    cursor.execute(f"DROP VIEW IF EXISTS {quote(view.name)}")  # a registration cannot replace it
+                cursor.register(view.name, rows)  # replaces a previous registration
+                registered[view.name] = rows
+            return
         if previous is not view:
-            if isinstance(previous, Relation):
+            if previous is not None:
                 cursor.unregister(view.name)
             cursor.execute(f"CREATE OR REPLACE TEMP VIEW {quote(view.name)} AS {view.read_text()}")
             registered[view.name] = view
@@ -200,6 +234,28 @@ class Reader:
         metadata = dict(table.schema.metadata or {})
         metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
         return table.replace_schema_metadata(metadata)
+
+
+def _named_relations(expression: exp.Expression) -> tuple[str, ...]:
+    """Plain table names a query reads (not its CTEs), in order; kept in the tree's meta.
+
+    Parsed queries are shared and never modified (prepared statements and
+    repeated texts reuse one tree), so walking the tree once is enough.
+    """
+    found = expression.meta_get("ivm.relations")
+    # Copies carry meta along; a copy was made while this tree lived, so its id differs.
+    if found is not None and found[0] == id(expression):
+        return found[1]
+    ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
+    names: list[str] = []
+    for table in expression.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier) or table.args.get("db"):
+            continue
+        name = normalize_name(table.this)
+        if name not in ctes and name not in names:
+            names.append(name)
+    expression.meta["ivm.relations"] = (id(expression), tuple(names))
+    return tuple(names)
 
 
 def _close(cursor: duckdb.DuckDBPyConnection) -> None:

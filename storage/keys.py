@@ -23,6 +23,23 @@ import pyarrow.compute as pc
 NULL_CODE = np.uint64(0x9E3779B97F4A7C15)  # any value works: collisions are re-checked
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` (sorted distinct values) by sorting.
+
+    numpy 2.4's ``np.unique`` goes through a hash table first: measured on
+    this machine, 27,000 codes took 2-85 ms (the table's allocation under
+    load) where sorting takes 0.5 ms, and it ran on every lookup and delete
+    of a fold (over half of a fold's CPU in the ingest benchmark).
+    """
+    values = np.sort(values)
+    if len(values) < 2:
+        return values
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
 def _is_integer(t: pa.DataType) -> bool:
     return pa.types.is_integer(t)
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from delta_operators.zset import POS, RUN
 from sql_frontend.errors import InternalError
-from storage.keys import KeyCoder
+from storage.keys import KeyCoder, sorted_unique
 
 # Below this many live rows a lookup returns the whole relation: one copy is
 # cheaper than probing, and the caller re-checks keys anyway.
@@ -186,7 +186,7 @@ class Relation:
             return self.all_rows(positions)
         if key not in self.index_keys:
             raise InternalError(f"relation {self.name} has no index on ({', '.join(key)})")
-        probes = np.unique(probe_codes)
+        probes = sorted_unique(probe_codes)
         if len(probes) == 0:
             return self._with_positions([], positions)
         live = self.num_rows
@@ -214,9 +214,9 @@ class Relation:
         """A new version without the given rows and with ``inserts`` appended."""
         runs = list(self.runs)
         if len(delete_runs):
-            for r in np.unique(delete_runs):
+            for r in sorted_unique(delete_runs):
                 run = runs[int(r)]
-                rows = np.unique(delete_rows[delete_runs == r])
+                rows = sorted_unique(delete_rows[delete_runs == r])
                 if not run.is_live(rows).all():
                     raise InternalError(f"relation {self.name}: a row was deleted twice")
                 live = (

@@ -138,3 +138,16 @@ def test_live_rows_read_as_slices_or_filtered_are_the_same(coder, dead):
     assert got.equals(expected) or got.combine_chunks().equals(expected.combine_chunks())
     sliced = len(dead) * relation_module.SLICE_RATIO <= 1000
     assert (got.column(0).num_chunks > 1) == (sliced and dead not in ([0], [999]))
+
+
+def test_sorted_unique_is_numpys_unique():
+    import numpy as np
+
+    from storage.keys import sorted_unique
+
+    rng = np.random.default_rng(3)
+    for values in (np.empty(0, np.uint64), np.array([5], np.uint64), rng.integers(0, 50, 1000).astype(np.uint64),
+                   rng.integers(0, 2**63, 300).astype(np.uint64), np.array([3, 1, 3, 2, 1], np.int64)):
+        got = sorted_unique(values)
+        assert got.dtype == values.dtype
+        assert np.array_equal(got, np.unique(values))

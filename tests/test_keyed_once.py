@@ -1,0 +1,87 @@
+"""The Arrow conversion of batches naming each key once (ivm/keyed_once.py) against DuckDB's (ivm/changes.py)."""
+
+import decimal
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import ivm
+from delta_operators.zset import WEIGHT
+from ivm import keyed_once
+from sql_frontend.errors import ChangeError
+from tests.oracle.compare import multiset_diff
+
+COLUMNS = "id INTEGER PRIMARY KEY, x DOUBLE, s VARCHAR, d DECIMAL(9, 2), t TIMESTAMP"
+XS = [None, 0.0, -0.0, float("nan"), 1.5, float("inf")]
+SS = [None, "", "a", "b"]
+DS = [None, decimal.Decimal("1.10"), decimal.Decimal("-2.00")]
+
+
+def rows(rng: random.Random, ids: list[int], ops: list[str]) -> pa.Table:
+    n = len(ids)
+    return pa.table({
+        "id": pa.array(ids, pa.int32()),
+        "x": pa.array([rng.choice(XS) for _ in range(n)], pa.float64()),
+        "s": pa.array([rng.choice(SS) for _ in range(n)], pa.string()),
+        "d": pa.array([rng.choice(DS) for _ in range(n)], pa.decimal128(9, 2)),
+        "t": pa.array([rng.choice([None, 0, 10**12]) for _ in range(n)], pa.timestamp("us")),
+        "__op": pa.array(ops, pa.string()),
+    })
+
+
+def both(db, batch: pa.Table, policy: str):
+    engine = db._engine
+    definition = engine.catalog.table("t")
+    relation = engine.store.snapshot["t"]
+    worker = engine.small
+    schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+    normalized = worker.normalizer.normalize(definition, schema, batch)
+    codes = worker.coder.codes(normalized, definition.identity)
+    existing = relation.lookup(definition.identity, codes, positions=True)
+    assert keyed_once.applies(definition.primary_key, normalized.schema)
+    def arrow():
+        result = keyed_once.convert(definition.column_names, "id", normalized, codes, existing, policy, worker.coder)
+        worker.applier._raise_errors(definition, result)  # as ChangeApplier.apply does
+        return result
+
+    outcomes = []
+    for run in (lambda: worker.applier._keyed_once(definition, normalized, existing, policy), arrow):
+        try:
+            outcomes.append(run())
+        except ChangeError as e:
+            outcomes.append(str(e))
+    return outcomes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_arrow_conversion_returns_duckdbs_rows(seed):
+    rng = random.Random(seed)
+    with ivm.connect() as db:
+        db.execute(f"CREATE TABLE t ({COLUMNS})")
+        stored = rng.sample(range(40), 25)
+        db.apply_changes("t", rows(rng, stored, ["c"] * len(stored)))
+        for step in range(6):
+            ids = rng.sample(range(50), rng.randint(1, 20))
+            ops = [rng.choice("cudr") if step % 2 else rng.choice("udr") for _ in ids]
+            batch = rows(rng, ids, ops)
+            if step % 3 == 0:  # re-send stored rows unchanged: no change for those keys
+                same = db.sql("SELECT * FROM t ORDER BY id LIMIT 5").append_column("__op", pa.array(["u"] * 5))
+                batch = pa.concat_tables([batch.filter(pa.array([i not in same.column("id").to_pylist()
+                                                                  for i in ids])), same.cast(batch.schema)])
+            for policy in ("error", "ignore"):
+                duck_rows, arrow_rows = both(db, batch, policy)
+                if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
+                    assert duck_rows == arrow_rows
+                    continue
+                assert multiset_diff(arrow_rows, duck_rows.cast(arrow_rows.schema)) is None, (seed, step, policy)
+            db.apply_changes("t", batch, on_missing_delete="ignore") if "c" not in ops else None
+
+
+def test_integer_keys_with_comparable_columns_only():
+    schema = pa.schema([("id", pa.int64()), ("v", pa.list_(pa.int64()))])
+    assert not keyed_once.applies(("id",), schema)
+    assert not keyed_once.applies(("v",), pa.schema([("v", pa.string())]))
+    assert not keyed_once.applies(("a", "b"), pa.schema([("a", pa.int64()), ("b", pa.int64())]))
+    assert keyed_once.applies(("id",), pa.schema([("id", pa.int16()), ("s", pa.string())]))

@@ -1,0 +1,72 @@
+"""Reads of views without stored output (ivm/reads.py): rows computed once per state version."""
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import ivm
+from ivm import reads
+from tests.oracle.compare import multiset_diff
+
+VIEW = "SELECT grp, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY grp"
+
+
+@pytest.fixture
+def db():
+    with ivm.connect() as database:
+        database.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, grp BIGINT, x DOUBLE);"
+                         f"CREATE MATERIALIZED VIEW v AS {VIEW}")
+        yield database
+
+
+def changes(ids, grps, xs, op="u"):
+    return pa.table({"id": pa.array(ids, pa.int64()), "grp": pa.array(grps, pa.int64()),
+                     "x": pa.array(xs, pa.float64()), "__op": [op] * len(ids)})
+
+
+def recompute(db) -> pa.Table:
+    con = duckdb.connect()
+    con.register("t", db.sql("SELECT * FROM t"))
+    return con.sql(VIEW).to_arrow_table()
+
+
+def test_reads_between_two_changes_reuse_the_rows_computed_for_that_version(db):
+    assert not db._engine.catalog.views["v"].stored_output  # computed from its aggregate state
+    db.apply_changes("t", changes([1, 2, 3], [1, 1, 2], [1.0, 2.0, None]))
+    first = db.sql("SELECT * FROM v")
+    assert multiset_diff(first, recompute(db)) is None
+    state = next(r for name, r in db._engine.store.snapshot.relations.items() if name.startswith("v."))
+    cached = [value for key, value in state._cache.items() if key[:2] == ("computed", "v")]
+    assert len(cached) == 1
+    assert db.sql("SELECT * FROM v WHERE grp = 1").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
+    assert [value for key, value in state._cache.items() if key[:2] == ("computed", "v")] == cached
+    db.apply_changes("t", changes([2, 4], [2, 3], [5.0, 7.0]))  # a row moves to group 2; group 3 appears
+    assert db.sql("SELECT * FROM v WHERE grp = 1").to_pylist() == [{"grp": 1, "n": 1, "s": 1.0}]
+    assert multiset_diff(db.sql("SELECT * FROM v"), recompute(db)) is None
+
+
+def test_a_cursor_switches_between_computed_rows_and_a_view_over_large_state(db, monkeypatch):
+    expected = []
+    for step in range(6):
+        # Alternate the threshold so the same pooled cursor goes from a registered
+        # table to a DuckDB view over the state and back (each must replace the other).
+        monkeypatch.setattr(reads, "COMPUTE_ONCE_ROWS", 0 if step % 2 else 10**9)
+        db.apply_changes("t", changes([step, step + 10], [step % 3, 5], [float(step), 1.0]))
+        got = db.sql("SELECT * FROM v")
+        assert multiset_diff(got, recompute(db)) is None, step
+        expected.append(got.num_rows)
+    db.execute("DELETE FROM t WHERE grp = 5")
+    assert db.sql("SELECT COUNT(*) AS c FROM v WHERE grp = 5").to_pylist() == [{"c": 0}]
+    assert multiset_diff(db.sql("SELECT * FROM v"), recompute(db)) is None
+
+
+def test_a_bound_query_reads_like_the_same_text(db):
+    db.apply_changes("t", changes([1, 2, 3], [1, 1, 2], [1.0, 2.0, 4.0]))
+    template = "SELECT * FROM v WHERE grp = $1 "
+    assert db.bound_query(template, "SELECT * FROM v WHERE grp = 1").to_pylist() == \
+        db.sql("SELECT * FROM v WHERE grp = 1").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
+    # Anything but one query (here two) takes the ordinary path.
+    assert db.bound_query("SELECT $1 ; SELECT * FROM v WHERE grp = $2 ",
+                          "SELECT 1; SELECT * FROM v WHERE grp = 2").to_pylist() == [{"grp": 2, "n": 1, "s": 4.0}]
+    with pytest.raises(ivm.UnknownObjectError, match="nope"):
+        db.bound_query("SELECT * FROM nope WHERE a = $1 ", "SELECT * FROM nope WHERE a = 1")
