@@ -17,6 +17,7 @@ from sql_frontend.plan import Column, ViewPlan, is_set_valued
 from sql_frontend.plan_sql import render
 from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
+from delta_operators.prune import read_columns
 from ivm.binder import Binder
 from ivm.maintenance import CostModel
 
@@ -69,6 +70,13 @@ class ViewDef:
     closed: object = None  # event_time.ClosedWindows: state that closed windows no longer need
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
+    _reads: dict[str, frozenset[str] | None] | None = field(default=None, repr=False)
+
+    def reads(self, source: str) -> frozenset[str] | None:
+        """The columns of ``source`` the view reads (None: maybe all; delta_operators/prune.py)."""
+        if self._reads is None:
+            self._reads = read_columns(self.plan)
+        return self._reads.get(source)
 
     @property
     def columns(self) -> tuple[Column, ...]:

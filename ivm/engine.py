@@ -21,6 +21,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sqlglot import exp
 
@@ -30,6 +31,7 @@ from sql_frontend.planner import plan_view
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program
+from delta_operators.prune import prune_template
 from delta_operators.zset import WEIGHT
 from ivm import duck
 from ivm.binder import Binder, quote
@@ -505,14 +507,17 @@ class Engine:
         all_changes: list[RowChanges] = []
         recomputed: dict[str, Relation] = {}  # state relations of views recomputed in this batch
         stored_new = frozenset(deltas)
+        pruned: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # shared by views reading the same columns
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
             if isolate and self._skip_failed(view):
                 continue
-            changed = frozenset(s for s in view.sources if s in deltas and deltas[s].num_rows)
+            seen = {s: self._pruned(view, s, deltas[s], snapshot, pruned, worker)
+                    for s in view.sources if s in deltas and deltas[s].num_rows}
+            changed = frozenset(s for s, d in seen.items() if d.num_rows)
             if not changed:
                 continue
-            rows = sum(deltas[s].num_rows for s in changed)
+            rows = sum(seen[s].num_rows for s in changed)
             sizes = source_rows(snapshot, view) if self.settings.maintenance != "incremental" else 0
             path = view.cost.choose(self.settings.maintenance, rows, sizes)
             started = time.perf_counter()
@@ -524,7 +529,7 @@ class Engine:
                 else:
                     program = view.program(changed, stored_new & changed)
                     snapshot = self._ensure_indexes(program, snapshot, worker)
-                    inputs = {delta_input(s): deltas[s] for s in changed}
+                    inputs = {delta_input(s): seen[s] for s in changed}
                     executor = self.executor_for(view, program, rows, snapshot, worker)
                     temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
                     if program.output is not None:
@@ -549,6 +554,23 @@ class Engine:
             if view.closed is not None and view.closed.stream in moved and view.name not in self.failed:
                 dropped.update(drop_closed_windows(view.closed, snapshot, worker.coder))
         return snapshot.with_changes(dropped) if dropped else snapshot
+
+    @staticmethod
+    def _pruned(view: ViewDef, source: str, delta: pa.Table, snapshot: Snapshot,
+                cache: dict[tuple[str, tuple[str, ...]], pa.Table], worker: Worker) -> pa.Table:
+        """``delta`` without the changes ``view`` cannot see (delta_operators/prune.py)."""
+        reads = view.reads(source)
+        names = delta.schema.names
+        if reads is None or len(reads) >= len(names) - 1:
+            return delta
+        weights = pc.min_max(delta.column(WEIGHT))
+        if weights["min"].as_py() > 0 or weights["max"].as_py() < 0:
+            return delta  # inserts only, or deletes only: nothing can cancel
+        columns = tuple(c for c in names if c in reads)
+        key = (source, columns)
+        if key not in cache:
+            cache[key] = worker.runner.run(prune_template(columns), delta=delta)
+        return cache[key]
 
     def _as_view_delta(self, view: ViewDef, delta: pa.Table, snapshot: Snapshot) -> pa.Table:
         """The delta in the view's own column types (Spark's may differ: BIGINT for HUGEINT...)."""

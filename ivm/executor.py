@@ -156,6 +156,10 @@ class StepRunner:
     def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
         probe = temps[step.probe]
         relation = snapshot[step.relation]
+        if not relation.runs:
+            # Nothing to find (state on a first computation or a recompute): skip
+            # coding the probe, which on those runs is a whole source.
+            return relation.lookup(step.index, np.empty(0, np.uint64), step.positions)
         if not step.index:
             if probe.num_rows == 0:
                 return relation.lookup(step.index, np.empty(0, np.uint64), step.positions).slice(0, 0)

@@ -39,6 +39,9 @@ SMALL_RELATION = 2048
 # rows / PROBE_COST the whole relation is returned instead.
 PROBE_COST = 8
 MERGE_RATIO = 2
+# A run with at most one dead row per this many rows is read as zero-copy
+# slices between its dead rows (one chunk each) rather than copied by a filter.
+SLICE_RATIO = 256
 
 
 Key = tuple[str, ...]
@@ -73,8 +76,17 @@ class Run:
         return ((self.live[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1).astype(bool)
 
     def live_table(self) -> pa.Table:
+        """The live rows; zero-copy slices between the dead rows when those are few."""
         if self.live is None:
             return self.table
+        dead = self.n_rows - self.n_live
+        if dead * SLICE_RATIO <= self.n_rows:
+            bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
+            gone = np.flatnonzero(bits == 0)
+            starts = np.concatenate([[0], gone + 1])
+            ends = np.concatenate([gone, [self.n_rows]])
+            keep = ends > starts
+            return pa.concat_tables([self.table.slice(int(a), int(b - a)) for a, b in zip(starts[keep], ends[keep])])
         mask = pa.Array.from_buffers(pa.bool_(), self.n_rows, [None, pa.py_buffer(self.live)])
         return self.table.filter(mask)
 
@@ -140,9 +152,9 @@ class Relation:
             cached = self._cache.get("table")
             if cached is None:
                 parts = [run.live_table() for run in self.runs if run.n_live]
-                cached = (
-                    pa.concat_tables(parts).combine_chunks() if parts else self.schema.empty_table()
-                )
+                # Chunked, not combined: the readers (DuckDB scans, Parquet) take chunks,
+                # and a copy of a large table per version is what made whole reads dear.
+                cached = pa.concat_tables(parts) if parts else self.schema.empty_table()
                 self._cache["table"] = cached
             return cached
 

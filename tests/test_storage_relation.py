@@ -125,6 +125,21 @@ def test_lookup_on_missing_index_is_an_internal_error(coder):
         rel.lookup(("g",), np.array([1], np.uint64))
 
 
+@pytest.mark.parametrize("dead", [[0], [5, 6, 7], [999], [0, 500, 999], list(range(0, 1000, 3))])
+def test_live_rows_read_as_slices_or_filtered_are_the_same(coder, dead):
+    """A run with few dead rows is read as zero-copy slices, with many through a filter: same rows."""
+    rows = [(i, f"g{i % 7}", i / 3) for i in range(1000)]
+    relation = Relation.empty("r", SCHEMA, ("k",)).replace_rows(np.empty(0, np.int32), np.empty(0, np.int64),
+                                                                 rows_table(rows), coder)
+    gone = np.array(dead, np.int64)
+    after = relation.replace_rows(np.zeros(len(gone), np.int32), gone, None, coder)
+    expected = rows_table([r for i, r in enumerate(rows) if i not in set(dead)])
+    got = after.table()
+    assert got.equals(expected) or got.combine_chunks().equals(expected.combine_chunks())
+    sliced = len(dead) * relation_module.SLICE_RATIO <= 1000
+    assert (got.column(0).num_chunks > 1) == (sliced and dead not in ([0], [999]))
+
+
 def test_sorted_unique_is_numpys_unique():
     import numpy as np
 

@@ -1,0 +1,125 @@
+"""Profile the TPC-H views' maintenance: CPU time and rows per program step.
+
+    python -m bench.tpch_profile --sf 0.1 --views q5,q16 --refreshes 2
+
+Loads TPC-H (cached under data/tpch like ``ivm bench tpch``), creates the
+views, runs one warm-up refresh, then times every step of every view's
+programs over ``--refreshes`` refreshes (thread CPU seconds, rows out) and
+prints, per view, the total CPU and its most expensive steps. Steps marked
+``ALL`` read a whole stored relation (a scan, or a lookup without index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+from bench import tpch
+from bench.tpch_run import ROOT, refresh_sizes, view_names
+from delta_operators.program import Lookup, Query, Stack, describe_steps, scan_name
+from ivm import executor as ex
+
+
+def _describe(step) -> str:  # noqa: ANN001
+    line = describe_steps([step])[0].strip()
+    whole = (isinstance(step, Lookup) and not step.index) or (
+        isinstance(step, Query) and any(t.name.startswith(scan_name("")) for t in step.sql.find_all(ex.exp.Table)))
+    return ("ALL " if whole else "    ") + line[:150]
+
+
+def instrument(stats: dict) -> None:
+    """Wrap StepRunner._steps_run so every top-level step is timed (by the view being run)."""
+    original_run, original_steps = ex.StepRunner.run, ex.StepRunner._steps_run
+
+    def run(self, program, inputs, snapshot, label="", progress=None):  # noqa: ANN001, ANN202
+        self._profile_label = label
+        return original_run(self, program, inputs, snapshot, label, progress)
+
+    def steps_run(self, steps, temps, snapshot, registered, label):  # noqa: ANN001, ANN202
+        for step in steps:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            original_steps(self, [step], temps, snapshot, registered, label)
+            out = getattr(step, "out", None)
+            rows = temps[out].num_rows if out in temps else 0
+            entry = stats[label][id(step)]
+            entry["what"] = entry.get("what") or _describe(step)
+            entry["cpu"] = entry.get("cpu", 0.0) + time.thread_time() - cpu
+            entry["wall"] = entry.get("wall", 0.0) + time.perf_counter() - wall
+            entry["rows"] = entry.get("rows", 0) + rows
+            entry["n"] = entry.get("n", 0) + 1
+
+    ex.StepRunner.run, ex.StepRunner._steps_run = run, steps_run
+
+
+def main() -> int:
+    import ivm
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sf", type=float, default=0.1)
+    parser.add_argument("--views", default="")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--refreshes", type=int, default=2)
+    parser.add_argument("--top", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2, help="refreshes before timing (the second prepares)")
+    parser.add_argument("--maintenance", default="incremental")
+    parser.add_argument("--cprofile", default="", help="write a cProfile of the timed refreshes here")
+    args = parser.parse_args()
+    directory = ROOT / "data" / "tpch" / f"sf{args.sf:g}"
+    tpch.generate(args.sf, directory)
+    con = tpch.reference(directory)
+    db = ivm.connect(maintenance=args.maintenance)
+    tpch.create_tables(db)
+    tpch.load(db, con)
+    queries = tpch.query_files()
+    names = view_names(args.views.split(",") if args.views else None)
+    for name in names:
+        started = time.perf_counter()
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {queries[name]}")
+        print(f"created {name} in {time.perf_counter() - started:.2f} s", flush=True)
+    refresh = tpch.Refresh(con, seed=1, **refresh_sizes(args.batch))
+
+    def one(timed: dict | None) -> float:
+        batches = refresh.batches()
+        cpu = time.thread_time()
+        for table, changes in batches:
+            db.apply_changes(table, changes)
+        spent = time.thread_time() - cpu
+        for table, changes in batches:
+            refresh.apply(table, changes)
+        return spent
+
+    for _ in range(args.warmup):
+        one(None)
+    stats: dict = defaultdict(lambda: defaultdict(dict))
+    instrument(stats)
+    profiler = None
+    if args.cprofile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    total = sum(one(stats) for _ in range(args.refreshes))
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.cprofile)
+    print(f"\nrefresh CPU total {total / args.refreshes * 1000:.0f} ms per refresh")
+    per_view = sorted(((sum(e["cpu"] for e in steps.values()), label, steps) for label, steps in stats.items()),
+                      reverse=True)
+    for cpu, label, steps in per_view:
+        print(f"\n{label}: {cpu / args.refreshes * 1000:.1f} ms CPU per refresh, "
+              f"{sum(e['n'] for e in steps.values()) / args.refreshes:.0f} steps")
+        for e in sorted(steps.values(), key=lambda e: -e["cpu"])[: args.top]:
+            print(f"  {e['cpu'] / args.refreshes * 1000:8.1f} ms {e['rows'] / args.refreshes:10.0f} rows "
+                  f"x{e['n'] / args.refreshes:.0f}  {e['what']}")
+    from tests.oracle.compare import multiset_diff
+
+    for name in names:
+        problem = multiset_diff(db.sql(f"SELECT * FROM {name}"), con.sql(queries[name]).to_arrow_table())
+        if problem:
+            print(f"MISMATCH {name}: {problem}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""Pruning a source's delta to the changes a view can see.
+
+Contract: ``read_columns(plan)`` names, per source relation, the columns the
+view reads from it (None: possibly all of them); ``prune_template(columns)``
+is a query over ``{delta}`` that keeps the delta's rows except those whose
+projection onto ``columns`` cancels out.
+
+An update of a column a view does not read (a customer's balance, for a view
+over customers' nations) arrives as ``-old +new`` with the same values in
+every column the view reads. The view's result cannot change, but without
+pruning its program joins, looks up and aggregates both rows, and the cost
+of a join can be large (one supplier row matches thousands of lineitems).
+
+Incremental rule: with P = the columns the view reads from R,
+
+    δR' = { r ∈ δR : Σ weight over δR's rows with π_P = π_P(r) ≠ 0 }
+
+π_P(δR') = π_P(δR) as Z-sets (a dropped group's weights sum to zero), and
+every rule reads a source only through π_P, so the program computes the same
+view delta from δR'. The stored relation still holds the whole change: the
+OLD/NEW conversions over π_P agree either way. A pruned delta that is empty
+means the view has nothing to do for that source.
+
+Which columns a view reads: a source read only by SPJ nodes is read through
+the columns its alias qualifies in their predicates and outputs; any other
+reader (a set operation or DISTINCT straight over the relation, an
+unqualified reference, a star) counts as reading every column.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
+from delta_operators.zset import WEIGHT
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _spj_reads(node: SPJ, alias: str) -> set[str] | None:
+    """Columns of input ``alias`` that ``node`` reads; None when it cannot tell."""
+    expressions = [e for _, e in node.outputs] + ([node.predicate] if node.predicate is not None else [])
+    names: set[str] = set()
+    for expression in expressions:
+        if any(True for _ in expression.find_all(exp.Star)):
+            return None
+        for col in expression.find_all(exp.Column):
+            if not col.table:
+                return None
+            if col.table == alias:
+                names.add(col.name)
+    return names
+
+
+def read_columns(plan: ViewPlan) -> dict[str, frozenset[str] | None]:
+    """relation -> the columns the view reads from it (None: maybe all)."""
+    readers: dict[int, list[tuple[Node, str | None]]] = {}
+    sources: list[Source] = []
+    for node in walk(plan.root):
+        if isinstance(node, Source):
+            sources.append(node)
+        if isinstance(node, SPJ):
+            for alias, child in node.inputs:
+                readers.setdefault(id(child), []).append((node, alias))
+        else:
+            for child in node.children():
+                readers.setdefault(id(child), []).append((node, None))
+    out: dict[str, frozenset[str] | None] = {}
+    for source in sources:
+        names: set[str] | None = set()
+        parents = readers.get(id(source), [])
+        if not parents or source is plan.root:
+            names = None
+        for parent, alias in parents:
+            reads = _spj_reads(parent, alias) if isinstance(parent, SPJ) and alias is not None else None
+            if reads is None:
+                names = None
+                break
+            names |= reads
+        previous = out.get(source.relation, frozenset())
+        if names is None or (source.relation in out and previous is None):
+            out[source.relation] = None
+        else:
+            out[source.relation] = frozenset(previous | names)
+    return out
+
+
+def prune_template(columns: tuple[str, ...]) -> str:
+    """Rows of ``{delta}`` outside the groups (by ``columns``) whose weights cancel."""
+    if not columns:  # the view reads no column (COUNT(*)): only the total weight matters
+        return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER () <> 0"
+    keys = ", ".join(_quote(c).replace("{", "{{").replace("}", "}}") for c in columns)
+    return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER (PARTITION BY {keys}) <> 0"
