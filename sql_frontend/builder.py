@@ -238,6 +238,9 @@ class Builder:
                 calls.append(AggCall(name=name, func=func, arg=arg_name, distinct=distinct))
                 call_of[call_node] = name
 
+        if not inner_outputs:
+            # COUNT(*) with no GROUP BY reads no column, but a SELECT needs one (and a row per input row).
+            inner_outputs.append((_unique("unit", used), exp.Literal.number(1)))
         predicate = fc.conjuncts + [fc.map(c) for c in where]
         inner = SPJ(inputs=tuple(fc.inputs), predicate=exp.and_(*predicate) if predicate else None,
                     outputs=tuple(inner_outputs))
