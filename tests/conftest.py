@@ -8,6 +8,7 @@ explores much more for local soak runs.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -48,11 +49,37 @@ def spark_conf():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Put every Spark test in one xdist group, so the suite starts one SparkSession.
+    """Schedule for two xdist workers: Spark tests in one group, long modules first.
 
-    ``./dev test`` runs two workers with ``--dist loadgroup``; without xdist
-    the mark is inert.
+    ``./dev test`` runs two workers with ``--dist loadgroup``. Every Spark
+    test is in one group, so the suite starts one SparkSession. Modules
+    holding ``slow`` tests go first (each module's own order is kept, so its
+    fixtures are built once), so the run does not end with one worker busy
+    on a long test while the other idles. Without xdist both are harmless.
     """
     for item in items:
         if "spark" in item.nodeid.lower():
             item.add_marker(pytest.mark.xdist_group("spark"))
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable: order within a module kept
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Report how many SIGKILLs the crash harness (tests/crash) delivered, and where.
+
+    Each crash test records its kills in its report's ``user_properties``,
+    which xdist carries from the workers to the controller (this hook lives
+    here, not in tests/crash/conftest.py, because the controller only loads
+    this conftest).
+    """
+    kills: Counter = Counter()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name == "crash_kills":
+                    kills.update(value)
+    if kills:
+        where = ", ".join(f"{moment}: {n}" for moment, n in sorted(kills.items()))
+        terminalreporter.write_line(f"crash harness: {sum(kills.values())} SIGKILLs, each reopen verified ({where})")
