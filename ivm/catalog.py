@@ -181,6 +181,20 @@ class Catalog:
         names = {name} | {t.name for t in self.tables.values() if t.shadow_of == name}
         return [v.name for v in self.views.values() if names & set(v.sources)]
 
+    def reads_retained(self, view: "ViewDef") -> bool:
+        """Does ``view`` read a stream whose old rows RETAIN drops (or that stream's on-time twin)?
+
+        Such a view cannot be recomputed from its sources: the dropped rows
+        still count in its windows. It is always maintained incrementally.
+        """
+        for source in view.sources:
+            table = self.tables.get(source)
+            if table is not None and table.shadow_of is not None:
+                table = self.tables.get(table.shadow_of)
+            if table is not None and table.retain_us is not None:
+                return True
+        return False
+
     def hidden(self, name: str) -> list[TableDef]:
         """The hidden twins of a watermarked table (its on-time rows, its watermark)."""
         return [t for t in self.tables.values() if t.shadow_of == name]

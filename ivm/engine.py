@@ -518,8 +518,10 @@ class Engine:
             if not changed:
                 continue
             rows = sum(seen[s].num_rows for s in changed)
-            sizes = source_rows(snapshot, view) if self.settings.maintenance != "incremental" else 0
-            path = view.cost.choose(self.settings.maintenance, rows, sizes)
+            # A view over a RETAIN stream is never recomputed: its sources no longer hold every row it counts.
+            mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
+            sizes = source_rows(snapshot, view) if mode != "incremental" else 0
+            path = view.cost.choose(mode, rows, sizes)
             started = time.perf_counter()
             try:
                 if path == "recompute":
