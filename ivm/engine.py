@@ -38,9 +38,9 @@ from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_retained_reads, closed_windows, drop_closed_windows, check_stream_table, expire_retained, hidden_defs,
-                            late_counter, max_event_us, on_time_batch, on_time_name, view_query, watermark_batch,
-                            watermark_name)
+from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, closed_windows, drop_closed_windows,
+                            expire_retained, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
+                            view_query, watermark_batch, watermark_name)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -91,6 +91,7 @@ class Prepared:
     # its one-row watermark (ivm/event_time.py)
     hidden: list["Prepared"] = field(default_factory=list)
     late: int = 0  # ... and how many of its events arrived below the watermark
+    change_table: str = ""  # the table the batch changed
 
     def counts(self) -> dict[str, int]:
         """What the batch adds to the snapshot's counters: its late events."""
@@ -103,8 +104,6 @@ class Prepared:
     def deltas(self) -> dict[str, pa.Table]:
         """Non-empty deltas of the table (and of its hidden twins)."""
         return {p.change_table: p.change.delta for p in [self, *self.hidden] if p.change.delta.num_rows}
-
-    change_table: str = ""
 
 
 # Batches above this many rows are processed by the parallel DuckDB instance.
@@ -549,8 +548,8 @@ class Engine:
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
         """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""
-        moved = {t.shadow_of for t in self.catalog.tables.values() if t.shadow_of and t.name in deltas
-                 and t.name.startswith("__wm_")}
+        moved = {t.shadow_of for t in self.catalog.tables.values()
+                 if t.shadow_of and t.name in deltas and t.name == watermark_name(t.shadow_of)}
         dropped = {}
         for view in self.catalog.views.values():
             if view.closed is not None and view.closed.stream in moved and view.name not in self.failed:
