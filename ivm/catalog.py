@@ -178,8 +178,13 @@ class Catalog:
     # --- dependencies ---------------------------------------------------------
     def readers(self, name: str) -> list[str]:
         """Views that read ``name`` directly (or the hidden table of its on-time rows)."""
-        names = {name} | {t.name for t in self.tables.values() if t.shadow_of == name}
+        names = {name} | {t.name for t in self.hidden(name)}
         return [v.name for v in self.views.values() if names & set(v.sources)]
+
+    def retained(self) -> set[str]:
+        """Streams whose old rows RETAIN drops, and their hidden twins."""
+        streams = {t.name for t in self.tables.values() if t.retain_us is not None}
+        return streams | {t.name for t in self.tables.values() if t.shadow_of in streams}
 
     def reads_retained(self, view: "ViewDef") -> bool:
         """Does ``view`` read a stream whose old rows RETAIN drops (or that stream's on-time twin)?
@@ -187,13 +192,7 @@ class Catalog:
         Such a view cannot be recomputed from its sources: the dropped rows
         still count in its windows. It is always maintained incrementally.
         """
-        for source in view.sources:
-            table = self.tables.get(source)
-            if table is not None and table.shadow_of is not None:
-                table = self.tables.get(table.shadow_of)
-            if table is not None and table.retain_us is not None:
-                return True
-        return False
+        return not self.retained().isdisjoint(view.sources)
 
     def hidden(self, name: str) -> list[TableDef]:
         """The hidden twins of a watermarked table (its on-time rows, its watermark)."""

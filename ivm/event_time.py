@@ -259,8 +259,7 @@ def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) 
 
 def check_retained_reads(view, catalog, stored_new) -> None:
     """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone)."""
-    retained = {t.name for t in catalog.tables.values() if t.retain_us is not None}
-    retained |= {t.name for t in catalog.tables.values() if t.shadow_of in retained}
+    retained = catalog.retained()
     if not retained & set(view.sources):
         return
     sources = list(view.sources)
