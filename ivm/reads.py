@@ -171,10 +171,10 @@ class Reader:
             failed = self.engine.failed.get(name)
             if failed is not None:
                 raise failed_view_error(name, failed)
-            if definition.kind == "view" and not definition.stored_output:
+            if definition.kind == "view" and not definition.stored_output and name not in snapshot:
                 self._register_computed(cursor, registered, definition, snapshot)
                 continue
-            relation = snapshot[name]
+            relation = snapshot[name]  # stored, or kept while its state is stale (ivm/recompute.py)
             previous = registered.get(name)
             if previous is relation:
                 continue
