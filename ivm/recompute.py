@@ -41,7 +41,6 @@ from delta_operators.merge import output_state
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
-from sql_frontend.plan_sql import render, to_sql
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
@@ -79,8 +78,8 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
             replaced: dict[str, "Relation | None"], worker: "Worker") -> tuple[pa.Table, dict[str, "Relation | None"]]:
     """The cheap path: (ΔV, new versions of V's relations). See the module docstring."""
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
-    tree = to_sql(view.plan.root)
-    rows = engine.reader.query(render(tree), tree, new)
+    tree, sql = view.select()
+    rows = engine.reader.query(sql, tree, new)
     rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
     rows = rows.cast(engine.binder.arrow_schema(view.columns))
     counted = _counted(view, rows, worker)
@@ -173,7 +172,7 @@ def time_select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> floa
     """Seconds DuckDB takes for the view's SELECT over ``snapshot``: the first estimate of a refresh."""
     import time
 
-    tree = to_sql(view.plan.root)
+    tree, sql = view.select()
     started = time.perf_counter()
-    engine.reader.query(render(tree), tree, snapshot)
+    engine.reader.query(sql, tree, snapshot)
     return time.perf_counter() - started
