@@ -317,9 +317,15 @@ class Engine:
 
     def _measure_refresh(self, view: ViewDef, snapshot: Snapshot) -> None:
         """First estimate of the view's refresh (ivm/maintenance.py), where auto mode may choose it."""
-        if self.settings.maintenance == "auto" and view.cost.recompute is None \
-                and not self.catalog.reads_retained(view):
-            view.cost.record_refresh(time_select(self, view, snapshot), source_rows(snapshot, view))
+        if self.settings.maintenance != "auto" or view.cost.recompute is not None \
+                or self.catalog.reads_retained(view):
+            return
+        try:
+            seconds = time_select(self, view, snapshot)
+        except Exception:  # noqa: BLE001 - a SELECT that fails here leaves the view incremental (no estimate)
+            view.cost.refresh_failed = True
+            return
+        view.cost.record_refresh(seconds, source_rows(snapshot, view))
 
     def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
         """Start the view's change history with its contents: the delta from empty."""
@@ -532,7 +538,8 @@ class Engine:
             mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
             was_stale = is_stale(snapshot, name)
             sizes = source_rows(snapshot, view) if mode != "incremental" or was_stale else 0
-            if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None:
+            if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None \
+                    and not view.cost.refresh_failed:
                 self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
             path = view.cost.choose(mode, rows, sizes, was_stale)
             started = time.perf_counter()

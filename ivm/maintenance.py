@@ -95,6 +95,7 @@ class CostModel:
     rebuilds: int = 0
     last: str = ""
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
+    refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
     _probe: bool = False  # the next batch with fresh state runs incrementally, to measure I
 
     def estimates(self, rows: int, source_rows: int) -> tuple[float | None, float | None]:
