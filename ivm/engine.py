@@ -542,6 +542,7 @@ class Engine:
                     and not view.cost.refresh_failed:
                 self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
             path = view.cost.choose(mode, rows, sizes, was_stale)
+            warmup = False
             started = time.perf_counter()
             try:
                 if path != "incremental":
@@ -553,6 +554,7 @@ class Engine:
                         stale[name] = path == "recompute"
                 else:
                     program = view.program(changed, stored_new & changed)
+                    warmup = view.cost.first_run(program)
                     snapshot = self._ensure_indexes(program, snapshot, worker)
                     inputs = {delta_input(s): seen[s] for s in changed}
                     executor = self.executor_for(view, program, rows, snapshot, worker)
@@ -565,7 +567,7 @@ class Engine:
                     raise
                 self.failed[name] = f"{type(e).__name__}: {e}"
                 continue
-            view.cost.record(path, time.perf_counter() - started, rows, sizes)
+            view.cost.record(path, time.perf_counter() - started, rows, sizes, warmup)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
         return self._drop_closed_windows(deltas, snapshot, worker)

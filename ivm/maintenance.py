@@ -16,7 +16,9 @@ TPC-H q02/q16/q22 at SF 1). A batch takes one of three paths
 Per view, a ``CostModel`` keeps estimates measured on this machine:
 
 * I, incremental: an exponentially weighted mean of the seconds per batch
-  (measured only when state is fresh), scaled up for a batch with more
+  (measured only when state is fresh, and not on a delta program's first
+  run, which prepares its statements: measured at SF 1, that run cost up to
+  10x the next and switched views that were cheaper incrementally), scaled up for a batch with more
   changed rows than usual (fixed costs dominate small batches, so a smaller
   batch is not estimated cheaper);
 * R, recompute: a weighted mean of the seconds of the refreshes (the first
@@ -95,6 +97,7 @@ class CostModel:
     rebuilds: int = 0
     last: str = ""
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
+    ran: set[int] = field(default_factory=set)  # ids of the delta programs that ran (their first run prepares)
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
     _probe: bool = False  # the next batch with fresh state runs incrementally, to measure I
 
@@ -135,10 +138,19 @@ class CostModel:
             return "recompute"
         return "incremental"
 
-    def record(self, path: str, seconds: float, rows: int, source_rows: int) -> None:
+    def first_run(self, program: object) -> bool:
+        """Is this the program's first run? It prepares its statements then: not a measurement of I."""
+        if id(program) in self.ran:
+            return False
+        self.ran.add(id(program))
+        return True
+
+    def record(self, path: str, seconds: float, rows: int, source_rows: int, warmup: bool = False) -> None:
         self.batches["incremental" if path == "incremental" else "recompute"] += 1
         self.seconds["incremental" if path == "incremental" else "recompute"] += seconds
         self.last = path
+        if path == "incremental" and warmup:
+            return
         if path == "incremental":
             self.incremental = _smooth(self.incremental, seconds)
             self.rows = _smooth(self.rows, float(rows))
