@@ -31,7 +31,8 @@ Per view, a ``CostModel`` keeps estimates measured on this machine:
 Rule (``Settings.maintenance = "auto"``), with M = RECOMPUTE_MARGIN and the
 one-off rebuild amortised over H = AMORTISE_BATCHES batches:
 
-    fresh state:  recompute   when I > M·R + B/H, else incremental
+    fresh state:  recompute   when I > M·R + B/H on SWITCH_AFTER batches in a row,
+                              else incremental
     stale state:  rebuild     when M·I + B/H < R (incremental is cheaper again,
                               rebuild included), or when the refreshes since the
                               switch cost PROBE_FACTOR × B (a probe: I is
@@ -68,6 +69,7 @@ SMOOTHING = 0.3  # weight of the newest measurement in the moving estimates
 RECOMPUTE_MARGIN = 1.5  # M: a path must look this many times cheaper before the view switches to it
 AMORTISE_BATCHES = 32  # H: the one-off rebuild counts 1/H per batch against the path that needs it
 PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refreshes costing 8 rebuilds
+SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
 REBUILD_GUESS = 10.0  # B unknown (after a reopen): the initial program measured 5-30x the SELECT
 
 
@@ -99,7 +101,8 @@ class CostModel:
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
     ran: set[int] = field(default_factory=set)  # ids of the delta programs that ran (their first run prepares)
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
-    _probe: bool = False  # the next batch with fresh state runs incrementally, to measure I
+    _probe: bool = False
+    _votes: int = 0  # consecutive fresh batches where the rule chose recompute  # the next batch with fresh state runs incrementally, to measure I
 
     def estimates(self, rows: int, source_rows: int) -> tuple[float | None, float | None]:
         """(incremental, recompute) seconds estimated for a batch of ``rows`` changed rows."""
@@ -133,10 +136,14 @@ class CostModel:
         if self._probe or incremental is None or recompute is None:
             self._probe = False
             return "incremental"
-        if incremental > RECOMPUTE_MARGIN * recompute + rebuild / AMORTISE_BATCHES:
-            self.spent = 0.0
-            return "recompute"
-        return "incremental"
+        if incremental <= RECOMPUTE_MARGIN * recompute + rebuild / AMORTISE_BATCHES:
+            self._votes = 0
+            return "incremental"
+        self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
+        if self._votes < SWITCH_AFTER:
+            return "incremental"
+        self._votes, self.spent = 0, 0.0
+        return "recompute"
 
     def first_run(self, program: object) -> bool:
         """Is this the program's first run? It prepares its statements then: not a measurement of I."""

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ivm
-from ivm.maintenance import AMORTISE_BATCHES, PROBE_FACTOR, RECOMPUTE_MARGIN, CostModel
+from ivm.maintenance import AMORTISE_BATCHES, PROBE_FACTOR, SWITCH_AFTER, CostModel
 from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
 from tests.oracle.harness import Harness, play
 
@@ -120,14 +120,17 @@ def test_choice_follows_the_estimates():
     cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1_000_000,
                      rebuild=0.320, rebuild_rows=1_000_000)
     assert cost.choose("auto", 1000, 1_000_000) == "incremental"
-    # 100x the changed rows: incremental scales up past the recompute estimate (margin and rebuild included).
-    assert cost.choose("auto", 100_000, 1_000_000) == "recompute"
+    # 100x the changed rows: incremental scales up past the recompute estimate (margin and rebuild included);
+    # the view switches when that holds on SWITCH_AFTER batches in a row.
+    assert [cost.choose("auto", 100_000, 1_000_000) for _ in range(SWITCH_AFTER)][-2:] == ["incremental", "recompute"]
     # The sources doubled: recompute is estimated twice as dear, incremental again.
     assert cost.estimates(100_000, 2_000_000)[1] == pytest.approx(0.200)
     assert cost.choose("auto", 15_000, 2_000_000) == "incremental"
     # Within the margin plus the amortised rebuild (0.15 + 0.01 s): stay incremental; past it: switch.
     assert cost.choose("auto", 15_500, 1_000_000) == "incremental"
-    assert cost.choose("auto", 16_500, 1_000_000) == "recompute"
+    assert [cost.choose("auto", 16_500, 1_000_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
+    # One slow batch between fast ones does not switch.
+    assert [cost.choose("auto", n, 1_000_000) for n in (100_000, 1000, 100_000)] == ["incremental"] * 3
     # Not measured yet: incremental. Forced modes ignore the estimates; forced incremental rebuilds stale state.
     assert CostModel(recompute=0.001, recompute_rows=1).choose("auto", 10**6, 10**9) == "incremental"
     assert cost.choose("recompute", 1, 1) == "recompute" and cost.choose("incremental", 10**9, 1) == "incremental"
@@ -152,7 +155,7 @@ def test_stale_state_goes_back_when_incremental_is_cheaper_rebuild_included():
 def test_recompute_path_probes_incremental_again():
     cost = CostModel(incremental=1.0, rows=10.0, recompute=0.01, recompute_rows=100, rebuild=0.02,
                      rebuild_rows=100)
-    assert cost.choose("auto", 10, 100) == "recompute"
+    assert [cost.choose("auto", 10, 100) for _ in range(SWITCH_AFTER)][-1] == "recompute"
     paths = []
     for _ in range(PROBE_FACTOR * 2 + 1):  # each refresh measured at 0.01 s: the probe after 8 x 0.02 s
         path = cost.choose("auto", 10, 100, stale=True)
