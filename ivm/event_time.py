@@ -33,6 +33,7 @@ from sqlglot import exp
 from sql_frontend.errors import CatalogError, ChangeError, UnsupportedError
 from sql_frontend.time_windows import expand_time_windows
 from ivm.catalog import TableDef
+from ivm.interval_join import KEEP_ALL, UNREAD
 from sql_frontend.plan import Column
 
 EPOCH = datetime(1970, 1, 1)
@@ -247,21 +248,38 @@ def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.
     return np.concatenate(runs), np.concatenate(rows)
 
 
-def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) -> None:
-    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN."""
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=None) -> None:
+    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN.
+
+    ``on_time_limit``: the on-time rows interval joins still need (ivm/interval_join.py
+    on_time_cutoff: UNREAD, KEEP_ALL or an event time); None here means UNREAD.
+    """
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
-    for version in (prepared, prepared.hidden[0]):  # the table and its on-time rows
-        runs, rows = expired_rows(version.updated, table.event_time, cutoff)
-        if len(runs):
-            version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    expire_rows(prepared, table.event_time, cutoff, coder)
+    limit = UNREAD if on_time_limit is None else on_time_limit
+    if limit is not KEEP_ALL:  # the on-time rows: what RETAIN drops, less what an interval join needs
+        expire_rows(prepared.hidden[0], table.event_time, cutoff if limit is UNREAD else min(cutoff, limit), coder)
+
+
+def expire_rows(version, column: str, cutoff_us: int, coder) -> int:
+    """Drop from a batch's new version the rows with ``column`` below the cutoff; how many went."""
+    runs, rows = expired_rows(version.updated, column, cutoff_us)
+    if len(runs):
+        version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    return len(runs)
 
 
 def check_retained_reads(view, catalog, stored_new) -> None:
-    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone)."""
+    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone).
+
+    An interval join's reads of on-time rows are bounded (ivm/interval_join.py): they stay.
+    """
     retained = catalog.retained()
     if not retained & set(view.sources):
         return
+    if view.interval is not None:
+        retained = retained - set(view.sources)
     sources = list(view.sources)
     changed_sets = [frozenset([s]) for s in sources] + [frozenset(sources)]
     for changed in changed_sets:
@@ -316,10 +334,10 @@ def closed_windows(view, query, catalog) -> ClosedWindows | None:
 
 def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
     """New versions of ``spec.relations`` without the windows closed by the snapshot's watermark."""
-    mark = snapshot[watermark_name(spec.stream)].table()
-    if mark.num_rows == 0:
+    mark = stored_watermark(snapshot, spec.stream)
+    if mark is None:
         return {}
-    cutoff = pc.cast(mark.column("wm"), pa.int64())[0].as_py() - spec.size_us + 1  # window_start + size <= W
+    cutoff = mark - spec.size_us + 1  # window_start + size <= W
     changed = {}
     for name in spec.relations:
         relation = snapshot[name]
@@ -327,3 +345,9 @@ def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
         if len(runs):
             changed[name] = relation.replace_rows(runs, rows, None, coder)
     return changed
+
+
+def stored_watermark(snapshot, stream: str) -> int | None:
+    """The watermark (microseconds) in ``stream``'s one-row watermark table of the snapshot; None before events."""
+    mark = snapshot[watermark_name(stream)].table()
+    return None if mark.num_rows == 0 else pc.cast(mark.column("wm"), pa.int64())[0].as_py()

@@ -1,0 +1,155 @@
+"""Interval joins of event streams (issue 8): bounded stored rows, oracle over on-time events."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ivm
+from ivm.interval_join import interval_join
+from ivm.event_time import view_query
+from sql_frontend.errors import UnsupportedError
+from sql_frontend.statements import parse_query
+from tests.oracle.interval_streams import SCHEMA, IntervalHarness, interval_views, play
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_interval_joins_equal_batch_over_on_time_events(seed):
+    _oracle(seed, 25)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_interval_joins_longer_streams(seed):
+    _oracle(seed, 80)
+
+
+def _oracle(seed: int, batches: int) -> None:
+    harness = IntervalHarness()
+    try:
+        play(seed, batches, harness)
+        kept = harness.kept()
+        total = {s: len(harness.model.on_time[s]) for s in kept}
+        # the joins let go of rows: the streams keep fewer on-time rows than arrived
+        assert all(kept[s] < total[s] for s in kept), (kept, total)
+    finally:
+        harness.close()
+
+
+def test_interval_joins_durable_and_reopened(tmp_path):
+    harness = IntervalHarness(ivm.connect(tmp_path / "db"))
+    clock = play(1, 25, harness)
+    harness.db.close()
+    reopened = IntervalHarness(ivm.connect(tmp_path / "db"), create=False)
+    reopened.model = harness.model
+    for stream, rows in reopened.model.on_time.items():  # the reference gets the events again
+        names = ("user_id", "query" if stream == "searches" else "url", "ts")
+        data = pa.table({n: pa.array([e[i] for e in rows], pa.timestamp("us") if n == "ts" else None)  # noqa: F841
+                         for i, n in enumerate(names)})
+        reopened.ref.execute(f"INSERT INTO {stream} SELECT * FROM data")
+    try:
+        reopened.check("after reopen")
+        play(2, 25, reopened, start=clock)
+    finally:
+        reopened.close()
+        harness.ref.close()
+
+
+def _spec(sql: str, late: str | None = None):
+    db = ivm.connect()
+    for statement in SCHEMA:
+        db.execute(statement)
+    db.execute("CREATE TABLE users (id BIGINT PRIMARY KEY, name VARCHAR)")
+    catalog = db._engine.catalog
+    return interval_join(view_query(parse_query(sql), catalog, late), catalog, late)
+
+
+def test_bounds_derived_from_the_condition():
+    spec = _spec("SELECT * FROM searches s JOIN clicks c ON s.user_id = c.user_id "
+                 "AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' HOUR")
+    # searches rows go once W(clicks) > s.ts + 1 h; clicks rows once W(searches) > c.ts
+    assert [(x.stream, x.other, x.slack_us) for x in spec.sides] == [
+        ("searches", "clicks", 3_600_000_000), ("clicks", "searches", 0)]
+    spec = _spec("SELECT * FROM searches s, clicks c WHERE c.ts >= s.ts - INTERVAL '2' SECOND "
+                 "AND s.ts + INTERVAL '5' SECOND > c.ts AND c.ts <= s.ts + INTERVAL '9' SECOND")
+    assert [x.slack_us for x in spec.sides] == [5_000_000, 2_000_000]  # the tighter of two upper bounds
+
+
+@pytest.mark.parametrize("sql, late", [
+    ("SELECT * FROM searches s JOIN clicks c ON c.ts >= s.ts", None),  # one side unbounded
+    ("SELECT * FROM searches s JOIN clicks c ON c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND", "correct"),
+    ("SELECT * FROM searches s LEFT JOIN clicks c ON c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND", None),
+    ("SELECT * FROM searches s JOIN clicks c ON c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND "
+     "JOIN users u ON u.id = s.user_id", None),  # a table that changes looks up any stream row
+    ("SELECT * FROM searches s JOIN clicks c ON c.user_id BETWEEN s.user_id AND s.user_id + 1", None),
+    ("SELECT * FROM searches s JOIN (SELECT * FROM clicks) c ON c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND",
+     None),
+])
+def test_joins_that_cannot_be_bounded_are_not_interval_joins(sql, late):
+    assert _spec(sql, late) is None
+
+
+def _send(db, stream, second, n=1, user=1):
+    ts = [datetime(2024, 1, 1) + timedelta(seconds=second)] * n
+    word = "query" if stream == "searches" else "url"
+    db.apply_changes(stream, pa.table({"user_id": [user] * n, word: ["x"] * n, "ts": ts}))
+
+
+def test_an_unbounded_reader_keeps_every_row():
+    db = ivm.connect()
+    for statement in SCHEMA:
+        db.execute(statement)
+    db.execute("CREATE MATERIALIZED VIEW j AS SELECT s.user_id FROM searches s JOIN clicks c "
+               "ON s.user_id = c.user_id AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND")
+    db.execute("CREATE MATERIALIZED VIEW ever AS SELECT s.user_id FROM searches s JOIN clicks c "
+               "ON s.user_id = c.user_id AND c.ts >= s.ts")
+    for second in range(0, 100, 10):
+        _send(db, "searches", second)
+        _send(db, "clicks", second)
+    snapshot = db._engine.store.snapshot
+    assert snapshot["__ontime_searches"].table().num_rows == 10  # 'ever' may match any of them
+    assert not [k for k in snapshot.counters if k.startswith("expired:searches")]
+
+
+def test_a_view_created_after_rows_went_is_refused_and_nothing_changes():
+    db = ivm.connect()
+    for statement in SCHEMA:
+        db.execute(statement)
+    db.execute("CREATE MATERIALIZED VIEW j AS SELECT s.user_id FROM searches s JOIN clicks c "
+               "ON s.user_id = c.user_id AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND")
+    for second in range(0, 100, 10):
+        _send(db, "searches", second)
+        _send(db, "clicks", second)
+    before = db.objects()
+    with pytest.raises(UnsupportedError, match="reads the on-time rows of searches, but .* of them are gone"):
+        db.execute("CREATE MATERIALIZED VIEW late_comer AS SELECT COUNT(*) AS n FROM searches")
+    assert db.objects() == before
+    # all events are still in the table itself: a view correcting for late events may be created
+    db.execute("CREATE MATERIALIZED VIEW every WITH (late = 'correct') AS SELECT COUNT(*) AS n FROM searches")
+    assert db.sql("SELECT n FROM every").column(0).to_pylist() == [10]
+
+
+def test_retain_with_an_interval_join_is_accepted_and_bounded():
+    db = ivm.connect()
+    db.execute("CREATE TABLE a (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
+               "APPEND ONLY RETAIN INTERVAL '5' SECOND")
+    db.execute("CREATE TABLE b (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
+               "APPEND ONLY RETAIN INTERVAL '5' SECOND")
+    db.execute("CREATE MATERIALIZED VIEW j AS SELECT a.k, a.ts AS ats, b.ts AS bts FROM a JOIN b "
+               "ON a.k = b.k AND b.ts BETWEEN a.ts - INTERVAL '2' SECOND AND a.ts + INTERVAL '2' SECOND")
+    with pytest.raises(UnsupportedError, match="would look up stored rows of [ab], which keeps only recent rows"):
+        db.execute("CREATE MATERIALIZED VIEW unbounded AS SELECT a.k FROM a JOIN b ON a.k = b.k")
+    t0 = datetime(2024, 1, 1)
+    for second in range(60):
+        for name in ("a", "b"):
+            db.apply_changes(name, pa.table({"k": [1, 2], "ts": [t0 + timedelta(seconds=second)] * 2}))
+    snapshot = db._engine.store.snapshot
+    for name in ("a", "b", "__ontime_a", "__ontime_b"):
+        assert snapshot[name].table().num_rows <= 2 * 8, name
+    # every pair of equal k at most 2 s apart: 2 keys x (1 + 2 x 2 neighbours at 1 s and 2 s) per second
+    assert db.sql("SELECT COUNT(*) FROM j").column(0)[0].as_py() == 2 * (60 + 2 * 59 + 2 * 58)
