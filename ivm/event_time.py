@@ -248,17 +248,19 @@ def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.
     return np.concatenate(runs), np.concatenate(rows)
 
 
-def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=None) -> None:
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=UNREAD) -> None:
     """Drop from the batch's new versions the rows the watermark passed by more than RETAIN.
 
     ``on_time_limit``: the on-time rows interval joins still need (ivm/interval_join.py
-    on_time_cutoff: UNREAD, KEEP_ALL or an event time); None here means UNREAD.
+    on_time_cutoff: UNREAD, KEEP_ALL or an event time).
     """
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
     expire_rows(prepared, table.event_time, cutoff, coder)
-    limit = UNREAD if on_time_limit is None else on_time_limit
-    if limit is not KEEP_ALL:  # the on-time rows: what RETAIN drops, less what an interval join needs
+    limit = on_time_limit
+    # The on-time rows: what RETAIN drops and (when an interval join looks them up) no join can
+    # still match: the join's cutoff may be the lower one (the other stream's watermark may lag).
+    if limit is not KEEP_ALL:
         expire_rows(prepared.hidden[0], table.event_time, cutoff if limit is UNREAD else min(cutoff, limit), coder)
 
 

@@ -158,15 +158,16 @@ def _term(node, aliases: dict[str, tuple[str, str]]) -> tuple[str, int] | None:
 
 # --- what a stream's on-time rows must keep ------------------------------------------------------------
 
-KEEP_ALL = None  # a reader needs every stored on-time row
+class _Limit:
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-
-class _Unread:
     def __repr__(self) -> str:
-        return "UNREAD"
+        return self.name
 
 
-UNREAD = _Unread()  # no view reads the stored on-time rows (deltas only): no interval constraint
+KEEP_ALL = _Limit("KEEP_ALL")  # a reader needs every stored on-time row
+UNREAD = _Limit("UNREAD")  # no view reads the stored on-time rows (deltas only): no interval constraint
 
 
 def stored_reads(view, stored_new) -> frozenset[str]:
@@ -181,7 +182,7 @@ def stored_reads(view, stored_new) -> frozenset[str]:
     return frozenset(read)
 
 
-def on_time_cutoff(stream: str, views, watermark, reads) -> int | None | _Unread:
+def on_time_cutoff(stream: str, views, watermark, reads) -> int | _Limit:
     """Event time below which ``stream``'s stored on-time rows can go.
 
     ``watermark(name)``: a stream's watermark before the current batch (None

@@ -77,14 +77,14 @@ def events(rng: random.Random, stream: str, clock: float, size: int) -> list[tup
 
 
 class IntervalHarness:
-    def __init__(self, db: ivm.Database | None = None, views=None, create: bool = True):
+    def __init__(self, db: ivm.Database | None = None, views=None, create: bool = True, retain: str = ""):
         self.db = db or ivm.connect()
         self.ref = duckdb.connect()
         self.model = TwoStreams()
         self.views = views if views is not None else interval_views()
         if create:
-            for statement in SCHEMA:
-                self.db.execute(statement)
+            for statement in SCHEMA:  # RETAIN: the tables keep recent rows only (views read on-time rows)
+                self.db.execute(statement + (f" RETAIN INTERVAL '{retain}' SECOND" if retain else ""))
             for view in self.views:
                 self.db.execute(f"CREATE MATERIALIZED VIEW {view.name} AS {view.sql}")
         for statement in REF_SCHEMA:
