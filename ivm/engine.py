@@ -41,8 +41,8 @@ from ivm.engine_choice import SPARK_ROWS, check_engine, choose
 from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, closed_windows, drop_closed_windows,
                             expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
                             stored_watermark, view_query, watermark_batch, watermark_name)
-from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, interval_join,
-                               on_time_cutoff, stored_reads)
+from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
+                               view_interval)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import check_mode, recompute, source_rows
 from ivm.producers import Producers, check_producer
@@ -283,12 +283,14 @@ class Engine:
             query = view_query(stmt.query, self.catalog, stmt.late, stmt.emit)
             plan = plan_view(query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
-            view.interval = interval_join(query, self.catalog, stmt.late)
-            check_expired_reads(view, self.store.snapshot)
-            check_retained_reads(view, self.catalog, self._stored_new)
             view.engine = stmt.engine
             view.late = stmt.late
             view.emit = stmt.emit
+            view.interval = view_interval(view, query, self.catalog)
+            check_expired_reads(view, self.store.snapshot)
+            check_retained_reads(view, self.catalog, self._stored_new)
+            if set(view.sources) & {on_time_name(t) for t in self.catalog.tables}:
+                self._stored_reads(view)  # now, not while a later batch is converted
             view.closed = closed_windows(view, stmt.query, self.catalog)
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).

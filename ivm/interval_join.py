@@ -94,6 +94,14 @@ def interval_join(query: exp.Expression, catalog, late: str | None) -> IntervalJ
                          IntervalSide(stream_b, stream_a, bounds[(a, b)])))
 
 
+def view_interval(view, query: exp.Expression, catalog) -> IntervalJoin | None:
+    """``view``'s interval join, unless its rows are computed on read from the streams' stored rows."""
+    spec = interval_join(query, catalog, view.late)
+    if spec is not None and not view.stored_output and set(view.read_sql()[1]) & set(view.sources):
+        return None  # reads on read would see the rows that went
+    return spec
+
+
 def _aliases(tables: list[exp.Table], catalog) -> dict[str, tuple[str, str]] | None:
     """alias -> (stream, event-time column) for tables that are on-time twins of watermarked streams; None if any other table."""
     out = {}
