@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 import ivm
+from bench.event_time import pct
 from sql_frontend.statements import parse_query
 from sql_frontend.time_windows import expand_time_windows
 
@@ -31,10 +32,6 @@ JOIN = ("SELECT b.auction, b.price AS bid, a.price AS ask, b.ts FROM bids b JOIN
         "AND a.ts BETWEEN b.ts - INTERVAL '2' SECOND AND b.ts + INTERVAL '2' SECOND")
 WINDOW = ("SELECT window_start, COUNT(*) AS n, MAX(price) AS top FROM TUMBLE(bids, ts, INTERVAL '10' SECOND) "
           "GROUP BY window_start")
-
-
-def pct(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import duckdb
 
 import ivm
 from bench import nexmark
+from bench.event_time import pct
 from sql_frontend.statements import parse_query
 from sql_frontend.time_windows import expand_time_windows
 
@@ -67,10 +68,6 @@ def feed(db: ivm.Database, ref: duckdb.DuckDBPyConnection, events: int, first: i
         spent += time.process_time() - started
         ref.execute(f"INSERT INTO {name} SELECT * FROM batch")
     return spent
-
-
-def pct(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> None:

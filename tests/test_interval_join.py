@@ -106,31 +106,31 @@ def _send(db, stream, second, n=1, user=1):
     db.apply_changes(stream, pa.table({"user_id": [user] * n, word: ["x"] * n, "ts": ts}))
 
 
-def test_an_unbounded_reader_keeps_every_row():
+def _joined(*more: str) -> ivm.Database:
+    """The two streams, an interval join j over them, then ``more`` statements, then ten events each."""
     db = ivm.connect()
     for statement in SCHEMA:
         db.execute(statement)
     db.execute("CREATE MATERIALIZED VIEW j AS SELECT s.user_id FROM searches s JOIN clicks c "
                "ON s.user_id = c.user_id AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND")
-    db.execute("CREATE MATERIALIZED VIEW ever AS SELECT s.user_id FROM searches s JOIN clicks c "
-               "ON s.user_id = c.user_id AND c.ts >= s.ts")
+    for statement in more:
+        db.execute(statement)
     for second in range(0, 100, 10):
         _send(db, "searches", second)
         _send(db, "clicks", second)
+    return db
+
+
+def test_an_unbounded_reader_keeps_every_row():
+    db = _joined("CREATE MATERIALIZED VIEW ever AS SELECT s.user_id FROM searches s JOIN clicks c "
+                 "ON s.user_id = c.user_id AND c.ts >= s.ts")
     snapshot = db._engine.store.snapshot
     assert snapshot["__ontime_searches"].table().num_rows == 10  # 'ever' may match any of them
     assert not [k for k in snapshot.counters if k.startswith("expired:searches")]
 
 
 def test_a_view_created_after_rows_went_is_refused_and_nothing_changes():
-    db = ivm.connect()
-    for statement in SCHEMA:
-        db.execute(statement)
-    db.execute("CREATE MATERIALIZED VIEW j AS SELECT s.user_id FROM searches s JOIN clicks c "
-               "ON s.user_id = c.user_id AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND")
-    for second in range(0, 100, 10):
-        _send(db, "searches", second)
-        _send(db, "clicks", second)
+    db = _joined()
     before = db.objects()
     with pytest.raises(UnsupportedError, match="reads the on-time rows of searches, but .* of them are gone"):
         db.execute("CREATE MATERIALIZED VIEW late_comer AS SELECT COUNT(*) AS n FROM searches")
