@@ -213,3 +213,28 @@ def test_a_million_events_keep_join_and_window_state_bounded():
     assert (got["n"], got["s"]) == want[0] and got["n"] > 0
     windows = db.sql("SELECT SUM(n) AS n FROM per_window").to_pylist()[0]["n"]
     assert windows == per_stream
+
+
+def test_rows_that_went_are_remembered_after_reopen(tmp_path):
+    db = ivm.connect(tmp_path / "db")
+    for statement in SCHEMA:
+        db.execute(statement)
+    db.execute("CREATE MATERIALIZED VIEW j AS SELECT s.user_id, c.ts FROM searches s JOIN clicks c "
+               "ON s.user_id = c.user_id AND c.ts BETWEEN s.ts AND s.ts + INTERVAL '1' SECOND")
+    for second in range(0, 100, 10):
+        _send(db, "searches", second)
+        _send(db, "clicks", second)
+    rows = db.sql("SELECT * FROM j").num_rows
+    db.close()
+    db = ivm.connect(tmp_path / "db")
+    try:
+        assert db._engine.catalog.views["j"].interval is not None
+        assert db.sql("SELECT * FROM j").num_rows == rows == 10
+        with pytest.raises(UnsupportedError, match="of them are gone"):
+            db.execute("CREATE MATERIALIZED VIEW late_comer AS SELECT COUNT(*) AS n FROM clicks")
+        _send(db, "searches", 100)
+        _send(db, "clicks", 100.5)
+        assert db.sql("SELECT * FROM j").num_rows == 11
+        assert db._engine.store.snapshot["__ontime_searches"].num_rows <= 2
+    finally:
+        db.close()
