@@ -33,7 +33,6 @@ from sqlglot import exp
 from sql_frontend.errors import CatalogError, ChangeError, UnsupportedError
 from sql_frontend.time_windows import expand_time_windows
 from ivm.catalog import TableDef
-from ivm.interval_join import KEEP_ALL, UNREAD
 from sql_frontend.plan import Column
 
 EPOCH = datetime(1970, 1, 1)
@@ -248,18 +247,20 @@ def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.
     return np.concatenate(runs), np.concatenate(rows)
 
 
-def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=UNREAD) -> None:
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=None) -> None:
     """Drop from the batch's new versions the rows the watermark passed by more than RETAIN.
 
     ``on_time_limit``: the on-time rows interval joins still need (ivm/interval_join.py
-    on_time_cutoff: UNREAD, KEEP_ALL or an event time).
+    on_time_cutoff: UNREAD, KEEP_ALL or an event time; None: UNREAD).
     """
+    from ivm.interval_join import KEEP_ALL, UNREAD  # (it imports this module)
+
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
     expire_rows(prepared, table.event_time, cutoff, coder)
-    limit = on_time_limit
     # The on-time rows: what RETAIN drops and (when an interval join looks them up) no join can
     # still match: the join's cutoff may be the lower one (the other stream's watermark may lag).
+    limit = UNREAD if on_time_limit is None else on_time_limit
     if limit is not KEEP_ALL:
         expire_rows(prepared.hidden[0], table.event_time, cutoff if limit is UNREAD else min(cutoff, limit), coder)
 
@@ -336,10 +337,10 @@ def closed_windows(view, query, catalog) -> ClosedWindows | None:
 
 def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
     """New versions of ``spec.relations`` without the windows closed by the snapshot's watermark."""
-    mark = stored_watermark(snapshot, spec.stream)
-    if mark is None:
+    mark = snapshot[watermark_name(spec.stream)].table()
+    if mark.num_rows == 0:
         return {}
-    cutoff = mark - spec.size_us + 1  # window_start + size <= W
+    cutoff = pc.cast(mark.column("wm"), pa.int64())[0].as_py() - spec.size_us + 1  # window_start + size <= W
     changed = {}
     for name in spec.relations:
         relation = snapshot[name]

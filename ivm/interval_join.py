@@ -50,10 +50,9 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from sql_frontend.event_time import interval_us
+from ivm.event_time import ON_TIME_PREFIX
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
-
-ON_TIME_PREFIX = "__ontime_"
+from sql_frontend.event_time import interval_us
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from ivm.interval_join import interval_join
 from ivm.event_time import view_query
 from sql_frontend.errors import UnsupportedError
 from sql_frontend.statements import parse_query
-from tests.oracle.interval_streams import SCHEMA, IntervalHarness, interval_views, play
+from tests.oracle.interval_streams import SCHEMA, IntervalHarness, play
 
 
 @settings(max_examples=2, deadline=None)
