@@ -247,21 +247,42 @@ def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.
     return np.concatenate(runs), np.concatenate(rows)
 
 
-def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) -> None:
-    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN."""
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=None) -> None:
+    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN.
+
+    ``on_time_limit``: the on-time rows interval joins still need (ivm/interval_join.py
+    on_time_cutoff: UNREAD, KEEP_ALL or an event time; None: UNREAD).
+    """
+    from ivm.interval_join import KEEP_ALL, UNREAD  # (it imports this module)
+
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
-    for version in (prepared, prepared.hidden[0]):  # the table and its on-time rows
-        runs, rows = expired_rows(version.updated, table.event_time, cutoff)
-        if len(runs):
-            version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    expire_rows(prepared, table.event_time, cutoff, coder)
+    # The on-time rows: what RETAIN drops and (when an interval join looks them up) no join can
+    # still match: the join's cutoff may be the lower one (the other stream's watermark may lag).
+    limit = UNREAD if on_time_limit is None else on_time_limit
+    if limit is not KEEP_ALL:
+        expire_rows(prepared.hidden[0], table.event_time, cutoff if limit is UNREAD else min(cutoff, limit), coder)
+
+
+def expire_rows(version, column: str, cutoff_us: int, coder) -> int:
+    """Drop from a batch's new version the rows with ``column`` below the cutoff; how many went."""
+    runs, rows = expired_rows(version.updated, column, cutoff_us)
+    if len(runs):
+        version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    return len(runs)
 
 
 def check_retained_reads(view, catalog, stored_new) -> None:
-    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone)."""
+    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone).
+
+    An interval join's reads of on-time rows are bounded (ivm/interval_join.py): they stay.
+    """
     retained = catalog.retained()
     if not retained & set(view.sources):
         return
+    if view.interval is not None:
+        retained = retained - set(view.sources)
     sources = list(view.sources)
     changed_sets = [frozenset([s]) for s in sources] + [frozenset(sources)]
     for changed in changed_sets:
@@ -327,3 +348,9 @@ def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
         if len(runs):
             changed[name] = relation.replace_rows(runs, rows, None, coder)
     return changed
+
+
+def stored_watermark(snapshot, stream: str) -> int | None:
+    """The watermark (microseconds) in ``stream``'s one-row watermark table of the snapshot; None before events."""
+    mark = snapshot[watermark_name(stream)].table()
+    return None if mark.num_rows == 0 else pc.cast(mark.column("wm"), pa.int64())[0].as_py()
