@@ -93,7 +93,7 @@ def auction_ops(rng: random.Random, model: StreamModel) -> pa.Table:
 
 
 class StreamHarness:
-    def __init__(self, db: ivm.Database | None = None, views=None):
+    def __init__(self, db: ivm.Database | None = None, views=None, reference=None):
         self.db = db or ivm.connect()
         self.refs = {"drop": duckdb.connect(), "correct": duckdb.connect()}
         self.model = StreamModel()
@@ -106,7 +106,8 @@ class StreamHarness:
         self.expected_sql = {}
         schema = self.db._engine.catalog.schema()
         for view in self.views:
-            expanded = expand_time_windows(parse_query(view.sql), schema).sql("duckdb")
+            expanded = (reference(view.sql, schema) if reference is not None
+                        else expand_time_windows(parse_query(view.sql), schema).sql("duckdb"))
             for policy in ("drop", "correct", "closed"):
                 if policy == "closed" and "window_end" not in [c.name for c in self.db.sql(
                         f"SELECT * FROM ({expanded}) LIMIT 0").schema]:
