@@ -190,3 +190,15 @@ def test_session_is_still_a_keyword_elsewhere():
     db.execute("INSERT INTO t VALUES (1)")
     assert db.sql("SELECT session FROM t").to_pylist() == [{"session": 1}]
     assert db.sql("SELECT 'SESSION(' AS s").to_pylist() == [{"s": "SESSION("}]
+
+
+# --- sliding windows: RANGE frames over a stream ----------------------------------------------------------
+
+def test_sliding_range_frames_over_a_stream_equal_batch():
+    """``OVER (PARTITION BY k ORDER BY ts RANGE BETWEEN INTERVAL … PRECEDING AND CURRENT ROW)``: the window
+    operator recomputes the partitions a batch touches (all of a key's rows: not bounded by the lateness)."""
+    harness = StreamHarness(views=read_views(FIXTURES / "sliding_views.sql"), reference=reference_sql)
+    try:
+        play(31, 8, harness)
+    finally:
+        harness.close()
