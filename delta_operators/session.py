@@ -37,8 +37,9 @@ from sqlglot import exp
 
 from sql_frontend.plan import Session
 from sql_frontend.session_windows import gap_sql, islands_sql
-from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.compiler import Context
+from delta_operators.partition_reads import PartitionedRowsReads
+from delta_operators.program import Lookup, Replace, StateSpec
 from delta_operators.sqltext import columns, parse, q, same
 from delta_operators.zset import POS, RUN, WEIGHT, consolidate_sql
 
@@ -47,12 +48,14 @@ ALL = "__all"  # probe column when every row is in one sequence (no key)
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
 
 
-class SessionRule:
+class SessionRule(PartitionedRowsReads):
+    what = "session rows"
+
     def __init__(self, node: Session):
         self.node = node
         self.inputs = node.input.column_names
         self.names = node.column_names
-        self.keys = node.keys
+        self.keys = self.partition = node.keys
 
     def state(self, ctx: Context) -> str:
         return ctx.state_name(self.node, STATE)
@@ -104,33 +107,3 @@ class SessionRule:
             UNION ALL
             SELECT {columns(names, 'o')}, -o.{q(WEIGHT)}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
         """)
-
-    # --- reads ------------------------------------------------------------
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = select_columns(scan_name(self.state(ctx)), self.node.columns)
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
-        return bool(self.keys) and set(self.keys) <= set(columns_)
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
-        by = dict(zip(columns_, probe_columns))
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=self.keys, probe=probe,
-                        probe_columns=tuple(by[c] for c in self.keys),
-                        note=f"session rows by key ({', '.join(self.keys)})"))
-        parts: list[exp.Expression] = [select_columns(found, self.node.columns)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note="session rows")

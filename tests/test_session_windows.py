@@ -19,7 +19,7 @@ import ivm
 from sql_frontend.errors import SqlSyntaxError
 from tests.oracle.fixtures import FIXTURES, read_views
 from tests.oracle.sessions import reference_sql
-from tests.oracle.streams import StreamHarness, play
+from tests.oracle.streams import StreamHarness, play, play_fresh
 
 BIDS = ("CREATE TABLE bids (auction BIGINT, bidder BIGINT, price BIGINT, ts TIMESTAMP, "
         "WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) APPEND ONLY")
@@ -49,11 +49,7 @@ def sessions(db, view):
 # --- the oracle -----------------------------------------------------------------------------------------
 
 def _play_fresh(seed: int, batches: int, views=None) -> None:
-    harness = StreamHarness(views=views or session_views(), reference=reference_sql)
-    try:
-        play(seed, batches, harness)
-    finally:
-        harness.close()
+    play_fresh(seed, batches, views or session_views(), reference_sql)
 
 
 @settings(max_examples=2)
@@ -197,8 +193,4 @@ def test_session_is_still_a_keyword_elsewhere():
 def test_sliding_range_frames_over_a_stream_equal_batch():
     """``OVER (PARTITION BY k ORDER BY ts RANGE BETWEEN INTERVAL … PRECEDING AND CURRENT ROW)``: the window
     operator recomputes the partitions a batch touches (all of a key's rows: not bounded by the lateness)."""
-    harness = StreamHarness(views=read_views(FIXTURES / "sliding_views.sql"), reference=reference_sql)
-    try:
-        play(31, 8, harness)
-    finally:
-        harness.close()
+    play_fresh(31, 8, read_views(FIXTURES / "sliding_views.sql"), reference_sql)

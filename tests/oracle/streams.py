@@ -168,3 +168,12 @@ def play(seed: int, batches: int, harness: StreamHarness) -> None:
             clock += rng.uniform(0, 8)
             harness.bids(bid_batch(rng, harness.model, clock, rng.randint(1, 12)))
         harness.check(f"seed {seed}, after batch {step}")
+
+
+def play_fresh(seed: int, batches: int, views=None, reference=None) -> None:
+    """``play`` on a new in-memory database and references, closed afterwards."""
+    harness = StreamHarness(views=views, reference=reference)
+    try:
+        play(seed, batches, harness)
+    finally:
+        harness.close()
