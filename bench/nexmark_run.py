@@ -30,6 +30,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,9 @@ def run(events: int, batch: int, rate: int, names: list[str], warmup: int = 1,
     import duckdb
 
     import ivm
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the oracle's multiset comparison lives with the tests
     from tests.oracle.compare import multiset_diff
 
     queries = [QUERIES[n] for n in names]

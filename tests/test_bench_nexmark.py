@@ -10,9 +10,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_bench_nexmark_runs_checks_and_reports(tmp_path):
+    script = Path(sys.executable).parent / "ivm"  # the installed command, run from elsewhere
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "ivm"]
     run = subprocess.run(
-        [sys.executable, "-m", "ivm", "bench", "nexmark", "--events", "30000", "--batch", "10000", "--rate", "2000",
-         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [*command, "bench", "nexmark", "--events", "30000", "--batch", "10000", "--rate", "2000",
+         "--out", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-3000:]
     report = (tmp_path / "report.md").read_text()
     assert "2 batches counted after 1 warm-up" in report
