@@ -98,7 +98,11 @@ def islands_sql(source: exp.Expression, names: Sequence[str], keys: Sequence[str
 
     Gaps and islands: a row starts a session when the previous row of its key
     is ``gap`` or more before it; the running count of starts numbers the
-    sessions; a session's bounds are its MIN and MAX(ts) + gap.
+    sessions; a session's bounds are its MIN and MAX(ts) + gap. Rows tied on
+    ``ts`` may come in any order, and differently in the two windows: the
+    count runs over a RANGE frame, so it includes all of a row's ties (at
+    most one of which, whichever LAG saw first, can start a session) and
+    every tie gets the same session.
     """
     def quoted(n: str) -> str:
         return '"' + n.replace('"', '""') + '"'
@@ -110,7 +114,7 @@ def islands_sql(source: exp.Expression, names: Sequence[str], keys: Sequence[str
     text = f"""
         SELECT {cols}, MIN({t}) OVER (PARTITION BY {by + ', ' if keys else ''}{SID}) AS window_start,
                MAX({t}) OVER (PARTITION BY {by + ', ' if keys else ''}{SID}) + {gap} AS window_end
-        FROM (SELECT {cols}, SUM({NEW}) OVER ({part}ORDER BY {t} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+        FROM (SELECT {cols}, SUM({NEW}) OVER ({part}ORDER BY {t} RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                      AS {SID}
               FROM (SELECT {cols}, CASE WHEN {t} - LAG({t}) OVER ({part}ORDER BY {t}) < {gap} THEN 0 ELSE 1 END
                            AS {NEW}
