@@ -29,6 +29,13 @@ stream, rows of sessions the watermark W has passed (``window_end <= W``:
 every later event has ``ts >= W``, so touches no such session) are dropped
 from W after each batch (ivm/event_time.py), so a key's stored rows are those
 of its open sessions, not its history.
+
+Cost: the rows of the touched sessions, not of the stream, but all of
+them: an event that extends a session moves its window_end, so every row
+of that session is retracted and inserted again (the output is per event).
+Long sessions (Nexmark q11's active bidders) make that most of the open
+state per batch; a session aggregate fused into this operator (per-session
+partial aggregates, combined on merge) would make it per changed session.
 """
 
 from __future__ import annotations
