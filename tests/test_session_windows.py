@@ -209,3 +209,36 @@ def test_events_tied_on_time_are_in_one_session():
     schema = db._engine.catalog.schema()
     for sql in (PER_BIDDER, reference_sql(PER_BIDDER, schema)):  # the batch expansion and the reference agree
         assert sorted(map(repr, db.sql(sql).to_pylist())) == sorted(map(repr, db.sql("SELECT * FROM s").to_pylist()))
+
+
+SHAPES = {
+    "over_view": "SELECT u, window_start, COUNT(*) AS n FROM SESSION(base, ts, INTERVAL '10' SECOND, u) "
+                 "GROUP BY u, window_start",
+    "in_cte": "WITH s AS (SELECT * FROM SESSION(c, ts, INTERVAL '10' SECOND, u)) "
+              "SELECT u, window_end, COUNT(*) AS n FROM s GROUP BY u, window_end",
+    "two_sessions_joined": "SELECT a.u, a.window_start, b.window_start AS other "
+                           "FROM SESSION(c, ts, INTERVAL '10' SECOND, u) a "
+                           "JOIN SESSION(c, ts, INTERVAL '5' SECOND, u) b ON a.u = b.u AND a.ts = b.ts",
+    "unaliased": "SELECT c.u, c.window_end FROM SESSION(c, ts, INTERVAL '3' SECOND) WHERE c.u IS NOT NULL",
+}
+
+
+def test_session_over_a_view_in_a_cte_and_twice_in_a_join():
+    """SESSION over an upstream view, inside a CTE, two sessions of one table joined, the table's own name as
+    alias; inserts and deletes of an ordinary table; each view equals its SELECT run ad hoc after every batch."""
+    import random
+
+    db = ivm.connect()
+    db.execute("CREATE TABLE c (u INT, ts TIMESTAMP)")
+    db.execute("CREATE MATERIALIZED VIEW base AS SELECT u, ts FROM c WHERE u > 0")
+    for name, sql in SHAPES.items():
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+    rng = random.Random(1)
+    for step in range(6):
+        values = ", ".join(f"({rng.randint(-1, 3)}, TIMESTAMP '{at(rng.uniform(0, 60))}')" for _ in range(8))
+        db.execute(f"INSERT INTO c VALUES {values}, (NULL, TIMESTAMP '{at(step)}')")
+        if step % 2:
+            db.execute("DELETE FROM c WHERE u = 2 AND ts < (SELECT MAX(ts) FROM c WHERE u = 2)")
+        for name, sql in SHAPES.items():
+            got = sorted(map(repr, db.sql(f"SELECT * FROM {name}").to_pylist()))
+            assert got == sorted(map(repr, db.sql(sql).to_pylist())), (name, step)
