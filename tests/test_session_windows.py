@@ -242,3 +242,14 @@ def test_session_over_a_view_in_a_cte_and_twice_in_a_join():
         for name, sql in SHAPES.items():
             got = sorted(map(repr, db.sql(f"SELECT * FROM {name}").to_pylist()))
             assert got == sorted(map(repr, db.sql(sql).to_pylist())), (name, step)
+
+
+def test_explain_shows_the_session_operator_and_its_state():
+    db = ivm.connect()
+    db.execute(BIDS)
+    db.execute(f"CREATE MATERIALIZED VIEW s AS {PER_BIDDER}")
+    text = "\n".join(r["explain"] for r in db.sql("EXPLAIN s").to_pylist())
+    assert "Session by bidder over ts, gap 10 s" in text
+    assert "incremental per session: recomputes only the sessions of a key a changed row meets" in text
+    assert "state s.session1: input rows with their session bounds, indexed by (bidder)" in text
+    assert "lookup s.session1 by (bidder)" in text and "[reads all of" not in text
