@@ -21,6 +21,7 @@ with it by checkpoints and moved again by replay.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -308,6 +309,9 @@ def check_retained_reads(view, catalog, stored_new) -> None:
 # batch is maintained into, so a durable fold and a replay drop exactly
 # what the first run dropped. Kept: state the view's rows are read from
 # (a view computed on read keeps one state row per window: its rows).
+# SESSION windows have no size: their operator state drops the rows of
+# sessions with window_end <= W (no later on-time event can touch them,
+# delta_operators/session.py), and nothing goes by window_start.
 
 
 @dataclass(frozen=True)
@@ -315,36 +319,46 @@ class ClosedWindows:
     stream: str  # the watermarked table
     size_us: int  # the largest window over it
     relations: tuple[str, ...]  # state relations keyed by window_start that may lose closed windows
+    # SESSION state (delta_operators/session.py): rows of sessions with window_end <= W go. A session has
+    # no fixed size, so with a SESSION in the view nothing goes by window_start.
+    sessions: tuple[str, ...] = ()
 
 
 def closed_windows(view, query, catalog) -> ClosedWindows | None:
     """What of ``view``'s state may go once windows close (None: nothing)."""
+    from sql_frontend.session_windows import session_tables
     from sql_frontend.time_windows import window_sizes
 
     if (view.late or "drop") != "drop":
         return None  # a 'correct' view takes late events into any window
-    sizes = window_sizes(query)
-    streams = [t for t in sizes if t in catalog.tables and catalog.tables[t].event_time is not None]
+    sizes, sessions = window_sizes(query), session_tables(query)
+    streams = [t for t in set(sizes) | sessions if t in catalog.tables and catalog.tables[t].event_time is not None]
     bases = {catalog.tables[s].shadow_of or s for s in view.sources if s in catalog.tables}
     if len(streams) != 1 or bases - {streams[0]} or set(view.sources) - set(catalog.tables):
         return None  # other tables (or views) in the view: their changes may touch closed windows
     read = set() if view.stored_output else view.read_sql()[1]
-    relations = tuple(s.name for s in view.states
-                      if s.name not in read and s.name != view.name
-                      and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
-    return ClosedWindows(streams[0], sizes[streams[0]], relations) if relations else None
+    session_states = tuple(s.name for s in view.states
+                           if s.name not in read and re.fullmatch(re.escape(view.name) + r"\.session\d+", s.name))
+    relations = () if sessions else tuple(
+        s.name for s in view.states if s.name not in read and s.name != view.name
+        and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
+    if not relations and not session_states:
+        return None
+    return ClosedWindows(streams[0], sizes.get(streams[0], 0), relations, session_states)
 
 
 def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
-    """New versions of ``spec.relations`` without the windows closed by the snapshot's watermark."""
+    """New versions of the spec's relations without the windows closed by the snapshot's watermark."""
     mark = snapshot[watermark_name(spec.stream)].table()
     if mark.num_rows == 0:
         return {}
-    cutoff = pc.cast(mark.column("wm"), pa.int64())[0].as_py() - spec.size_us + 1  # window_start + size <= W
+    watermark = pc.cast(mark.column("wm"), pa.int64())[0].as_py()
+    cutoffs = [(name, "window_start", watermark - spec.size_us + 1) for name in spec.relations]  # start + size <= W
+    cutoffs += [(name, "window_end", watermark + 1) for name in spec.sessions]  # window_end <= W
     changed = {}
-    for name in spec.relations:
+    for name, column, cutoff in cutoffs:
         relation = snapshot[name]
-        runs, rows = expired_rows(relation, "window_start", cutoff)
+        runs, rows = expired_rows(relation, column, cutoff)
         if len(runs):
             changed[name] = relation.replace_rows(runs, rows, None, coder)
     return changed

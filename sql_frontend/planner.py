@@ -32,6 +32,7 @@ from sql_frontend.plan import (
     Node,
     Recursive,
     RecursiveRef,
+    Session,
     Source,
     ViewPlan,
     Window,
@@ -190,6 +191,8 @@ def infer_types(root: Node, describe: Callable[[str], tuple[Column, ...]]) -> No
             names = [n for n, _ in node.outputs]
         elif isinstance(node, Window):
             names = list(node.input.column_names) + [n for n, _ in node.calls]
+        elif isinstance(node, Session):
+            names = list(node.input.column_names) + ["window_start", "window_end"]
         elif isinstance(node, Recursive):
             names = [c.name for c in node.columns]
         elif isinstance(node, Aggregate):
