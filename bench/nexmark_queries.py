@@ -5,8 +5,7 @@ Each query is written in our SQL (TUMBLE/HOP/SESSION in FROM, see the README's
 Apache Beam, Flink and RisingWave), over the generator's tables
 (bench/nexmark.py). ``QUERIES`` maps a name to its view SQL and the tables it
 reads; ``ivm bench nexmark`` and tests/test_nexmark.py run whatever is in it,
-so a new query (q8, with the interval and tumbling joins of issue 8) is one
-more entry. ``reference_sql`` is how DuckDB computes a query in batch.
+so a new query is one more entry. ``reference_sql`` is how DuckDB computes a query in batch.
 """
 
 from __future__ import annotations
@@ -79,6 +78,18 @@ register(NexmarkQuery("q11", "user sessions (SESSION 10 s per bidder, bids per s
 SELECT bidder, COUNT(*) AS bid_count, window_start AS starttime, window_end AS endtime
 FROM SESSION(bid, date_time, INTERVAL '10' SECOND, bidder)
 GROUP BY bidder, window_start, window_end""", ("bid",)))
+
+# q8, monitor new users: people who opened an auction in the 10 s window they registered in (Beam's and
+# Flink's form: person and auction each grouped by the tumbling window, joined on id = seller and window).
+register(NexmarkQuery("q8", "monitor new users (person and auction by TUMBLE 10 s, joined on id = seller)", """
+SELECT P.id, P.name, P.starttime
+FROM (SELECT id, name, window_start AS starttime, window_end AS endtime
+      FROM TUMBLE(person, date_time, INTERVAL '10' SECOND)
+      GROUP BY id, name, window_start, window_end) P
+JOIN (SELECT seller, window_start AS starttime, window_end AS endtime
+      FROM TUMBLE(auction, date_time, INTERVAL '10' SECOND)
+      GROUP BY seller, window_start, window_end) A
+  ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime""", ("person", "auction")))
 
 
 def reference_sql(query: NexmarkQuery, schema) -> str:

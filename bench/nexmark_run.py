@@ -1,6 +1,6 @@
 """``ivm bench nexmark``: the Nexmark queries as views over the generator, incremental vs DuckDB recompute.
 
-    ivm bench nexmark                                   # q5, q7, q11; 1,000,000 events in batches of 50,000
+    ivm bench nexmark                                   # q5, q7, q8, q11; 1,000,000 events in batches of 50,000
     ivm bench nexmark --events 200000 --batch 10000 --queries q5,q11
 
 One run, in one process:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "(report, plots; see bench/README.md)"))
     from bench.nexmark_run import add_arguments as nexmark_arguments
 
-    nexmark_arguments(workloads.add_parser("nexmark", help="the Nexmark queries (q5, q7, q11) as views over the "
+    nexmark_arguments(workloads.add_parser("nexmark", help="the Nexmark queries (q5, q7, q8, q11) as views over the "
                                                           "event generator (report; see bench/README.md)"))
 
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Nexmark q5 (hopping windows) and q11 (session windows) over the generator, against DuckDB in batch.
+"""Nexmark q5 (hopping windows), q8 (tumbling join) and q11 (session windows) over the generator, against DuckDB.
 
 The queries are bench/nexmark_queries.py's (the registry ``ivm bench nexmark`` runs). After every batch
 each view equals DuckDB evaluating its SELECT over the same events; q11 is checked against both the
@@ -54,7 +54,14 @@ def test_nexmark_q11_user_sessions_over_the_generator():
     assert sessions["n"] > sessions["bidders"] > 100 and sessions["top"] > 100  # hot bidders bid a lot
 
 
+def test_nexmark_q8_new_users_over_the_generator():
+    db = _run(["q8"], 60_000, 15_000, 2_000)  # 30 s of events: three 10 s windows
+    rows = db.sql("SELECT COUNT(*) AS n, COUNT(DISTINCT starttime) AS windows FROM q8").to_pylist()[0]
+    assert rows["n"] > 0 and rows["windows"] == 3  # new sellers in each of the three windows
+    assert db.status()["streams"]["person"]["late_events"] == 0  # the generator's events are in order
+
+
 def test_the_registry_names_the_published_queries():
-    assert {"q5", "q7", "q11"} <= set(QUERIES)
+    assert {"q5", "q7", "q8", "q11"} <= set(QUERIES)
     for query in QUERIES.values():
         assert set(query.tables) <= {"person", "auction", "bid"}, query.name
