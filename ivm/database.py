@@ -143,20 +143,22 @@ class Database:
         columns = self._engine.binder.describe(statement.sql)
         return self._engine.binder.arrow_schema(columns)
 
-    def bound_query(self, template: str, text: str) -> pa.Table:
+    def bound_query(self, template: str, text: str, values: list[pa.Scalar] | None = None) -> pa.Table:
         """Run ``text``: the query ``template`` (``$n`` parameters) with literal values in their place.
 
         Prepared statements run the same template with new values many times;
         the tables a query reads do not depend on the values, so the template
         is parsed once and the bound text goes straight to the engine instead
         of being parsed again on every execution. Anything but a single query
-        takes the ordinary path.
+        takes the ordinary path. ``values`` (``$n`` is ``values[n - 1]``, the
+        very values spliced into ``text``) let a point read
+        (``... WHERE key = $1``) be answered without DuckDB (ivm/point_reads.py).
         """
         self._check_open()
         reads = _parsed_reads(template)
         if reads is None or len(reads) != 1:
             return self.sql(text)
-        return self._engine.reader.query(text, reads[0].expression)
+        return self._engine.reader.query(text, reads[0].expression, values=values)
 
     def objects(self) -> list[ObjectInfo]:
         """Every table and materialized view, with its Arrow schema and key."""
