@@ -116,6 +116,7 @@ class Reader:
         self._idle: list[Lease] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._computed_read: set[str] = set()  # views computed on read that were read since the last warm()
 
     def close(self) -> None:
         with self._lock:
@@ -173,6 +174,9 @@ class Reader:
                 raise failed_view_error(name, failed)
             if definition.kind == "view" and not definition.stored_output:
                 self._register_computed(cursor, registered, definition, snapshot)
+                if name not in self._computed_read:
+                    with self._lock:
+                        self._computed_read.add(name)
                 continue
             relation = snapshot[name]
             previous = registered.get(name)
@@ -182,6 +186,29 @@ class Reader:
                 cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")  # it was computed on read over its state
             cursor.register(name, visible(relation, not definition.is_set))
             registered[name] = relation
+
+    def warm(self, snapshot: Snapshot) -> None:
+        """Compute the rows of ``snapshot``'s views computed on read that were read since the last warm().
+
+        The writer calls this just before it publishes ``snapshot``: the rows
+        are then ready (``computed_rows`` keeps them with the state versions)
+        when the first read of the new version arrives, instead of that read
+        paying for them (~3 ms for 1,000 groups; with lookups at 150/s and a
+        batch every 100 ms, one lookup in fifteen did, which set their p99).
+        Views nobody read since the previous batch are not computed.
+        """
+        with self._lock:
+            names, self._computed_read = self._computed_read, set()
+        views = [self.engine.catalog.views.get(name) for name in sorted(names)]
+        views = [v for v in views if v is not None and not v.stored_output and v.name not in self.engine.failed]
+        if not views:
+            return
+        with self._lease() as lease:
+            for view in views:
+                try:
+                    self._register_computed(lease.cursor, lease.registered, view, snapshot)
+                except ExecutionError:
+                    pass  # e.g. an overflow computing a column: the reads report it
 
     def _register_computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                            view: "ViewDef", snapshot: Snapshot) -> None:

@@ -70,3 +70,34 @@ def test_a_bound_query_reads_like_the_same_text(db):
                           "SELECT 1; SELECT * FROM v WHERE grp = 2").to_pylist() == [{"grp": 2, "n": 1, "s": 4.0}]
     with pytest.raises(ivm.UnknownObjectError, match="nope"):
         db.bound_query("SELECT * FROM nope WHERE a = $1 ", "SELECT * FROM nope WHERE a = 1")
+
+
+def computed_versions(db) -> list:
+    """The computed rows of ``v`` kept with its current state version."""
+    state = next(r for name, r in db._engine.store.snapshot.relations.items() if name.startswith("v."))
+    return [value for key, value in state._cache.items() if key[:2] == ("computed", "v")]
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
+def test_the_writer_computes_the_rows_of_views_read_since_the_last_batch(tmp_path, durable):
+    with ivm.connect(tmp_path / "db" if durable else None) as db:
+        db.execute(f"CREATE TABLE t (id BIGINT PRIMARY KEY, grp BIGINT, x DOUBLE); CREATE MATERIALIZED VIEW v AS {VIEW}")
+        db.apply_changes("t", changes([1, 2, 3], [1, 1, 2], [1.0, 2.0, 4.0]))
+        db.apply_changes("t", changes([3], [2], [6.0]))
+        db.offset  # every acknowledged change published (durable: folded)
+        assert computed_versions(db) == []  # nobody read v since the batch before: nothing computed
+        assert db.sql("SELECT * FROM v WHERE grp = 1").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
+        db.apply_changes("t", changes([2], [2], [5.0]))
+        db.offset
+        warmed = computed_versions(db)
+        assert len(warmed) == 1  # computed by the writer, before any read of this version
+        assert multiset_diff(warmed[0][2], recompute(db)) is None
+        assert db.sql("SELECT * FROM v WHERE grp = 2").to_pylist() == [{"grp": 2, "n": 2, "s": 11.0}]
+        assert computed_versions(db) == warmed  # the read used them
+        db.apply_changes("t", changes([4], [3], [1.0]))
+        db.offset
+        assert len(computed_versions(db)) == 1
+        db.apply_changes("t", changes([5], [3], [1.0]))  # v was not read since the last batch
+        db.offset
+        assert computed_versions(db) == []
+        assert multiset_diff(db.sql("SELECT * FROM v"), recompute(db)) is None
