@@ -11,7 +11,9 @@ acknowledged and the maintainer folds it in the background), creates
     all_items = SELECT id, grp, amount FROM items WHERE amount >= 0   (every row)
 
 and, while one writer upserts batches into ``items`` at a target rate through
-plain Flight DoPut (each acknowledged with its offset), measures:
+plain Flight DoPut (each acknowledged with its offset; the writer is a
+process of its own with its batches built before the clock starts, so the
+readers' process measures reads, not the load generator), measures:
 
 * a 1-row lookup, ``SELECT * FROM by_grp WHERE grp = ?`` through ADBC
   (prepare, bind, execute, fetch), next to the same row recomputed from the
