@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 import numpy as np
@@ -244,18 +244,19 @@ class Reader:
             cursor.execute(f"CREATE OR REPLACE TEMP VIEW {quote(view.name)} AS {view.read_text()}")
             registered[view.name] = view
 
-    def query(self, sql: str, expression: exp.Expression, snapshot: Snapshot | None = None,
+    def query(self, sql: str | Callable[[], str], expression: exp.Expression, snapshot: Snapshot | None = None,
               values: list[pa.Scalar] | None = None) -> pa.Table:
         """Run ``sql`` (parsed: ``expression``) on one snapshot.
 
         ``values``: ``sql`` is the template ``expression`` (``$n``
         placeholders) with these parameter values spliced in; a point read
-        of that shape is then answered from the Arrow rows (ivm/point_reads.py).
+        of that shape is then answered from the Arrow rows (ivm/point_reads.py),
+        and ``sql`` may be a function rendering it, called only if DuckDB runs it.
         """
         if snapshot is None:
             self.engine.wait_visible()  # read your writes: every acknowledged change
             snapshot = self.engine.store.snapshot
-        if has_time_windows(expression):  # TUMBLE/HOP in FROM: the same expansion views get
+        if time_windows_in(expression):  # TUMBLE/HOP in FROM: the same expansion views get
             expression, values = expand_time_windows(expression, self.engine.catalog.schema()), None
             sql = expression.sql("duckdb")
         names = self.relations_in(expression)
@@ -264,7 +265,7 @@ class Reader:
             self.register(lease.cursor, lease.registered, names, snapshot)
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
-                table = self._run(lease.cursor, sql)
+                table = self._run(lease.cursor, sql() if callable(sql) else sql)
                 if point is not None:
                     self._remember_schema(lease, point, expression, table.schema)
         metadata = dict(table.schema.metadata or {})
@@ -324,6 +325,16 @@ def _point_schemas(expression: exp.Expression) -> dict[pa.Schema, pa.Schema]:
     if found is None or found[0] != id(expression):
         found = expression.meta["ivm.point_schemas"] = (id(expression), {})
     return found[1]
+
+
+def time_windows_in(expression: exp.Expression) -> bool:
+    """``has_time_windows``, kept in the tree's meta (a walk of the tree cost ~0.1 ms per prepared lookup)."""
+    found = expression.meta_get("ivm.time_windows")
+    if found is not None and found[0] == id(expression):
+        return found[1]
+    windows = has_time_windows(expression)
+    expression.meta["ivm.time_windows"] = (id(expression), windows)
+    return windows
 
 
 def _named_relations(expression: exp.Expression) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ def read(db, sql: str, *values) -> pa.Table:
     """A prepared execution as the Flight server runs it: template, spliced text and the values."""
     batch = pa.record_batch([pa.array([v]) if not isinstance(v, pa.Array) else v for v in values],
                             names=[str(i) for i in range(len(values))])
-    return db.bound_query(params.numbered(sql), params.bind(sql, batch, 0), [c[0] for c in batch.columns])
+    return db.bound_query(params.numbered(sql), lambda: params.bind(sql, batch, 0), [c[0] for c in batch.columns])
 
 
 @pytest.fixture

@@ -101,3 +101,20 @@ def test_the_writer_computes_the_rows_of_views_read_since_the_last_batch(tmp_pat
         db.offset
         assert computed_versions(db) == []
         assert multiset_diff(db.sql("SELECT * FROM v"), recompute(db)) is None
+
+
+def test_a_bound_query_over_a_time_window_reads_its_values():
+    """TUMBLE expands the parsed template, which holds $1 rather than the value: it takes the ordinary path."""
+    from flight_server import params
+
+    with ivm.connect() as db:
+        db.execute("CREATE TABLE bids (id BIGINT PRIMARY KEY, ts TIMESTAMP, price BIGINT)")
+        db.execute("INSERT INTO bids VALUES (1, TIMESTAMP '2024-01-01 00:00:01', 5), "
+                   "(2, TIMESTAMP '2024-01-01 00:00:03', 7)")
+        sql = "SELECT id, window_start FROM TUMBLE(bids, ts, INTERVAL '2' SECOND) WHERE price = ?"
+        values = pa.record_batch([pa.array([7])], names=["0"])
+        expected = db.sql(params.bind(sql, values, 0))
+        assert expected.num_rows == 1
+        for text in (params.bind(sql, values, 0), lambda: params.bind(sql, values, 0)):
+            got = db.bound_query(params.numbered(sql), text, [values.column(0)[0]])
+            assert got.to_pylist() == expected.to_pylist()
