@@ -69,6 +69,12 @@ def items(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
                      "__op": pa.array(["u"] * len(ids))})  # upsert by key
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def put(client: fl.FlightClient, table: pa.Table) -> int:
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("items"), table.schema)
     writer.write_table(table)
@@ -235,7 +241,15 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
             with Ingest(server.uri, rows, rate, batch, seconds * 2.5) as ingest:
+                pids = {"server": server.process.pid, "readers (ADBC client)": os.getpid(),
+                        "writer": ingest.process.pid}
+                before, started = {k: process_cpu(pid) for k, pid in pids.items()}, time.perf_counter()
                 result["lookup"] = quantiles(time_lookups(cur, lookup, seconds))
+                # Who used the 2 cores during the timed lookups: CPU seconds per second of wall.
+                wall = time.perf_counter() - started
+                result["cores_used"] = {k: (process_cpu(pid) - before[k]) / wall for k, pid in pids.items()}
+                result["cpu_ms_per_lookup"] = {k: 1000 * v * wall / result["lookup"]["n"]
+                                               for k, v in result["cores_used"].items()}
                 result["recompute_lookup"] = quantiles(time_lookups(cur, recompute, seconds / 2))
                 with fl.connect(server.uri) as client:
                     result["full_read"] = quantiles(time_full_reads(client, rows, seconds))
@@ -275,6 +289,11 @@ def report(r: dict, command: str) -> str:
         row("read right after an acknowledged write", r["visibility"]["read"]),
         "",
         f"Lookup vs recompute (median): {r['recompute_lookup']['median_ms'] / r['lookup']['median_ms']:.1f}x faster.",
+        "",
+        "CPU during the lookups while ingesting (cores used; CPU ms per lookup): "
+        + "; ".join(f"{k} {v:.2f} ({r['cpu_ms_per_lookup'][k]:.2f} ms)" for k, v in r["cores_used"].items())
+        + ". The machine has 2 cores; the writer's and the server's ingest share are the cost of 50k rows/s, "
+        "the readers' is the client's own work per lookup (ADBC), which competes with the server.",
         "",
         f"Acknowledged-to-visible: {r['visibility']['writes']} writes each read back at once; "
         f"{r['visibility']['not_visible']} were not visible (lag zero by construction: a read sees every "
