@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import BindError, ExecutionError, UnknownObjectError
+from sql_frontend.errors import BindError, ExecutionError, IvmError, UnknownObjectError
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
@@ -207,8 +207,8 @@ class Reader:
             for view in views:
                 try:
                     self._register_computed(lease.cursor, lease.registered, view, snapshot)
-                except ExecutionError:
-                    pass  # e.g. an overflow computing a column: the reads report it
+                except (IvmError, duckdb.Error):
+                    pass  # e.g. an overflow computing a column: the read that needs the rows reports it
 
     def _register_computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                            view: "ViewDef", snapshot: Snapshot) -> None:

@@ -118,3 +118,21 @@ def test_a_bound_query_over_a_time_window_reads_its_values():
         for text in (params.bind(sql, values, 0), lambda: params.bind(sql, values, 0)):
             got = db.bound_query(params.numbered(sql), text, [values.column(0)[0]])
             assert got.to_pylist() == expected.to_pylist()
+
+
+def test_a_view_the_writer_cannot_compute_does_not_fail_the_batch_and_the_read_reports_it(db, monkeypatch):
+    db.apply_changes("t", changes([1], [1], [1.0]))
+    assert db.sql("SELECT * FROM v").num_rows == 1  # read: the next batch warms v
+    compute = reads.computed_rows
+
+    def failing(cursor, view, states):
+        raise ivm.ExecutionError("cannot compute v")
+
+    monkeypatch.setattr(reads, "computed_rows", failing)
+    offset = db.apply_changes("t", changes([2], [1], [2.0]))  # accepted although warming v failed
+    assert db.sql("SELECT COUNT(*) AS c FROM t").to_pylist() == [{"c": 2}]
+    with pytest.raises(ivm.ExecutionError, match="cannot compute v"):
+        db.sql("SELECT * FROM v")
+    monkeypatch.setattr(reads, "computed_rows", compute)
+    assert db.offset == offset
+    assert db.sql("SELECT * FROM v").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
