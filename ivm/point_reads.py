@@ -40,7 +40,7 @@ from sqlglot import exp
 
 from sql_frontend.statements import normalize_name
 
-_ALLOWED_ARGS = {"expressions", "from_", "where", "kind"}
+_ALLOWED_ARGS = {"expressions", "from_", "where"}
 
 
 @dataclass(frozen=True)
