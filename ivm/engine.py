@@ -457,7 +457,9 @@ class Engine:
             # (ivm/changefeed.py), which keeps that query off the write path.
             self.history.append(self.offset, self.view_deltas(deltas))
             self.accept_events(table, prepared)
-            self.store.publish(snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts()))
+            snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts())
+            self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
+            self.store.publish(snapshot)
             self.producers.record(source, seq, self.offset)
             return self.offset
 
