@@ -30,12 +30,9 @@ import time
 
 import numpy as np
 
+from bench.flight import process_cpu
+
 ROWS = 100_000
-
-
-def process_cpu(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def lookup(n: int) -> None:

@@ -11,7 +11,9 @@ acknowledged and the maintainer folds it in the background), creates
     all_items = SELECT id, grp, amount FROM items WHERE amount >= 0   (every row)
 
 and, while one writer upserts batches into ``items`` at a target rate through
-plain Flight DoPut (each acknowledged with its offset), measures:
+plain Flight DoPut (each acknowledged with its offset; the writer is a
+process of its own with its batches built before the clock starts, so the
+readers' process measures reads, not the load generator), measures:
 
 * a 1-row lookup, ``SELECT * FROM by_grp WHERE grp = ?`` through ADBC
   (prepare, bind, execute, fetch), next to the same row recomputed from the
@@ -29,13 +31,15 @@ target unless the machine cannot keep up, which the report says).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import multiprocessing
 import os
 import platform
+import queue
 import random
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -65,6 +69,12 @@ def items(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
                      "__op": pa.array(["u"] * len(ids))})  # upsert by key
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def put(client: fl.FlightClient, table: pa.Table) -> int:
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("items"), table.schema)
     writer.write_table(table)
@@ -74,52 +84,93 @@ def put(client: fl.FlightClient, table: pa.Table) -> int:
     return json.loads(ack.to_pybytes())["offset"]
 
 
-class Ingest:
-    """Upserts ``batch`` random existing rows every ``batch / rate`` seconds."""
+def prepared_batches(rows: int, batch: int, count: int) -> list[pa.Table]:
+    """``count`` upserts of ``batch`` random existing rows, built before the clock starts."""
+    rng = np.random.default_rng(1)
+    return [items(rng.choice(rows, batch, replace=False), rng) for _ in range(count)]
 
-    def __init__(self, uri: str, rows: int, rate: float, batch: int):
-        self.client = fl.connect(uri)
-        self.rows, self.rate, self.batch = rows, rate, batch
-        self.stop = threading.Event()
-        self.sent = 0
+
+def write_at_rate(uri: str, batches: list[pa.Table], rate: float, ready, stop, sent, commits) -> None:
+    """The writer process: DoPut ``batches`` in a loop at ``rate`` rows/s until ``stop`` is set.
+
+    A process of its own, with its batches built up front: in the readers'
+    process it held their GIL while building and sending (a lookup waited
+    behind it), which measured the client, not the server.
+    """
+    client = fl.connect(uri)
+    interval = batches[0].num_rows / rate
+    ready.set()
+    next_at = time.perf_counter()
+    for i in itertools.count():
+        if stop.is_set():
+            break
+        table = batches[i % len(batches)]
+        started = time.perf_counter()
+        put(client, table)
+        commits.put(time.perf_counter() - started)
+        with sent.get_lock():
+            sent.value += table.num_rows
+        next_at += interval
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_at = time.perf_counter()  # behind: do not build up a backlog
+    client.close()
+
+
+class Ingest:
+    """Upserts ``batch`` random existing rows every ``batch / rate`` seconds, from a separate process."""
+
+    def __init__(self, uri: str, rows: int, rate: float, batch: int, seconds: float):
+        context = multiprocessing.get_context("spawn")
+        # Enough distinct batches for the run (cycled if it runs longer), at most 100.
+        count = max(1, min(100, int(rate * seconds * 4 / batch) + 1))
+        self.ready, self.stop = context.Event(), context.Event()
+        self.sent = context.Value("q", 0)
+        self.commits = context.Queue()
+        self.process = context.Process(target=_writer, args=(uri, rows, batch, count, rate, self.ready, self.stop,
+                                                             self.sent, self.commits), daemon=True)
         self.errors: list[str] = []
         self.commit_seconds: list[float] = []
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        rng = np.random.default_rng(1)
-        interval = self.batch / self.rate
-        next_at = time.perf_counter()
-        try:
-            while not self.stop.is_set():
-                ids = rng.choice(self.rows, self.batch, replace=False)
-                started = time.perf_counter()
-                put(self.client, items(ids, rng))
-                self.commit_seconds.append(time.perf_counter() - started)
-                self.sent += self.batch
-                next_at += interval
-                delay = next_at - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                else:
-                    next_at = time.perf_counter()  # behind: do not build up a backlog
-        except Exception as e:  # noqa: BLE001 (reported)
-            self.errors.append(f"{type(e).__name__}: {e}")
 
     def __enter__(self) -> "Ingest":
+        self.process.start()
+        while not self.ready.wait(0.1) and self.process.is_alive():  # its batches are built: the clock starts
+            pass
+        if not self.ready.is_set():
+            raise RuntimeError(f"the writer process failed to start (exit code {self.process.exitcode})")
         self.started = time.perf_counter()
-        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(60)
         self.elapsed = time.perf_counter() - self.started
-        self.client.close()
+        deadline = time.monotonic() + 60
+        while self.process.is_alive() and time.monotonic() < deadline:
+            self._drain()
+            self.process.join(0.05)
+        self._drain()
+        if self.process.is_alive():
+            self.process.kill()
+            self.errors.append("the writer did not stop within 60 s")
+        elif self.process.exitcode:
+            self.errors.append(f"the writer failed (exit code {self.process.exitcode}; see its stderr)")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.commit_seconds.append(self.commits.get_nowait())
+            except queue.Empty:
+                return
 
     @property
     def achieved(self) -> float:
-        return self.sent / self.elapsed
+        return self.sent.value / self.elapsed
+
+
+def _writer(uri: str, rows: int, batch: int, count: int, rate: float, ready, stop, sent, commits) -> None:
+    write_at_rate(uri, prepared_batches(rows, batch, count), rate, ready, stop, sent, commits)
 
 
 def time_lookups(cur, sql: str, seconds: float) -> list[float]:
@@ -189,8 +240,16 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
             lookup = "SELECT * FROM by_grp WHERE grp = ?"
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
-            with Ingest(server.uri, rows, rate, batch) as ingest:
+            with Ingest(server.uri, rows, rate, batch, seconds * 2.5) as ingest:
+                pids = {"server": server.process.pid, "readers (ADBC client)": os.getpid(),
+                        "writer": ingest.process.pid}
+                before, started = {k: process_cpu(pid) for k, pid in pids.items()}, time.perf_counter()
                 result["lookup"] = quantiles(time_lookups(cur, lookup, seconds))
+                # Who used the 2 cores during the timed lookups: CPU seconds per second of wall.
+                wall = time.perf_counter() - started
+                result["cores_used"] = {k: (process_cpu(pid) - before[k]) / wall for k, pid in pids.items()}
+                result["cpu_ms_per_lookup"] = {k: 1000 * v * wall / result["lookup"]["n"]
+                                               for k, v in result["cores_used"].items()}
                 result["recompute_lookup"] = quantiles(time_lookups(cur, recompute, seconds / 2))
                 with fl.connect(server.uri) as client:
                     result["full_read"] = quantiles(time_full_reads(client, rows, seconds))
@@ -230,6 +289,11 @@ def report(r: dict, command: str) -> str:
         row("read right after an acknowledged write", r["visibility"]["read"]),
         "",
         f"Lookup vs recompute (median): {r['recompute_lookup']['median_ms'] / r['lookup']['median_ms']:.1f}x faster.",
+        "",
+        "CPU during the lookups while ingesting (cores used; CPU ms per lookup): "
+        + "; ".join(f"{k} {v:.2f} ({r['cpu_ms_per_lookup'][k]:.2f} ms)" for k, v in r["cores_used"].items())
+        + ". The machine has 2 cores; the writer's and the server's ingest share are the cost of 50k rows/s, "
+        "the readers' is the client's own work per lookup (ADBC), which competes with the server.",
         "",
         f"Acknowledged-to-visible: {r['visibility']['writes']} writes each read back at once; "
         f"{r['visibility']['not_visible']} were not visible (lag zero by construction: a read sees every "

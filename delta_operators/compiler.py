@@ -148,12 +148,14 @@ def make_rule(node: Node) -> Rule:
 
 def ordered_and_recursive_rules() -> dict[type, type]:
     """Rules of the window, top-K and recursive nodes (imported late, as above)."""
-    from sql_frontend.plan import Recursive, RecursiveRef, TopK, Window
+    from sql_frontend.plan import Recursive, RecursiveRef, Session, TopK, Window
     from delta_operators.recursive import RecursiveRefRule, RecursiveRule
+    from delta_operators.session import SessionRule
     from delta_operators.top_k import TopKRule
     from delta_operators.window import WindowRule
 
-    return {Window: WindowRule, TopK: TopKRule, Recursive: RecursiveRule, RecursiveRef: RecursiveRefRule}
+    return {Window: WindowRule, TopK: TopKRule, Recursive: RecursiveRule, RecursiveRef: RecursiveRefRule,
+            Session: SessionRule}
 
 
 def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:

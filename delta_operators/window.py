@@ -21,8 +21,9 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import WINDOW_INPUT, Window
-from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.compiler import Context
+from delta_operators.partition_reads import PartitionedRowsReads
+from delta_operators.program import Lookup, Replace, StateSpec
 from delta_operators.sqltext import columns, expand, parse, q, same
 from delta_operators.zset import POS, RUN, WEIGHT, consolidate_sql
 
@@ -30,7 +31,9 @@ KEEP = "__keep"
 ALL = "__all"  # probe column when the whole input is one partition
 
 
-class WindowRule:
+class WindowRule(PartitionedRowsReads):
+    what = "window rows"
+
     def __init__(self, node: Window):
         self.node = node
         self.inputs = node.input.column_names
@@ -86,33 +89,3 @@ class WindowRule:
             UNION ALL
             SELECT {columns(names, 'o')}, -o.{q(WEIGHT)}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
         """)
-
-    # --- reads ------------------------------------------------------------
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = select_columns(scan_name(self.state(ctx)), self.node.columns)
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
-        return bool(self.partition) and set(self.partition) <= set(columns_)
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
-        by = dict(zip(columns_, probe_columns))
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=self.partition, probe=probe,
-                        probe_columns=tuple(by[c] for c in self.partition),
-                        note=f"window rows by partition ({', '.join(self.partition)})"))
-        parts: list[exp.Expression] = [select_columns(found, self.node.columns)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note="window rows")

@@ -23,7 +23,7 @@ class ServerProcess:
     """``python -m ivm serve --port 0 ...`` from this checkout; ``uri`` once ready."""
 
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 60.0):
-        environment = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}  # env may override PYTHONPATH
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ivm", "serve", "--port", "0", *args],
             cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -308,7 +308,9 @@ class IvmFlightServer(fl.FlightServerBase):
             raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s); none were bound")
         if bound.num_rows != 1:
             raise InvalidArgument(f"a query takes one row of parameters, not {bound.num_rows}")
-        return self.db.bound_query(params.numbered(statement.sql), params.bind(statement.sql, bound, 0))
+        values = [column[0] for column in bound.columns]  # $n is the n-th bound column
+        # The text is rendered only if DuckDB runs it (a point read is answered from the values).
+        return self.db.bound_query(params.numbered(statement.sql), lambda: params.bind(statement.sql, bound, 0), values)
 
     def _update_prepared(self, statement: Prepared, values: pa.Table) -> int:
         if statement.parameters == 0:

@@ -68,6 +68,8 @@ class ViewDef:
     late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
     emit: str | None = None  # "on_close": rows of a window only once the watermark passed its end
     closed: object = None  # event_time.ClosedWindows: state that closed windows no longer need
+    interval: object = None  # interval_join.IntervalJoin: its streams' on-time rows expire (ivm/interval_join.py)
+    stored: frozenset[str] | None = None  # relations whose stored rows it reads (computed once, by the engine)
     # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
     _reads: dict[str, frozenset[str] | None] | None = field(default=None, repr=False)
@@ -197,13 +199,17 @@ class Catalog:
         streams = {t.name for t in self.tables.values() if t.retain_us is not None}
         return streams | {t.name for t in self.tables.values() if t.shadow_of in streams}
 
+    def expiring(self) -> set[str]:
+        """On-time twins an interval join lets go of old rows of (ivm/interval_join.py)."""
+        return {s for v in self.views.values() if v.interval is not None for s in v.sources}
+
     def reads_retained(self, view: "ViewDef") -> bool:
-        """Does ``view`` read a stream whose old rows RETAIN drops (or that stream's on-time twin)?
+        """Does ``view`` read a stream whose old rows RETAIN (or an interval join) drops?
 
         Such a view cannot be recomputed from its sources: the dropped rows
         still count in its windows. It is always maintained incrementally.
         """
-        return not self.retained().isdisjoint(view.sources)
+        return not (self.retained() | self.expiring()).isdisjoint(view.sources)
 
     def hidden(self, name: str) -> list[TableDef]:
         """The hidden twins of a watermarked table (its on-time rows, its watermark)."""

@@ -34,6 +34,7 @@ from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.event_time import closed_windows, view_query
+from ivm.interval_join import view_interval
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
@@ -88,6 +89,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     view.late = doc.get("late")
     view.emit = doc.get("emit")
     view.closed = closed_windows(view, parse_query(doc["sql"]), catalog)
+    view.interval = view_interval(view, query, catalog)
     return view
 
 

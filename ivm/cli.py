@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(workloads.add_parser("tpch", help="the TPC-H queries as views under a refresh stream "
                                                     "(report, plots; see bench/README.md)"))
-    workloads.add_parser("nexmark", help="Nexmark (not available yet: needs windows over event time, issue 8)")
+    from bench.nexmark_run import add_arguments as nexmark_arguments
+
+    nexmark_arguments(workloads.add_parser("nexmark", help="the Nexmark queries (q5, q7, q8, q11) as views over the "
+                                                          "event generator (report; see bench/README.md)"))
 
     args = parser.parse_args(argv)
     if args.command == "bench":
@@ -111,9 +114,9 @@ def _spark_conf(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, 
 
 def _bench(args: argparse.Namespace) -> int:
     if args.workload == "nexmark":
-        print("ivm bench nexmark: not available yet (needs event-time windows, issue 8); "
-              "the event generator is bench/nexmark.py", file=sys.stderr)
-        return 2
+        from bench.nexmark_run import main as nexmark
+
+        return nexmark(args)
     from bench.tpch_report import main as tpch
 
     return tpch(args)

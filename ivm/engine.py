@@ -39,8 +39,10 @@ from ivm.catalog import Catalog, TableDef, ViewDef, make_view
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
 from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, closed_windows, drop_closed_windows,
-                            expire_retained, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
-                            view_query, watermark_batch, watermark_name)
+                            expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
+                            stored_watermark, view_query, watermark_batch, watermark_name)
+from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
+                               view_interval)
 from ivm.executor import Executor, RowChanges, StepRunner
 from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
@@ -92,11 +94,15 @@ class Prepared:
     # its one-row watermark (ivm/event_time.py)
     hidden: list["Prepared"] = field(default_factory=list)
     late: int = 0  # ... and how many of its events arrived below the watermark
+    expired: int = 0  # ... and how many on-time rows interval joins let go (ivm/interval_join.py)
     change_table: str = ""  # the table the batch changed
 
     def counts(self) -> dict[str, int]:
-        """What the batch adds to the snapshot's counters: its late events."""
-        return {late_counter(self.change_table): self.late} if self.late else {}
+        """What the batch adds to the snapshot's counters: its late events, the on-time rows that went."""
+        counts = {late_counter(self.change_table): self.late} if self.late else {}
+        if self.expired:
+            counts[expired_counter(self.change_table)] = self.expired
+        return counts
 
     def versions(self) -> dict[str, Relation]:
         """New versions of the table (and of its hidden twins)."""
@@ -278,10 +284,14 @@ class Engine:
             query = view_query(stmt.query, self.catalog, stmt.late, stmt.emit)
             plan = plan_view(query, self.catalog, stmt.column_names)
             view = make_view(stmt.name, stmt.sql, plan)
-            check_retained_reads(view, self.catalog, self._stored_new)
             view.engine = stmt.engine
             view.late = stmt.late
             view.emit = stmt.emit
+            view.interval = view_interval(view, query, self.catalog)
+            check_expired_reads(view, self.store.snapshot)
+            check_retained_reads(view, self.catalog, self._stored_new)
+            if set(view.sources) & {on_time_name(t) for t in self.catalog.tables}:
+                self._stored_reads(view)  # now, not while a later batch is converted
             view.closed = closed_windows(view, stmt.query, self.catalog)
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
@@ -462,7 +472,9 @@ class Engine:
             # (ivm/changefeed.py), which keeps that query off the write path.
             self.history.append(self.offset, self.view_deltas(deltas))
             self.accept_events(table, prepared)
-            self.store.publish(snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts()))
+            snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts())
+            self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
+            self.store.publish(snapshot)
             self.producers.record(source, seq, self.offset)
             return self.offset
 
@@ -500,9 +512,27 @@ class Engine:
             if moved is not None:
                 mark = self.catalog.tables[watermark_name(definition.name)]
                 prepared.hidden.append(self.convert(mark, moved, "error", self.head(mark.name), worker))
+            limit = self._on_time_limit(definition)
             if definition.retain_us is not None:
-                expire_retained(definition, prepared, self.watermarks, worker.coder)
+                expire_retained(definition, prepared, self.watermarks, worker.coder, limit)
+            elif limit is not KEEP_ALL and limit is not UNREAD:
+                prepared.expired = expire_rows(prepared.hidden[0], definition.event_time, limit, worker.coder)
         return prepared
+
+    def _on_time_limit(self, definition: TableDef):
+        """What interval joins need of the stream's on-time rows (ivm/interval_join.py on_time_cutoff).
+
+        Watermarks come from the published snapshot: every batch maintained with
+        this one (also in a fold of several) was on time against them or later ones.
+        """
+        snapshot = self.store.snapshot
+        views = [v for v in self.catalog.views.values() if v.name not in self.failed]
+        return on_time_cutoff(definition.name, views, lambda s: stored_watermark(snapshot, s), self._stored_reads)
+
+    def _stored_reads(self, view: ViewDef) -> frozenset[str]:
+        if view.stored is None:
+            view.stored = stored_reads(view, self._stored_new)
+        return view.stored
 
     def accept_events(self, table: str, prepared: Prepared) -> None:
         """A batch of ``table`` was accepted: move its watermark."""

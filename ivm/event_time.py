@@ -21,6 +21,7 @@ with it by checkpoints and moved again by replay.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -247,21 +248,42 @@ def expired_rows(relation, column: str, cutoff_us: int) -> tuple[np.ndarray, np.
     return np.concatenate(runs), np.concatenate(rows)
 
 
-def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder) -> None:
-    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN."""
+def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, on_time_limit=None) -> None:
+    """Drop from the batch's new versions the rows the watermark passed by more than RETAIN.
+
+    ``on_time_limit``: the on-time rows interval joins still need (ivm/interval_join.py
+    on_time_cutoff: UNREAD, KEEP_ALL or an event time; None: UNREAD).
+    """
+    from ivm.interval_join import KEEP_ALL, UNREAD  # (it imports this module)
+
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
-    for version in (prepared, prepared.hidden[0]):  # the table and its on-time rows
-        runs, rows = expired_rows(version.updated, table.event_time, cutoff)
-        if len(runs):
-            version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    expire_rows(prepared, table.event_time, cutoff, coder)
+    # The on-time rows: what RETAIN drops and (when an interval join looks them up) no join can
+    # still match: the join's cutoff may be the lower one (the other stream's watermark may lag).
+    limit = UNREAD if on_time_limit is None else on_time_limit
+    if limit is not KEEP_ALL:
+        expire_rows(prepared.hidden[0], table.event_time, cutoff if limit is UNREAD else min(cutoff, limit), coder)
+
+
+def expire_rows(version, column: str, cutoff_us: int, coder) -> int:
+    """Drop from a batch's new version the rows with ``column`` below the cutoff; how many went."""
+    runs, rows = expired_rows(version.updated, column, cutoff_us)
+    if len(runs):
+        version.updated = version.updated.replace_rows(runs, rows, None, coder)
+    return len(runs)
 
 
 def check_retained_reads(view, catalog, stored_new) -> None:
-    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone)."""
+    """Refuse a view whose maintenance reads stored rows of a RETAIN table (they may be gone).
+
+    An interval join's reads of on-time rows are bounded (ivm/interval_join.py): they stay.
+    """
     retained = catalog.retained()
     if not retained & set(view.sources):
         return
+    if view.interval is not None:
+        retained = retained - set(view.sources)
     sources = list(view.sources)
     changed_sets = [frozenset([s]) for s in sources] + [frozenset(sources)]
     for changed in changed_sets:
@@ -287,6 +309,9 @@ def check_retained_reads(view, catalog, stored_new) -> None:
 # batch is maintained into, so a durable fold and a replay drop exactly
 # what the first run dropped. Kept: state the view's rows are read from
 # (a view computed on read keeps one state row per window: its rows).
+# SESSION windows have no size: their operator state drops the rows of
+# sessions with window_end <= W (no later on-time event can touch them,
+# delta_operators/session.py), and nothing goes by window_start.
 
 
 @dataclass(frozen=True)
@@ -294,36 +319,52 @@ class ClosedWindows:
     stream: str  # the watermarked table
     size_us: int  # the largest window over it
     relations: tuple[str, ...]  # state relations keyed by window_start that may lose closed windows
+    # SESSION state (delta_operators/session.py): rows of sessions with window_end <= W go. A session has
+    # no fixed size, so with a SESSION in the view nothing goes by window_start.
+    sessions: tuple[str, ...] = ()
 
 
 def closed_windows(view, query, catalog) -> ClosedWindows | None:
     """What of ``view``'s state may go once windows close (None: nothing)."""
+    from sql_frontend.session_windows import session_tables
     from sql_frontend.time_windows import window_sizes
 
     if (view.late or "drop") != "drop":
         return None  # a 'correct' view takes late events into any window
-    sizes = window_sizes(query)
-    streams = [t for t in sizes if t in catalog.tables and catalog.tables[t].event_time is not None]
+    sizes, sessions = window_sizes(query), session_tables(query)
+    streams = [t for t in set(sizes) | sessions if t in catalog.tables and catalog.tables[t].event_time is not None]
     bases = {catalog.tables[s].shadow_of or s for s in view.sources if s in catalog.tables}
     if len(streams) != 1 or bases - {streams[0]} or set(view.sources) - set(catalog.tables):
         return None  # other tables (or views) in the view: their changes may touch closed windows
     read = set() if view.stored_output else view.read_sql()[1]
-    relations = tuple(s.name for s in view.states
-                      if s.name not in read and s.name != view.name
-                      and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
-    return ClosedWindows(streams[0], sizes[streams[0]], relations) if relations else None
+    session_states = tuple(s.name for s in view.states
+                           if s.name not in read and re.fullmatch(re.escape(view.name) + r"\.session\d+", s.name))
+    relations = () if sessions else tuple(
+        s.name for s in view.states if s.name not in read and s.name != view.name
+        and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
+    if not relations and not session_states:
+        return None
+    return ClosedWindows(streams[0], sizes.get(streams[0], 0), relations, session_states)
 
 
 def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
-    """New versions of ``spec.relations`` without the windows closed by the snapshot's watermark."""
+    """New versions of the spec's relations without the windows closed by the snapshot's watermark."""
     mark = snapshot[watermark_name(spec.stream)].table()
     if mark.num_rows == 0:
         return {}
-    cutoff = pc.cast(mark.column("wm"), pa.int64())[0].as_py() - spec.size_us + 1  # window_start + size <= W
+    watermark = pc.cast(mark.column("wm"), pa.int64())[0].as_py()
+    cutoffs = [(name, "window_start", watermark - spec.size_us + 1) for name in spec.relations]  # start + size <= W
+    cutoffs += [(name, "window_end", watermark + 1) for name in spec.sessions]  # window_end <= W
     changed = {}
-    for name in spec.relations:
+    for name, column, cutoff in cutoffs:
         relation = snapshot[name]
-        runs, rows = expired_rows(relation, "window_start", cutoff)
+        runs, rows = expired_rows(relation, column, cutoff)
         if len(runs):
             changed[name] = relation.replace_rows(runs, rows, None, coder)
     return changed
+
+
+def stored_watermark(snapshot, stream: str) -> int | None:
+    """The watermark (microseconds) in ``stream``'s one-row watermark table of the snapshot; None before events."""
+    mark = snapshot[watermark_name(stream)].table()
+    return None if mark.num_rows == 0 else pc.cast(mark.column("wm"), pa.int64())[0].as_py()

@@ -10,7 +10,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import (
-    SPJ, Aggregate, Distinct, Node, Recursive, RecursiveRef, SemiJoin, SetOp, Source, TopK, UnionAll, ViewPlan, Window,
+    SPJ, Aggregate, Distinct, Node, Recursive, RecursiveRef, SemiJoin, Session, SetOp, Source, TopK, UnionAll, ViewPlan,
+    Window,
 )
 from sql_frontend.plan_sql import match_condition, render
 from delta_operators.compiler import Context, Options
@@ -24,6 +25,7 @@ RULES = {
     UnionAll: "incremental: union of the inputs' deltas",
     SetOp: "incremental: keeps each row's left and right counts; emits rows whose output multiplicity changes",
     Window: "incremental per partition: recomputes only the partitions a change touches",
+    Session: "incremental per session: recomputes only the sessions of a key a changed row meets",
     TopK: "incremental: keeps a buffer of the first rows in sort order; rescans the input only "
           "when deletions leave fewer than LIMIT + OFFSET rows in it",
     Recursive: "incremental: semi-naive rounds over the changed facts only",
@@ -70,6 +72,9 @@ def _describe_node(node: Node) -> str:
 
 
 def _describe_ordered_or_recursive(node: Node) -> str:
+    if isinstance(node, Session):
+        by = ", ".join(node.keys) or "(nothing: one sequence)"
+        return f"Session by {by} over {node.time}, gap {node.gap_us / 1e6:g} s"
     if isinstance(node, Window):
         source = dict(node.input.outputs) if isinstance(node.input, SPJ) else {}
         by = ", ".join(f"{p} (= {render(source[p])})" if p in source else p for p in node.partition)

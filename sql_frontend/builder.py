@@ -25,12 +25,13 @@ from sql_frontend.correlation import conjuncts
 from sql_frontend.errors import BindError, UnsupportedError
 from sql_frontend.nulls import rejected_aliases
 from sql_frontend.outer_joins import outer_join
-from sql_frontend.plan import SPJ, AggCall, Aggregate, Column, Distinct, Node, SetOp, Source, UnionAll
+from sql_frontend.plan import SPJ, AggCall, Aggregate, Column, Distinct, Node, Session, SetOp, Source, UnionAll
 from sql_frontend.plan_sql import column
 from sql_frontend.predicates import Predicate, apply, from_conjunct, from_join, is_predicate
 from sql_frontend.recursion import is_recursive, plan_recursive
 from sql_frontend.scalars import Hoisted, hoist, inside_aggregate
 from sql_frontend.scope import FromClause, needed_columns
+from sql_frontend.session_windows import session_call
 from sql_frontend.statements import DIALECT, normalize_name
 from sql_frontend.top_k import has_limit, plan_top_k
 from sql_frontend.windows import has_windows, plan_windows
@@ -155,6 +156,10 @@ class Builder:
             relation = normalize_name(source.this)
             return source.alias_or_name, self.bound[relation] if relation in self.bound else self.source(relation)
         if isinstance(source, exp.Subquery):
+            session = session_call(source)
+            if session is not None:  # an expanded SESSION(…): a node of its own, not its batch SQL
+                table, keys, time, gap_us = session
+                return source.alias, self.typed(Session(self.source(table), keys, time, gap_us))
             return source.alias, self.typed(self.query(source.this))
         raise UnsupportedError(f"{type(source).__name__.upper()} in FROM")
 

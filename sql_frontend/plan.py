@@ -13,6 +13,7 @@ column references are ``alias.column`` over the node's named inputs.
     SemiJoin    rows of one input with (semi) or without (anti) a match in another
     SetOp       EXCEPT / INTERSECT, with or without ALL
     Window      window functions, evaluated per partition
+    Session     SESSION windows: each row with the bounds of its session
     TopK        ORDER BY … LIMIT/OFFSET: the rows at some sort positions
     Recursive   WITH RECURSIVE (linear): base, and a step reading RecursiveRef
 
@@ -227,7 +228,7 @@ def with_children(node: Node, children: tuple[Node, ...]) -> Node:
         return SemiJoin(children[0], children[1], node.keys, node.residual, node.anti, origin=node.origin)
     if isinstance(node, SetOp):
         return SetOp(node.kind, node.all, children[0], children[1])
-    if isinstance(node, (Window, TopK)):
+    if isinstance(node, (Window, TopK, Session)):
         return replace(node, input=children[0])
     if isinstance(node, Recursive):  # keeps its RecursiveRef: the step must still read it
         return replace(node, base=children[0], step=children[1])
@@ -283,7 +284,7 @@ def is_set_valued(node: Node) -> bool:
             e.name for e in refs
         } >= set(child.column_names)
         return keeps_all and is_set_valued(child)
-    if isinstance(node, (Window, TopK)):
+    if isinstance(node, (Window, TopK, Session)):
         return is_set_valued(node.input)
     if isinstance(node, Recursive):
         return node.distinct
@@ -309,6 +310,23 @@ class Window(Node):
     input: Node
     partition: tuple[str, ...]
     calls: tuple[tuple[str, exp.Expression], ...]
+    columns: tuple[Column, ...] = ()
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+@dataclass(eq=False)
+class Session(Node):
+    """SESSION windows over ``input`` (sql_frontend/session_windows.py): its rows whose ``time`` is not NULL,
+    each with the ``window_start`` and ``window_end`` of its session per ``keys``, sessions closing after
+    ``gap_us`` microseconds without an event. Output: the input's columns, then the two bounds.
+    """
+
+    input: Node
+    keys: tuple[str, ...]
+    time: str
+    gap_us: int
     columns: tuple[Column, ...] = ()
 
     def children(self) -> tuple[Node, ...]:

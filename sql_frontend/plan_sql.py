@@ -16,9 +16,10 @@ from contextvars import ContextVar
 
 from sqlglot import exp
 
+from sql_frontend.session_windows import islands_sql
 from sql_frontend.plan import (
     LEFT, RIGHT, SPJ, WINDOW_INPUT, Aggregate, AggCall, Distinct, Node, Recursive, RecursiveRef, SemiJoin, SetOp,
-    Source, TopK, UnionAll, Window,
+    Session, Source, TopK, UnionAll, Window,
 )
 
 
@@ -119,6 +120,8 @@ def to_sql(node: Node) -> exp.Expression:
         return cls(this=left, expression=right, distinct=not node.all)
     if isinstance(node, (Window, TopK, Recursive, RecursiveRef)):
         return _ordered_or_recursive_sql(node)
+    if isinstance(node, Session):
+        return islands_sql(to_sql(node.input), node.input.column_names, node.keys, node.time, node.gap_us)
     raise TypeError(f"no SQL rendering for {type(node).__name__}")
 
 

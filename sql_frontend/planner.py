@@ -3,6 +3,7 @@
 The pipeline, each step a small function:
 
     expand_time_windows -> TUMBLE/HOP in FROM become derived tables (time_windows.py)
+    expand_asof_joins -> ASOF JOIN becomes a join and a NOT EXISTS (asof_join.py)
     check_supported     -> reject constructs we cannot maintain, by name
     bind                -> DuckDB's binder checks names/types and gives the output schema
     resolve             -> qualify columns, expand *, inline CTEs
@@ -31,6 +32,7 @@ from sql_frontend.plan import (
     Node,
     Recursive,
     RecursiveRef,
+    Session,
     Source,
     ViewPlan,
     Window,
@@ -38,6 +40,7 @@ from sql_frontend.plan import (
     walk,
     with_children,
 )
+from sql_frontend.asof_join import expand_asof_joins
 from sql_frontend.plan_sql import column, render, to_sql
 from sql_frontend.recursion import check_recursion
 from sql_frontend.resolve import check_relations, resolve
@@ -51,7 +54,7 @@ def plan_view(
     query: exp.Expression, catalog: CatalogReader, column_names: Sequence[str] | None = None
 ) -> ViewPlan:
     """Plan a materialized view body; raise a named error for anything unsupported."""
-    query = expand_time_windows(query, catalog.schema())
+    query = expand_asof_joins(expand_time_windows(query, catalog.schema()))
     check_supported(query, catalog.aggregate_names())
     query = drop_order_by(query)
     schema = catalog.schema()
@@ -188,6 +191,8 @@ def infer_types(root: Node, describe: Callable[[str], tuple[Column, ...]]) -> No
             names = [n for n, _ in node.outputs]
         elif isinstance(node, Window):
             names = list(node.input.column_names) + [n for n, _ in node.calls]
+        elif isinstance(node, Session):
+            names = list(node.input.column_names) + ["window_start", "window_end"]
         elif isinstance(node, Recursive):
             names = [c.name for c in node.columns]
         elif isinstance(node, Aggregate):

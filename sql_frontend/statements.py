@@ -21,6 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
+from sql_frontend.session_windows import quote_session_calls
 
 DIALECT = "duckdb"
 
@@ -229,7 +230,7 @@ def parse(sql: str) -> list[Statement]:
 
 def _parse_trees(sql: str) -> list[Statement]:
     try:
-        trees = [t for t in sqlglot.parse(sql, dialect=DIALECT) if t is not None]
+        trees = [t for t in sqlglot.parse(quote_session_calls(sql), dialect=DIALECT) if t is not None]
     except (ParseError, TokenError) as e:
         raise SqlSyntaxError(f"syntax error: {_first_line(e)}") from None
     if not trees:

@@ -39,9 +39,11 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, SqlSyntaxError, UnknownObjectError, UnsupportedError
 from sql_frontend.event_time import interval_us
 from sql_frontend.statements import DIALECT, normalize_name
+from sql_frontend import session_windows
 
 WINDOW_FUNCTIONS = {"TUMBLE": "TUMBLE(table, time_column, INTERVAL size)",
-                    "HOP": "HOP(table, time_column, INTERVAL slide, INTERVAL size)"}
+                    "HOP": "HOP(table, time_column, INTERVAL slide, INTERVAL size)",
+                    "SESSION": session_windows.USAGE}
 WINDOW_COLUMNS = ("window_start", "window_end")
 EPOCH = "CAST('1970-01-01' AS TIMESTAMP)"
 MAX_HOPS = 100  # windows per event of a HOP (size / slide): each is a branch of the union
@@ -50,7 +52,7 @@ Schema = Mapping[str, Mapping[str, str]]
 
 
 def window_call(node: exp.Expression) -> str | None:
-    """'TUMBLE' or 'HOP' when ``node`` is such a call in FROM (a Table around a function)."""
+    """'TUMBLE', 'HOP' or 'SESSION' when ``node`` is such a call in FROM (a Table around a function)."""
     if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous):
         name = node.this.name.upper()
         return name if name in WINDOW_FUNCTIONS else None
@@ -74,6 +76,8 @@ def expand_time_windows(query: exp.Expression, schema: Schema) -> exp.Expression
 
 
 def _expand(kind: str, call: exp.Table, schema: Schema) -> exp.Subquery:
+    if kind == "SESSION":  # not a union of projections: a node of its own (sql_frontend/session_windows.py)
+        return session_windows.expand_session(call, schema, _source, _time_column, _interval)
     args = call.this.expressions
     usage = WINDOW_FUNCTIONS[kind]
     if len(args) != (3 if kind == "TUMBLE" else 4):
@@ -148,7 +152,7 @@ def window_sizes(query: exp.Expression) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for table in query.find_all(exp.Table):
         kind = window_call(table)
-        if kind is None:
+        if kind is None or kind == "SESSION":  # a session has no fixed size (its state goes by window_end)
             continue
         args = table.this.expressions
         if not args or not isinstance(args[0], exp.Column) or not isinstance(args[-1], exp.Interval):

@@ -48,12 +48,21 @@ def spark_conf():
     return dict(SPARK_TEST_CONF)
 
 
+def _uses_module_fixture(item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    return any(d.scope in ("module", "package") for defs in fixtures.name2fixturedefs.values() for d in defs)
+
+
 def pytest_collection_modifyitems(config, items):
     """Schedule for two xdist workers: Spark tests in one group, long modules first.
 
     ``./dev test`` runs two workers with ``--dist loadgroup``. Every Spark
-    test is in one group, so the suite starts one SparkSession; each Flight
-    module is a group, so its module-scoped server starts once. Modules
+    test is in one group, so the suite starts one SparkSession. A module
+    whose tests share a module-scoped fixture (a server, a loaded database)
+    is one group: the fixture is built once, and its tests run in file
+    order on one worker. Modules
     holding ``slow`` tests go first (each module's own order is kept, so its
     fixtures are built once), so the run does not end with one worker busy
     on a long test while the other idles. Without xdist both are harmless.
@@ -61,8 +70,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "spark" in item.nodeid.lower():
             item.add_marker(pytest.mark.xdist_group("spark"))
-        elif "flight" in item.path.parts:  # one server per module, started once
-            item.add_marker(pytest.mark.xdist_group(f"flight:{item.path.stem}"))
+        elif _uses_module_fixture(item):  # a server, a stream, a database: built once
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.path}"))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_modules)  # stable: order within a module kept
 

@@ -39,8 +39,3 @@ def test_bench_tpch_rejects_unknown_views(tmp_path):
          "--data", str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "unknown view(s) q99" in run.stderr
 
-
-def test_bench_nexmark_says_it_is_not_available():
-    run = subprocess.run([sys.executable, "-m", "ivm", "bench", "nexmark"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 2 and "issue 8" in run.stderr

@@ -197,15 +197,11 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from sql_frontend.statements import parse_query  # noqa: E402
 from sql_frontend.time_windows import expand_time_windows  # noqa: E402
 from tests.oracle.compare import multiset_diff  # noqa: E402
-from tests.oracle.streams import StreamHarness, play, stream_views  # noqa: E402
+from tests.oracle.streams import StreamHarness, play, play_fresh, stream_views  # noqa: E402
 
 
 def _play_fresh(seed: int, batches: int) -> None:
-    harness = StreamHarness()
-    try:
-        play(seed, batches, harness)
-    finally:
-        harness.close()
+    play_fresh(seed, batches)
 
 
 @settings(max_examples=2)

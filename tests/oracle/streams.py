@@ -93,7 +93,7 @@ def auction_ops(rng: random.Random, model: StreamModel) -> pa.Table:
 
 
 class StreamHarness:
-    def __init__(self, db: ivm.Database | None = None, views=None):
+    def __init__(self, db: ivm.Database | None = None, views=None, reference=None):
         self.db = db or ivm.connect()
         self.refs = {"drop": duckdb.connect(), "correct": duckdb.connect()}
         self.model = StreamModel()
@@ -106,7 +106,8 @@ class StreamHarness:
         self.expected_sql = {}
         schema = self.db._engine.catalog.schema()
         for view in self.views:
-            expanded = expand_time_windows(parse_query(view.sql), schema).sql("duckdb")
+            expanded = (reference(view.sql, schema) if reference is not None
+                        else expand_time_windows(parse_query(view.sql), schema).sql("duckdb"))
             for policy in ("drop", "correct", "closed"):
                 if policy == "closed" and "window_end" not in [c.name for c in self.db.sql(
                         f"SELECT * FROM ({expanded}) LIMIT 0").schema]:
@@ -167,3 +168,12 @@ def play(seed: int, batches: int, harness: StreamHarness) -> None:
             clock += rng.uniform(0, 8)
             harness.bids(bid_batch(rng, harness.model, clock, rng.randint(1, 12)))
         harness.check(f"seed {seed}, after batch {step}")
+
+
+def play_fresh(seed: int, batches: int, views=None, reference=None) -> None:
+    """``play`` on a new in-memory database and references, closed afterwards."""
+    harness = StreamHarness(views=views, reference=reference)
+    try:
+        play(seed, batches, harness)
+    finally:
+        harness.close()
