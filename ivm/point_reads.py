@@ -52,14 +52,24 @@ class Shape:
     equalities: tuple[tuple[str, int], ...]  # (column, parameter number)
 
 
-def shape(expression: exp.Expression) -> Shape | None:
-    """The point-read shape of a parsed query template, or None; computed once per tree (kept in its meta)."""
-    found = expression.meta_get("ivm.point_shape")
+def per_tree(expression: exp.Expression, key: str, compute):
+    """``compute(expression)``, once per parsed tree: kept in the tree's meta under ``key``.
+
+    Parsed queries are shared and never modified (prepared statements and
+    repeated texts reuse one tree). Copies carry meta along, so the value is
+    stored with the tree's id: a copy's id differs and computes its own.
+    """
+    found = expression.meta_get(key)
     if found is not None and found[0] == id(expression):
         return found[1]
-    result = _shape(expression)
-    expression.meta["ivm.point_shape"] = (id(expression), result)
+    result = compute(expression)
+    expression.meta[key] = (id(expression), result)
     return result
+
+
+def shape(expression: exp.Expression) -> Shape | None:
+    """The point-read shape of a parsed query template, or None; computed once per tree."""
+    return per_tree(expression, "ivm.point_shape", _shape)
 
 
 def _shape(select: exp.Expression) -> Shape | None:

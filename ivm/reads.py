@@ -322,32 +322,20 @@ def _point_schemas(expression: exp.Expression) -> dict[pa.Schema, pa.Schema]:
     Per template, not per shape: DuckDB names a result column as the query
     spells it, so two templates of one shape may differ in their schemas.
     """
-    found = expression.meta_get("ivm.point_schemas")
-    if found is None or found[0] != id(expression):
-        found = expression.meta["ivm.point_schemas"] = (id(expression), {})
-    return found[1]
+    return point_reads.per_tree(expression, "ivm.point_schemas", lambda _: {})
 
 
 def time_windows_in(expression: exp.Expression) -> bool:
     """``has_time_windows``, kept in the tree's meta (a walk of the tree cost ~0.1 ms per prepared lookup)."""
-    found = expression.meta_get("ivm.time_windows")
-    if found is not None and found[0] == id(expression):
-        return found[1]
-    windows = has_time_windows(expression)
-    expression.meta["ivm.time_windows"] = (id(expression), windows)
-    return windows
+    return point_reads.per_tree(expression, "ivm.time_windows", has_time_windows)
 
 
 def _named_relations(expression: exp.Expression) -> tuple[str, ...]:
-    """Plain table names a query reads (not its CTEs), in order; kept in the tree's meta.
+    """Plain table names a query reads (not its CTEs), in order; the tree is walked once."""
+    return point_reads.per_tree(expression, "ivm.relations", _walk_relations)
 
-    Parsed queries are shared and never modified (prepared statements and
-    repeated texts reuse one tree), so walking the tree once is enough.
-    """
-    found = expression.meta_get("ivm.relations")
-    # Copies carry meta along; a copy was made while this tree lived, so its id differs.
-    if found is not None and found[0] == id(expression):
-        return found[1]
+
+def _walk_relations(expression: exp.Expression) -> tuple[str, ...]:
     ctes = {normalize_name(c.alias) for c in expression.find_all(exp.CTE)}
     names: list[str] = []
     for table in expression.find_all(exp.Table):
@@ -356,7 +344,6 @@ def _named_relations(expression: exp.Expression) -> tuple[str, ...]:
         name = normalize_name(table.this)
         if name not in ctes and name not in names:
             names.append(name)
-    expression.meta["ivm.relations"] = (id(expression), tuple(names))
     return tuple(names)
 
 

@@ -80,7 +80,9 @@ def computed_versions(db) -> list:
 
 @pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
 def test_the_writer_computes_the_rows_of_views_read_since_the_last_batch(tmp_path, durable):
-    with ivm.connect(tmp_path / "db" if durable else None) as db:
+    # Incremental: on tables this small the cost model may recompute v instead, which keeps its rows
+    # stored while its state is stale (ivm/recompute.py) and leaves nothing to compute on read.
+    with ivm.connect(tmp_path / "db" if durable else None, maintenance="incremental") as db:
         db.execute(f"CREATE TABLE t (id BIGINT PRIMARY KEY, grp BIGINT, x DOUBLE); CREATE MATERIALIZED VIEW v AS {VIEW}")
         db.apply_changes("t", changes([1, 2, 3], [1, 1, 2], [1.0, 2.0, 4.0]))
         db.apply_changes("t", changes([3], [2], [6.0]))
