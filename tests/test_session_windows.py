@@ -19,7 +19,7 @@ import ivm
 from sql_frontend.errors import SqlSyntaxError
 from tests.oracle.fixtures import FIXTURES, read_views
 from tests.oracle.sessions import reference_sql
-from tests.oracle.streams import StreamHarness, play, play_fresh
+from tests.oracle.streams import StreamHarness, assert_window_call_refused, play, play_fresh
 
 BIDS = ("CREATE TABLE bids (auction BIGINT, bidder BIGINT, price BIGINT, ts TIMESTAMP, "
         "WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) APPEND ONLY")
@@ -170,14 +170,7 @@ def test_closed_sessions_drop_their_state_on_a_long_stream():
     ("SELECT * FROM SESSION(nope, ts, INTERVAL '1' SECOND)", Exception, "relation nope does not exist"),
 ])
 def test_bad_session_calls_are_refused(body, error, message):
-    db = ivm.connect()
-    db.execute(BIDS)
-    db.execute("CREATE TABLE w (window_start TIMESTAMP, ts TIMESTAMP)")
-    with pytest.raises(error, match=message):
-        db.execute(f"CREATE MATERIALIZED VIEW v AS {body}")
-    with pytest.raises(error, match=message):
-        db.sql(body)
-    assert [r["name"] for r in db.sql("SHOW TABLES").to_pylist()] == ["bids", "w"]
+    assert_window_call_refused(BIDS, body, error, message)
 
 
 def test_session_is_still_a_keyword_elsewhere():

@@ -177,3 +177,17 @@ def play_fresh(seed: int, batches: int, views=None, reference=None) -> None:
         play(seed, batches, harness)
     finally:
         harness.close()
+
+
+def assert_window_call_refused(bids_ddl: str, body: str, error: type, message: str) -> None:
+    """A bad TUMBLE/HOP/SESSION call is refused with ``message`` in CREATE and in an ad-hoc read; nothing is created."""
+    import pytest
+
+    db = ivm.connect()
+    db.execute(bids_ddl)
+    db.execute("CREATE TABLE w (window_start TIMESTAMP, ts TIMESTAMP)")  # a table that already has window_start
+    with pytest.raises(error, match=message):
+        db.execute(f"CREATE MATERIALIZED VIEW v AS {body}")
+    with pytest.raises(error, match=message):
+        db.sql(body)  # ad-hoc reads expand windows the same way
+    assert [r["name"] for r in db.sql("SHOW TABLES").to_pylist()] == ["bids", "w"]
