@@ -21,6 +21,7 @@ import ivm
 from sql_frontend.statements import parse_query
 from sql_frontend.time_windows import expand_time_windows
 from tests.oracle.compare import multiset_diff
+from tests.test_event_time import close_without_checkpoint
 
 T0 = np.datetime64(datetime(2024, 1, 1), "us")
 T0_US = int(T0.astype(np.int64))
@@ -91,8 +92,11 @@ def _state_rows(db, view: str) -> int:
     return sum(snapshot[s.name].num_rows for s in db._engine.catalog.views[view].states if s.name != view)
 
 
-def _play(views: dict[str, str], batches: int, seed: int, extra_ddl=(), check=None):
-    db, ref, rng = ivm.connect(), duckdb.connect(), np.random.default_rng(seed)
+def _play(views: dict[str, str], batches: int, seed: int, extra_ddl=(), check=None, path=None, reopen=()):
+    """Feed both streams ``batches`` times; at each batch in ``reopen`` close (or crash: 'crash' in the
+    tuple) and reopen the database at ``path``."""
+    db = ivm.connect() if path is None else ivm.connect(path)
+    ref, rng = duckdb.connect(), np.random.default_rng(seed)
     for table, ddl in STREAMS.items():
         db.execute(ddl)
         ref.execute(ddl.split(", WATERMARK")[0] + ")")
@@ -106,6 +110,9 @@ def _play(views: dict[str, str], batches: int, seed: int, extra_ddl=(), check=No
     high: dict[str, int | None] = {"p": None, "a": None}
     late = {"p": 0, "a": 0}
     for b in range(batches):
+        if b in reopen:
+            close_without_checkpoint(db) if "crash" in reopen else db.close()
+            db = ivm.connect(path)
         for stream, n in (("p", 60), ("a", 180)):  # 30 and 90 events per second of event time
             high_s = -1.0 if high[stream] is None else (high[stream] - T0_US) / 1e6
             batch = _events(rng, stream, 2.0 * b, 2.0, n, high_s)
@@ -161,6 +168,19 @@ def test_state_of_a_two_stream_join_stays_bounded_on_a_long_stream(batches):
     assert windows >= batches * 2 // 10 - 2  # the view keeps the rows of every window
     print("max state rows q8, hopped:", max(s[0] for s in sizes), max(s[1] for s in sizes))
     assert max(s[1] for s in sizes) * 4 < total  # (the bound above does not grow with the stream)
+
+
+@pytest.mark.parametrize("how", ["close", "crash"])
+def test_a_reopened_database_keeps_dropping_closed_windows(tmp_path, how):
+    """Closed, or crashed with batches only in the log, and reopened twice: still equal to DuckDB after
+    every batch, still storing its rows and dropping closed windows (checkpoint and replay agree)."""
+    def check(db, b, watermark_us):
+        view = db._engine.catalog.views["q8"]
+        assert view.closed is not None and view.stored_output
+        assert _closed_rows(db, "q8", watermark_us) == 0, b
+
+    db = _play({"q8": Q8}, 16, seed=8, check=check, path=tmp_path / "db", reopen=(6, 11, how))
+    db.close()
 
 
 TABLE = "CREATE TABLE sellers (seller BIGINT PRIMARY KEY, region VARCHAR)"
