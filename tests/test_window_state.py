@@ -10,7 +10,7 @@ the key alone) keep every window.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import duckdb
 import numpy as np
@@ -211,3 +211,19 @@ def test_views_where_dropping_would_be_wrong_keep_their_state():
     db.execute("UPDATE sellers SET region = 'moved' WHERE seller < 20")  # reaches the first windows
     first = "SELECT MIN(window_start) AS first FROM with_table"
     assert rows(db, first + " WHERE region = 'moved'") == rows(db, first) != [{"first": None}]
+
+
+@pytest.mark.xfail(strict=True, reason="known bug of the one-stream path (ivm/event_time.py closed_windows, "
+                   "left as it was): a raw stream joined with its own windowed groups on the key alone looks "
+                   "up groups of windows the watermark closed, whose state went")
+def test_one_stream_joined_raw_with_its_closed_windows():
+    db = ivm.connect()
+    db.execute("CREATE TABLE b (k BIGINT, price BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - "
+               "INTERVAL '1' SECOND) APPEND ONLY")
+    db.execute("""CREATE MATERIALIZED VIEW v AS SELECT P.k, P.window_start, P.top, b.price
+                  FROM (SELECT k, window_start, MAX(price) AS top FROM TUMBLE(b, ts, INTERVAL '10' SECOND)
+                        GROUP BY k, window_start) P JOIN b ON P.k = b.k""")
+    start = T0.astype(datetime)
+    for k, price, s in [(1, 5, 1), (2, 7, 30), (1, 9, 31)]:  # the last bid pairs with window 0's group
+        db.apply_changes("b", pa.table({"k": [k], "price": [price], "ts": [start + timedelta(seconds=s)]}))
+    assert {"k": 1, "window_start": start, "top": 5, "price": 9} in db.sql("SELECT * FROM v").to_pylist()
