@@ -49,7 +49,11 @@ FROM (SELECT id, window_start, COUNT(*) AS n FROM HOP(p, ts, INTERVAL '5' SECOND
 JOIN (SELECT seller, window_start, MAX(price) AS m FROM HOP(a, ts, INTERVAL '5' SECOND, INTERVAL '10' SECOND)
       GROUP BY seller, window_start) A
   ON P.id = A.seller AND P.window_start = A.window_start"""
-CLOSABLE = {"q8": Q8, "per_window": PER_WINDOW, "hopped": HOPPED}
+UNIONED = """SELECT window_start, COUNT(*) AS n, COUNT(DISTINCT k) AS keys, MAX(k) AS top
+FROM (SELECT id AS k, window_start FROM TUMBLE(p, ts, INTERVAL '10' SECOND)
+      UNION ALL SELECT seller, window_start FROM TUMBLE(a, ts, INTERVAL '10' SECOND)) u
+GROUP BY window_start"""
+CLOSABLE = {"q8": Q8, "per_window": PER_WINDOW, "hopped": HOPPED, "unioned": UNIONED}
 SIZE_US = 10_000_000
 
 
