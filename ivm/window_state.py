@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from ivm.event_time import on_time_name
 from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, Source, UnionAll, walk
 
 START = "window_start"
@@ -59,8 +60,8 @@ def closable_streams(view, query, catalog) -> tuple[tuple[str, ...], int] | None
         if table is None:
             return None  # a view: its changes are not bounded by a watermark here
         base = catalog.tables.get(table.shadow_of or source)
-        if base is None or base.event_time is None or table.shadow_of is None:
-            return None  # an ordinary table, or a stream read with all its rows
+        if base is None or base.event_time is None or source != on_time_name(base.name):
+            return None  # an ordinary table, a stream read with all its rows, or its watermark
         bases.add(base.name)
     if len(bases) < 2 or bases - set(sizes) or not _window_local(view.plan.root):
         return None
