@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import CatalogError, UnknownObjectError
 from sql_frontend.plan import Column, ViewPlan, is_set_valued
-from sql_frontend.plan_sql import render
+from sql_frontend.plan_sql import render, to_sql
 from delta_operators.compiler import Options, compile_view, read_sql, reads_only_state, view_states
 from delta_operators.program import Program, StateSpec
 from delta_operators.prune import read_columns
@@ -118,6 +118,17 @@ class ViewDef:
         cached = self.programs.get(("read_text",))
         if cached is None:
             cached = self.programs[("read_text",)] = render(self.read_sql()[0])
+        return cached
+
+    def select(self) -> tuple[exp.Expression, str]:
+        """The view's SELECT over its sources (``plan_sql.to_sql``), as a tree and as DuckDB text, once.
+
+        What a refresh evaluates (ivm/recompute.py); rendering it costs tens of milliseconds.
+        """
+        cached = self.programs.get(("select",))
+        if cached is None:
+            tree = to_sql(self.plan.root)
+            cached = self.programs[("select",)] = (tree, render(tree))
         return cached
 
     def read_sql(self) -> tuple[exp.Expression, set[str]]:

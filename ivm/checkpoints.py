@@ -29,6 +29,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from delta_operators.merge import output_state
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
@@ -142,8 +143,9 @@ class Checkpointer:
                 catalog = describe_catalog(engine.catalog)
                 failed = dict(engine.failed)
                 sources = engine.producers.upto(snapshot.offset)
+                # (a computed view whose state is stale keeps its rows as a relation: written with the others)
                 computed = [v for v in engine.catalog.views.values()
-                            if not v.stored_output and v.name not in failed]
+                            if not v.stored_output and v.name not in failed and v.name not in snapshot]
             start = time.perf_counter()
             stored = self._write_relations(snapshot, generation)
             outputs = self._write_outputs(computed, snapshot, generation)
@@ -209,6 +211,10 @@ class Checkpointer:
             for spec in view.states:
                 empty = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
                 relations[spec.name] = self._load(empty, stored_docs)
+            if not view.stored_output and view.name in stored_docs:  # its state is stale: its rows were stored
+                spec = output_state(view.name, view.columns)
+                empty = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
+                relations[view.name] = self._load(empty, stored_docs)
         engine.failed.update(doc["failed"])
         engine.producers.load(doc["sources"])
         snapshot = Snapshot().with_changes(relations, offset=doc["offset"]).with_counts(doc.get("counters", {}))

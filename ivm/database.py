@@ -57,6 +57,7 @@ from ivm.engine_choice import check_engine, describe as describe_engine
 from ivm.event_time import view_query
 from ivm.maintenance import check_mode
 from ivm.reads import time_windows_in
+from ivm.recompute import is_stale
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
 
@@ -434,7 +435,7 @@ class Database:
         mode = engine.settings.maintenance
         if stmt.view is None:
             return lines + [f"maintenance: {'cost-based per batch' if mode == 'auto' else 'forced ' + mode}"]
-        return lines + [view.cost.describe(mode)]
+        return lines + [view.cost.describe(mode, is_stale(engine.store.snapshot, view.name))]
 
     def _engine_text(self, stmt: Explain, view) -> str:
         engine = self._engine

@@ -44,9 +44,10 @@ from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table
 from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
                                view_interval)
 from ivm.executor import Executor, RowChanges, StepRunner
-from ivm.maintenance import check_mode, recompute, source_rows
+from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
+from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
 from storage.relation import Relation
@@ -311,7 +312,8 @@ class Engine:
             try:
                 started = time.perf_counter()
                 snapshot = self._initialize(view, snapshot)
-                view.cost.record_recompute(time.perf_counter() - started, source_rows(snapshot, view))
+                view.cost.record_rebuild(time.perf_counter() - started, source_rows(snapshot, view))
+                self._measure_refresh(view, snapshot)
             except BaseException:
                 for upstream in converted:  # nothing was published: undo the switch
                     upstream.stored_output = False
@@ -322,6 +324,18 @@ class Engine:
             self.store.publish(snapshot)
             self._record_creation(view, snapshot)
             return True
+
+    def _measure_refresh(self, view: ViewDef, snapshot: Snapshot) -> None:
+        """First estimate of the view's refresh (ivm/maintenance.py), where auto mode may choose it."""
+        if self.settings.maintenance != "auto" or view.cost.recompute is not None \
+                or self.catalog.reads_retained(view):
+            return
+        try:
+            seconds = time_select(self, view, snapshot)
+        except Exception:  # noqa: BLE001 - a SELECT that fails here leaves the view incremental (no estimate)
+            view.cost.refresh_failed = True
+            return
+        view.cost.record_refresh(seconds, source_rows(snapshot, view))
 
     def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
         """Start the view's change history with its contents: the delta from empty."""
@@ -432,7 +446,8 @@ class Engine:
                 self.catalog.remove(name)
                 self.history.drop(name)
                 self.watermarks.drop(name)
-            self.store.publish(self.store.snapshot.with_changes(removed))
+            gone = {name: False for name in dependents + [stmt.name]}  # a view made again starts fresh
+            self.store.publish(with_stale(self.store.snapshot.with_changes(removed), gone))
             return True
 
     # --- changes ------------------------------------------------------------------------
@@ -534,7 +549,9 @@ class Engine:
         so are the views that read it. The other views go on.
         """
         all_changes: list[RowChanges] = []
-        recomputed: dict[str, Relation] = {}  # state relations of views recomputed in this batch
+        # New versions of the relations of views recomputed in this batch (None: removed), and their stale flags
+        recomputed: dict[str, Relation | None] = {}
+        stale: dict[str, bool] = {}
         stored_new = frozenset(deltas)
         pruned: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # shared by views reading the same columns
         for name in self.catalog.affected_views(deltas):
@@ -549,16 +566,25 @@ class Engine:
             rows = sum(seen[s].num_rows for s in changed)
             # A view over a RETAIN stream is never recomputed: its sources no longer hold every row it counts.
             mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
-            sizes = source_rows(snapshot, view) if mode != "incremental" else 0
-            path = view.cost.choose(mode, rows, sizes)
+            was_stale = is_stale(snapshot, name)
+            sizes = source_rows(snapshot, view) if mode != "incremental" or was_stale else 0
+            if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None \
+                    and not view.cost.refresh_failed:
+                self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
+            path = view.cost.choose(mode, rows, sizes, was_stale)
+            warmup = False
             started = time.perf_counter()
             try:
-                if path == "recompute":
-                    delta, states = recompute(self, view, snapshot, all_changes, recomputed, worker)
+                if path != "incremental":
+                    run = refresh if path == "recompute" else rebuild
+                    delta, relations = run(self, view, snapshot, all_changes, recomputed, worker)
                     deltas[name] = delta
-                    recomputed.update(states)
+                    recomputed.update(relations)
+                    if path == "rebuild" or operator_states(view):  # a refresh leaves operator state stale
+                        stale[name] = path == "recompute"
                 else:
                     program = view.program(changed, stored_new & changed)
+                    warmup = view.cost.first_run(program)
                     snapshot = self._ensure_indexes(program, snapshot, worker)
                     inputs = {delta_input(s): seen[s] for s in changed}
                     executor = self.executor_for(view, program, rows, snapshot, worker)
@@ -571,9 +597,9 @@ class Engine:
                     raise
                 self.failed[name] = f"{type(e).__name__}: {e}"
                 continue
-            view.cost.record(path, time.perf_counter() - started, rows, sizes)
+            view.cost.record(path, time.perf_counter() - started, rows, sizes, warmup)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
-        snapshot = snapshot.with_changes({**committed, **recomputed})
+        snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
         return self._drop_closed_windows(deltas, snapshot, worker)
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:

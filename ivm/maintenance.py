@@ -1,33 +1,56 @@
-"""Cost-based choice per batch: maintain a view incrementally, or recompute it.
+"""Cost-based choice per batch: maintain a view incrementally, recompute it, or rebuild its state.
 
 Incremental maintenance is not always cheaper: a cheap view over a large
 batch, or a view whose delta program reads whole relations, can cost more
-than computing the view again (OpenIVM measured this on single-table views).
-Per view, a ``CostModel`` keeps moving estimates of both costs, measured on
-this machine as batches run:
+than computing the view again (OpenIVM measured this on single-table views;
+TPC-H q02/q16/q22 at SF 1). A batch takes one of three paths
+(ivm/recompute.py runs the last two):
 
-* incremental: an exponentially weighted mean of the seconds per batch,
-  scaled up for a batch with more changed rows than usual (fixed costs
-  dominate small batches, so a smaller batch is not estimated cheaper);
-* recompute: the seconds of the last full computation (at CREATE, or a
-  batch on the recompute path), scaled by how much the sources grew since.
+* ``incremental``: the view's delta program over the batch (needs fresh state);
+* ``recompute``: DuckDB evaluates the view's SELECT over the sources' NEW
+  contents and the view emits ΔV = O' − O. Operator state is left *stale*
+  (emptied, flagged in the snapshot);
+* ``rebuild``: the initial program recomputes state and output from empty
+  state (as at CREATE), ΔV = O' − O, and the state is fresh again.
 
-With ``Settings.maintenance = "auto"`` recompute is chosen when its estimate
-is below the incremental one by a margin. The choice costs two
-multiplications when incremental is cheaper (nothing else runs on that
-path). Every ``PROBE_EVERY``-th batch on the recompute path runs
-incrementally again to refresh that estimate: recompute rebuilds the
-operator state as well, so the incremental path is always valid.
-``"incremental"`` and ``"recompute"`` force one path (tests force recompute
-to prove it against the oracle).
+Per view, a ``CostModel`` keeps estimates measured on this machine:
 
-Recompute rule (for a view V with operator state S and output O):
+* I, incremental: an exponentially weighted mean of the seconds per batch
+  (measured only when state is fresh, and not on a delta program's first
+  run, which prepares its statements: measured at SF 1, that run cost up to
+  10x the next and switched views that were cheaper incrementally), scaled up for a batch with more
+  changed rows than usual (fixed costs dominate small batches, so a smaller
+  batch is not estimated cheaper);
+* R, recompute: a weighted mean of the seconds of the refreshes (the first
+  one measured by timing the SELECT alone), scaled by how much the sources
+  grew since;
+* B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
+  from stale state), scaled the same way; not known yet (after a reopen):
+  REBUILD_GUESS × R.
 
-    S', O' = initial program over the sources' NEW contents, from empty state
-    ΔV     = O' − O          (multiset difference, consolidated, zeros dropped)
+Rule (``Settings.maintenance = "auto"``), with M = RECOMPUTE_MARGIN and the
+one-off rebuild amortised over H = AMORTISE_BATCHES batches:
 
-ΔV is what the incremental program would have emitted, so downstream views
-and subscribers maintain themselves from it unchanged.
+    fresh state:  recompute   when I > M·R + B/H on SWITCH_AFTER batches in a row,
+                              else incremental
+    stale state:  rebuild     when M·I + B/H < R (incremental is cheaper again,
+                              rebuild included), or when the refreshes since the
+                              switch cost PROBE_FACTOR × B (a probe: I is
+                              re-measured, at most 1/PROBE_FACTOR extra), or when
+                              I is not known; else recompute
+    after a rebuild, one incremental batch (the probe's measurement)
+
+The two thresholds differ, so noise does not flap a view between paths. The
+choice costs a few multiplications; nothing else runs for it.
+``"incremental"`` and ``"recompute"`` force one path (a stale view rebuilds
+first under ``"incremental"``; tests force recompute to prove it against the
+oracle). Views over a RETAIN stream (``Catalog.retained()``) are always
+incremental: their sources no longer hold every row they count.
+
+Durable databases: the stale flag is a snapshot counter, so a checkpoint
+stores it with the offset it belongs to (and the emptied state beside it);
+a reopen restores the flag, and replay or the next batch rebuilds the
+state before any incremental step (ivm/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -35,25 +58,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-from sqlglot import exp
-
 from sql_frontend.errors import CatalogError
-from delta_operators.compiler import delta_input
-from delta_operators.zset import WEIGHT
-from ivm.binder import quote
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
-    from ivm.engine import Engine, Worker
-    from ivm.executor import RowChanges
-    from storage.relation import Relation
     from storage.store import Snapshot
 
 MODES = ("auto", "incremental", "recompute")
 SMOOTHING = 0.3  # weight of the newest measurement in the moving estimates
-RECOMPUTE_MARGIN = 1.5  # recompute only when incremental is estimated this many times dearer
-PROBE_EVERY = 8  # on the recompute path, every 8th batch measures incremental again
+RECOMPUTE_MARGIN = 1.5  # M: a path must look this many times cheaper before the view switches to it
+AMORTISE_BATCHES = 32  # H: the one-off rebuild counts 1/H per batch against the path that needs it
+PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refreshes costing 8 rebuilds
+SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
+REBUILD_GUESS = 10.0  # B unknown (after a reopen): the initial program measured 5-30x the SELECT
 
 
 def check_mode(mode: str) -> str:
@@ -70,14 +87,22 @@ def _smooth(old: float | None, new: float) -> float:
 class CostModel:
     """Moving cost estimates of one view, and what each batch chose."""
 
-    incremental: float | None = None  # seconds per batch
+    incremental: float | None = None  # I: seconds per batch
     rows: float | None = None  # changed input rows per batch (moving mean)
-    recompute: float | None = None  # seconds of the last full computation ...
+    recompute: float | None = None  # R: seconds of a refresh (the SELECT and the difference) ...
     recompute_rows: int = 0  # ... when its sources held this many rows
+    rebuild: float | None = None  # B: seconds of the last rebuild (initial program) ...
+    rebuild_rows: int = 0  # ... when its sources held this many rows
+    # Batches per path: a rebuild counts as a recompute here (it recomputes the view), and in ``rebuilds``.
     batches: dict[str, int] = field(default_factory=lambda: {"incremental": 0, "recompute": 0})
     seconds: dict[str, float] = field(default_factory=lambda: {"incremental": 0.0, "recompute": 0.0})
+    rebuilds: int = 0
     last: str = ""
-    _since_probe: int = 0
+    spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
+    ran: set[int] = field(default_factory=set)  # ids of the delta programs that ran (their first run prepares)
+    refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
+    _probe: bool = False
+    _votes: int = 0  # consecutive fresh batches where the rule chose recompute  # the next batch with fresh state runs incrementally, to measure I
 
     def estimates(self, rows: int, source_rows: int) -> tuple[float | None, float | None]:
         """(incremental, recompute) seconds estimated for a batch of ``rows`` changed rows."""
@@ -89,32 +114,70 @@ class CostModel:
             recompute = self.recompute * max(source_rows, 1) / max(self.recompute_rows, 1)
         return incremental, recompute
 
-    def choose(self, mode: str, rows: int, source_rows: int) -> str:
-        if mode != "auto":
-            return mode
+    def rebuild_estimate(self, source_rows: int) -> float | None:
+        if self.rebuild is not None:
+            return self.rebuild * max(source_rows, 1) / max(self.rebuild_rows, 1)
+        _, recompute = self.estimates(0, source_rows)
+        return None if recompute is None else REBUILD_GUESS * recompute
+
+    def choose(self, mode: str, rows: int, source_rows: int, stale: bool = False) -> str:
+        """The path of the next batch: "incremental", "recompute" or "rebuild" (rule: module docstring)."""
+        if mode == "recompute":
+            return "recompute"
+        if mode == "incremental":
+            return "rebuild" if stale else "incremental"
         incremental, recompute = self.estimates(rows, source_rows)
-        if incremental is None or recompute is None or incremental <= RECOMPUTE_MARGIN * recompute:
+        rebuild = self.rebuild_estimate(source_rows) or 0.0
+        if stale:
+            if incremental is None or recompute is None or self.spent >= PROBE_FACTOR * rebuild:
+                return "rebuild"
+            back = RECOMPUTE_MARGIN * incremental + rebuild / AMORTISE_BATCHES < recompute
+            return "rebuild" if back else "recompute"
+        if self._probe or incremental is None or recompute is None:
+            self._probe = False
             return "incremental"
-        self._since_probe += 1
-        if self._since_probe >= PROBE_EVERY:
-            self._since_probe = 0
+        if incremental <= RECOMPUTE_MARGIN * recompute + rebuild / AMORTISE_BATCHES:
+            self._votes = 0
             return "incremental"
+        self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
+        if self._votes < SWITCH_AFTER:
+            return "incremental"
+        self._votes, self.spent = 0, 0.0
         return "recompute"
 
-    def record(self, path: str, seconds: float, rows: int, source_rows: int) -> None:
-        self.batches[path] += 1
-        self.seconds[path] += seconds
+    def first_run(self, program: object) -> bool:
+        """Is this the program's first run? It prepares its statements then: not a measurement of I."""
+        if id(program) in self.ran:
+            return False
+        self.ran.add(id(program))
+        return True
+
+    def record(self, path: str, seconds: float, rows: int, source_rows: int, warmup: bool = False) -> None:
+        self.batches["incremental" if path == "incremental" else "recompute"] += 1
+        self.seconds["incremental" if path == "incremental" else "recompute"] += seconds
         self.last = path
+        if path == "incremental" and warmup:
+            return
         if path == "incremental":
             self.incremental = _smooth(self.incremental, seconds)
             self.rows = _smooth(self.rows, float(rows))
+        elif path == "recompute":
+            self.record_refresh(seconds, source_rows)
+            self.spent += seconds
         else:
-            self.record_recompute(seconds, source_rows)
+            self.rebuilds += 1
+            self.record_rebuild(seconds, source_rows)
+            self.spent, self._probe = 0.0, True
 
-    def record_recompute(self, seconds: float, source_rows: int) -> None:
+    def record_refresh(self, seconds: float, source_rows: int) -> None:
+        if self.recompute is not None:  # the moving mean, at this size of the sources
+            seconds = _smooth(self.recompute * max(source_rows, 1) / max(self.recompute_rows, 1), seconds)
         self.recompute, self.recompute_rows = seconds, source_rows
 
-    def describe(self, mode: str) -> str:
+    def record_rebuild(self, seconds: float, source_rows: int) -> None:
+        self.rebuild, self.rebuild_rows = seconds, source_rows
+
+    def describe(self, mode: str, stale: bool = False) -> str:
         """One line for EXPLAIN and status."""
         def ms(value: float | None) -> str:
             return "not measured yet" if value is None else f"{value * 1000:.1f} ms"
@@ -122,62 +185,11 @@ class CostModel:
         counts = ", ".join(f"{n} {path}" for path, n in self.batches.items())
         head = "cost-based per batch" if mode == "auto" else f"forced {mode}"
         last = f"; last batch: {self.last}" if self.last else ""
+        state = "; operator state stale (rebuilt when incremental again)" if stale else ""
         return (f"maintenance: {head}; estimates: incremental {ms(self.incremental)}, "
-                f"recompute {ms(self.recompute)}; batches: {counts}{last}")
+                f"recompute {ms(self.recompute)}, rebuild {ms(self.rebuild)}; batches: {counts} "
+                f"({self.rebuilds} rebuilds){last}{state}")
 
 
 def source_rows(snapshot: "Snapshot", view: "ViewDef") -> int:
     return sum(snapshot[s].num_rows for s in view.sources)
-
-
-def recompute(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
-              replaced: dict[str, "Relation"], worker: "Worker") -> tuple[pa.Table, dict[str, "Relation"]]:
-    """Recompute ``view`` over its sources' NEW contents: (its delta, its new state relations).
-
-    ``snapshot`` holds tables at NEW and views at OLD; ``pending`` and
-    ``replaced`` are this batch's changes to the views maintained before this
-    one (its upstream views among them), applied here on the side.
-    """
-    upstream = {s for s in view.sources if s in engine.catalog.views}
-    new = snapshot
-    if upstream:
-        new = new.with_changes(engine._commit([c for c in pending if c.relation in upstream], new, worker))
-        new = new.with_changes({n: r for n, r in replaced.items() if n in upstream})
-    new = new.with_changes({spec.name: engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
-                            for spec in view.states})
-    sources = frozenset(view.sources)
-    program = view.program(sources, sources, initial=True)  # every source at NEW: as at CREATE
-    new = engine._ensure_indexes(program, new, worker)
-    inputs = {delta_input(s): new[s].table() for s in sources}
-    _, changes = worker.executor.run(program, inputs, new, label=f"view {view.name} (recompute)")
-    new = new.with_changes(engine._commit(changes, new, worker))
-    states = {}
-    for spec in view.states:  # keep the indexes the incremental programs built on the old state
-        relation = new[spec.name]
-        for key in snapshot[spec.name].index_keys:
-            relation = relation.with_index(key, worker.coder)
-        states[spec.name] = relation
-    old_rows = _output(engine, view, snapshot, worker)
-    new_rows = _output(engine, view, new.with_changes(states), worker)
-    return _difference(view, old_rows, new_rows, worker), states
-
-
-def _output(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", worker: "Worker") -> pa.Table:
-    """The view's rows with their multiplicity in the weight column."""
-    if view.stored_output:
-        return snapshot[view.name].table()
-    rows = engine.reader.query(f"SELECT * FROM {quote(view.name)}", exp.Table(this=exp.to_identifier(view.name)),
-                               snapshot)
-    names = ", ".join(quote(c) for c in view.column_names)
-    return worker.runner.run(f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows)
-
-
-def _difference(view: "ViewDef", old: pa.Table, new: pa.Table, worker: "Worker") -> pa.Table:
-    names = ", ".join(quote(c) for c in view.column_names)
-    return worker.runner.run(
-        f"""SELECT {names}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM (
-                SELECT {names}, -{WEIGHT} AS {WEIGHT} FROM {{old}}
-                UNION ALL SELECT {names}, {WEIGHT} FROM {{new}})
-            GROUP BY ALL HAVING SUM({WEIGHT}) <> 0""",
-        old=old, new=new)
-

@@ -172,13 +172,13 @@ class Reader:
             failed = self.engine.failed.get(name)
             if failed is not None:
                 raise failed_view_error(name, failed)
-            if definition.kind == "view" and not definition.stored_output:
+            if definition.kind == "view" and not definition.stored_output and name not in snapshot:
                 self._register_computed(cursor, registered, definition, snapshot)
                 if name not in self._computed_read:
                     with self._lock:
                         self._computed_read.add(name)
                 continue
-            relation = snapshot[name]
+            relation = snapshot[name]  # stored, or kept while its state is stale (ivm/recompute.py)
             previous = registered.get(name)
             if previous is relation:
                 continue
@@ -200,7 +200,8 @@ class Reader:
         with self._lock:
             names, self._computed_read = self._computed_read, set()
         views = [self.engine.catalog.views.get(name) for name in sorted(names)]
-        views = [v for v in views if v is not None and not v.stored_output and v.name not in self.engine.failed]
+        views = [v for v in views if v is not None and not v.stored_output and v.name not in self.engine.failed
+                 and v.name not in snapshot]  # (in the snapshot: its state is stale, its rows are kept)
         if not views:
             return
         with self._lease() as lease:

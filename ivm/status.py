@@ -126,7 +126,8 @@ def maintenance_facts(view: "ViewDef") -> dict:
     cost = view.cost
     return {"last": cost.last or None, "batches": dict(cost.batches),
             "seconds": {k: round(v, 6) for k, v in cost.seconds.items()},
-            "estimate_incremental": cost.incremental, "estimate_recompute": cost.recompute}
+            "estimate_incremental": cost.incremental, "estimate_recompute": cost.recompute,
+            "estimate_rebuild": cost.rebuild, "rebuilds": cost.rebuilds}
 
 
 def status_table(facts: dict) -> pa.Table:

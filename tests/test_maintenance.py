@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ivm
-from ivm.maintenance import PROBE_EVERY, RECOMPUTE_MARGIN, CostModel
+from ivm.maintenance import AMORTISE_BATCHES, PROBE_FACTOR, SWITCH_AFTER, CostModel
 from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
 from tests.oracle.harness import Harness, play
 
@@ -56,6 +56,37 @@ def test_recompute_path_ordered_views(view_set, data):
     forced_stream(data, oracle_views(view_set))  # ties: the harness compares tie-aware
 
 
+def switching_stream(data, views) -> None:
+    """Auto mode, with the estimates pushed so every view goes recompute, back (rebuild), and again."""
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    harness = Harness(oracle_schema(), views, db=ivm.connect(maintenance="auto"))
+    costs = {}
+
+    def next_batch(step: int) -> tuple[str, int]:
+        for view in harness.db._engine.catalog.views.values():
+            costs[view.name] = view.cost
+            # two batches where incremental looks ruinous, then two where it is free
+            view.cost.incremental, view.cost.rows = (1e6, 1.0) if step % 4 < 2 else (0.0, 1.0)
+            view.cost.rebuild, view.cost.rebuild_rows = 0.0, 1  # so timing noise cannot hold a view back
+        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
+
+    try:
+        play(harness, random.Random(seed), TABLES, 8, data.draw(st.sampled_from([5, 40])), next_batch,
+             f"(seed {seed}, auto switching)")
+        assert sum(c.batches["recompute"] for c in costs.values()) > 0 and sum(c.rebuilds for c in costs.values()) > 0
+        assert sum(c.batches["incremental"] for c in costs.values()) > 0
+    finally:
+        harness.close()
+
+
+@pytest.mark.parametrize("view_set", VIEW_SETS)
+@settings(max_examples=2)
+@given(data=st.data())
+def test_auto_switches_back_and_forth(view_set, data):
+    """Refresh (state goes stale), rebuild, incremental, refresh again: every view right after every batch."""
+    switching_stream(data, oracle_views(view_set))
+
+
 def test_recompute_path_on_a_durable_database(tmp_path):
     """Background folds (several batches summed), checkpoints and a reopen, every view recomputed."""
     from tests.test_durable_oracle import OPTIONS, stream
@@ -86,26 +117,61 @@ def test_mixed_paths_feed_views_over_views():
 
 
 def test_choice_follows_the_estimates():
-    cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1_000_000)
+    cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1_000_000,
+                     rebuild=0.320, rebuild_rows=1_000_000)
     assert cost.choose("auto", 1000, 1_000_000) == "incremental"
-    # 100x the changed rows: incremental scales up past the recompute estimate (with the margin).
-    assert cost.choose("auto", 100_000, 1_000_000) == "recompute"
+    # 100x the changed rows: incremental scales up past the recompute estimate (margin and rebuild included);
+    # the view switches when that holds on SWITCH_AFTER batches in a row.
+    assert [cost.choose("auto", 100_000, 1_000_000) for _ in range(SWITCH_AFTER)][-2:] == ["incremental", "recompute"]
     # The sources doubled: recompute is estimated twice as dear, incremental again.
     assert cost.estimates(100_000, 2_000_000)[1] == pytest.approx(0.200)
     assert cost.choose("auto", 15_000, 2_000_000) == "incremental"
-    # Within the margin: stay incremental.
-    assert cost.choose("auto", int(1000 * RECOMPUTE_MARGIN * 10), 1_000_000) == "incremental"
-    # Not measured yet: incremental. Forced modes ignore the estimates.
+    # Within the margin plus the amortised rebuild (0.15 + 0.01 s): stay incremental; past it: switch.
+    assert cost.choose("auto", 15_500, 1_000_000) == "incremental"
+    assert [cost.choose("auto", 16_500, 1_000_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
+    # One slow batch between fast ones does not switch.
+    assert [cost.choose("auto", n, 1_000_000) for n in (100_000, 1000, 100_000)] == ["incremental"] * 3
+    # Not measured yet: incremental. Forced modes ignore the estimates; forced incremental rebuilds stale state.
     assert CostModel(recompute=0.001, recompute_rows=1).choose("auto", 10**6, 10**9) == "incremental"
     assert cost.choose("recompute", 1, 1) == "recompute" and cost.choose("incremental", 10**9, 1) == "incremental"
+    assert cost.choose("incremental", 1, 1, stale=True) == "rebuild"
+
+
+def test_stale_state_goes_back_when_incremental_is_cheaper_rebuild_included():
+    cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1000, rebuild=0.320,
+                     rebuild_rows=1000)
+    # Stale, incremental cheap: M*I + B/H = 0.015 + 0.01 < 0.1, so rebuild (the way back).
+    assert cost.choose("auto", 1000, 1000, stale=True) == "rebuild"
+    # Between the two thresholds (I = 0.07: M*I + B/H = 0.115 > 0.1, and I < M*R + B/H = 0.16): stay put.
+    cost.incremental = 0.07
+    assert cost.choose("auto", 1000, 1000, stale=True) == "recompute"
+    assert cost.choose("auto", 1000, 1000, stale=False) == "incremental"  # fresh: no reason to leave either
+    # Rebuild unknown (after a reopen): guessed from R, and a stale view with I unknown rebuilds to measure it.
+    assert CostModel(recompute=0.1, recompute_rows=10).rebuild_estimate(20) == pytest.approx(2.0)
+    assert CostModel(recompute=0.1, recompute_rows=10).choose("auto", 1, 10, stale=True) == "rebuild"
+    assert AMORTISE_BATCHES > 1
 
 
 def test_recompute_path_probes_incremental_again():
-    cost = CostModel(incremental=1.0, rows=10.0, recompute=0.01, recompute_rows=100)
-    paths = [cost.choose("auto", 10, 100) for _ in range(2 * PROBE_EVERY)]
-    assert paths.count("incremental") == 2 and paths[PROBE_EVERY - 1] == "incremental"
-    cost.record("incremental", 0.001, 10, 100)  # cheaper now: the estimate moves down
-    assert cost.incremental < 1.0 and cost.batches["incremental"] == 1
+    cost = CostModel(incremental=1.0, rows=10.0, recompute=0.01, recompute_rows=100, rebuild=0.02,
+                     rebuild_rows=100)
+    assert [cost.choose("auto", 10, 100) for _ in range(SWITCH_AFTER)][-1] == "recompute"
+    paths = []
+    for _ in range(PROBE_FACTOR * 2 + 1):  # each refresh measured at 0.01 s: the probe after 8 x 0.02 s
+        path = cost.choose("auto", 10, 100, stale=True)
+        paths.append(path)
+        cost.record(path, 0.01, 10, 100)
+        if path == "rebuild":
+            break
+    assert paths[-1] == "rebuild" and paths.count("recompute") == PROBE_FACTOR * 2
+    # After the rebuild one incremental batch measures I again (cheaper now: it stays incremental).
+    assert cost.choose("auto", 10, 100) == "incremental" and cost.rebuilds == 1
+    cost.record("incremental", 0.5, 10, 100, warmup=True)  # a first run prepares: counted, not measured
+    assert cost.incremental == 1.0 and cost.batches["incremental"] == 1
+    cost.record("incremental", 0.001, 10, 100)
+    assert cost.incremental < 1.0 and cost.batches["incremental"] == 2
+    cost.incremental = 0.001
+    assert cost.choose("auto", 10, 100) == "incremental"
 
 
 def test_status_and_explain_show_the_choice():
