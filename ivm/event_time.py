@@ -314,6 +314,9 @@ def check_retained_reads(view, catalog, stored_new) -> None:
 # delta_operators/session.py), and nothing goes by window_start.
 # Views over several streams whose joins match windows: ivm/window_state.py
 # (W is the least of the streams' watermarks; such a view stores its rows).
+# The one-stream path drops by window_start only when the plan is window-local
+# by the same check (window_state.window_local): a raw stream row joined with
+# its own windowed groups on the key alone would look up closed windows.
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,7 @@ def closed_windows(view, query, catalog, may_store: bool = True) -> ClosedWindow
     from sql_frontend.session_windows import session_tables
     from sql_frontend.time_windows import window_sizes
 
-    from ivm.window_state import closable_streams
+    from ivm.window_state import closable_streams, window_local
 
     if (view.late or "drop") != "drop":
         return None  # a 'correct' view takes late events into any window
@@ -356,7 +359,7 @@ def closed_windows(view, query, catalog, may_store: bool = True) -> ClosedWindow
     read = set() if view.stored_output else view.read_sql()[1]
     session_states = tuple(s.name for s in view.states
                            if s.name not in read and re.fullmatch(re.escape(view.name) + r"\.session\d+", s.name))
-    relations = () if sessions else tuple(
+    relations = () if sessions or not window_local(view.plan.root) else tuple(  # ivm/window_state.py
         s.name for s in view.states if s.name not in read and s.name != view.name
         and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
     if not relations and not session_states:

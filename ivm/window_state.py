@@ -63,12 +63,12 @@ def closable_streams(view, query, catalog) -> tuple[tuple[str, ...], int] | None
         if base is None or base.event_time is None or source != on_time_name(base.name):
             return None  # an ordinary table, a stream read with all its rows, or its watermark
         bases.add(base.name)
-    if len(bases) < 2 or bases - set(sizes) or not _window_local(view.plan.root):
+    if len(bases) < 2 or bases - set(sizes) or not window_local(view.plan.root):
         return None
     return tuple(sorted(bases)), max(sizes[b] for b in bases)
 
 
-def _window_local(root: Node) -> bool:
+def window_local(root: Node) -> bool:
     """Every node of the plan passes a genuine window_start (see the module's algebra)."""
     return all(_spj_local(node, node is root) if isinstance(node, SPJ) else _local(node) for node in walk(root))
 
