@@ -359,7 +359,7 @@ def closed_windows(view, query, catalog, may_store: bool = True) -> ClosedWindow
     read = set() if view.stored_output else view.read_sql()[1]
     session_states = tuple(s.name for s in view.states
                            if s.name not in read and re.fullmatch(re.escape(view.name) + r"\.session\d+", s.name))
-    relations = () if sessions or not window_local(view.plan.root) else tuple(  # ivm/window_state.py
+    relations = () if sessions or not window_local(view.plan.root, catalog) else tuple(  # ivm/window_state.py
         s.name for s in view.states if s.name not in read and s.name != view.name
         and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
     if not relations and not session_states:

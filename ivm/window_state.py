@@ -34,6 +34,15 @@ a window_start that is computed rather than passed, SESSION, an ordinary
 table, or any operator other than SPJ/Aggregate/DISTINCT/UNION ALL). Such a
 view computed on read from its state could not drop it without losing rows,
 so a closable view stores its output (``store_output``).
+
+One stream (ivm/event_time.py closed_windows) uses the same check, with one
+more root shape (``_pinned``, Nexmark q7): raw on-time rows r of the stream
+joined with one window-local input X under a conjunct r.ts < X.window_end.
+A later event e (e.ts >= W) then joins only X rows with
+window_start + size >= window_end > e.ts >= W, i.e. open windows, and
+changes only open windows' groups; the raw rows carry no window_start and
+are kept. A raw row joined on the key alone (or only with a lower bound)
+could reach any closed window: such a view keeps its state.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from ivm.event_time import on_time_name
 from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, Source, UnionAll, walk
 
 START = "window_start"
+END = "window_end"
 
 
 def closable_streams(view, query, catalog) -> tuple[tuple[str, ...], int] | None:
@@ -68,9 +78,58 @@ def closable_streams(view, query, catalog) -> tuple[tuple[str, ...], int] | None
     return tuple(sorted(bases)), max(sizes[b] for b in bases)
 
 
-def window_local(root: Node) -> bool:
-    """Every node of the plan passes a genuine window_start (see the module's algebra)."""
+def window_local(root: Node, catalog=None) -> bool:
+    """Every node of the plan passes a genuine window_start (see the module's algebra); with ``catalog``, the
+    root may also join a stream's raw on-time rows pinned to the windows they can reach (``_pinned``)."""
+    if catalog is not None and isinstance(root, SPJ) and _pinned(root, catalog):
+        windowed = [child for _, child in root.inputs if not isinstance(child, Source)]
+        return all(_spj_local(node, False) if isinstance(node, SPJ) else _local(node)
+                   for child in windowed for node in walk(child))  # X keeps a genuine window_start too
     return all(_spj_local(node, node is root) if isinstance(node, SPJ) else _local(node) for node in walk(root))
+
+
+def _pinned(root: SPJ, catalog) -> bool:
+    """The root joins raw rows of streams (their on-time twins) with one window-local input X, and each raw
+    row r is pinned to X's windows by a conjunct ``r.ts < X.window_end`` (ts: the stream's event time,
+    window_end a genuine window end, <= window_start + size): a later event e (e.ts >= W) then reaches only
+    X rows with window_start + size >= window_end > e.ts >= W, windows still open (Nexmark q7)."""
+    inputs = dict(root.inputs)
+    raw = {alias: child for alias, child in inputs.items() if isinstance(child, Source)}
+    windowed = [alias for alias in inputs if alias not in raw]
+    if not raw or len(windowed) != 1 or not _genuine_end(inputs[windowed[0]]) or root.predicate is None:
+        return False
+    bounds = set()
+    conjuncts = root.predicate.flatten() if isinstance(root.predicate, exp.And) else [root.predicate]
+    for conjunct in conjuncts:
+        if isinstance(conjunct, (exp.LT, exp.GT)):
+            low, high = (conjunct.this, conjunct.expression) if isinstance(conjunct, exp.LT) else (
+                conjunct.expression, conjunct.this)
+            if (isinstance(low, exp.Column) and isinstance(high, exp.Column) and high.table == windowed[0]
+                    and high.name == END):
+                bounds.add((low.table, low.name))
+    for alias, source in raw.items():
+        table = catalog.tables.get(source.relation)
+        base = table and catalog.tables.get(table.shadow_of or source.relation)
+        if base is None or base.event_time is None or source.relation != on_time_name(base.name):
+            return False  # an ordinary table, or a stream read with its late rows
+        if (alias, base.event_time) not in bounds or START in _names(source):
+            return False
+    return True
+
+
+def _genuine_end(node: Node) -> bool:
+    """``window_end`` of ``node`` is a TUMBLE/HOP window's end, passed on from its projection."""
+    if isinstance(node, Aggregate):
+        return END in node.keys and START in node.keys and _genuine_end(node.input)
+    if isinstance(node, Distinct):
+        return _genuine_end(node.children()[0])
+    if isinstance(node, SPJ) and len(node.inputs) == 1:
+        (alias, child), = node.inputs
+        out = dict(node.outputs).get(END)
+        if isinstance(child, Source):
+            return isinstance(out, exp.Add) and _is_bucket(out.this) and _is_interval(out.expression)
+        return isinstance(out, exp.Column) and out.name == END and out.table == alias and _genuine_end(child)
+    return False
 
 
 def _names(node: Node) -> list[str]:
