@@ -88,7 +88,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     view.engine = doc.get("engine")
     view.late = doc.get("late")
     view.emit = doc.get("emit")
-    view.closed = closed_windows(view, parse_query(doc["sql"]), catalog)
+    view.closed = closed_windows(view, parse_query(doc["sql"]), catalog, may_store=doc["stored_output"])
     view.interval = view_interval(view, query, catalog)
     return view
 

@@ -288,11 +288,11 @@ class Engine:
             view.late = stmt.late
             view.emit = stmt.emit
             view.interval = view_interval(view, query, self.catalog)
+            view.closed = closed_windows(view, stmt.query, self.catalog)  # may make it store its rows
             check_expired_reads(view, self.store.snapshot)
             check_retained_reads(view, self.catalog, self._stored_new)
             if set(view.sources) & {on_time_name(t) for t in self.catalog.tables}:
                 self._stored_reads(view)  # now, not while a later batch is converted
-            view.closed = closed_windows(view, stmt.query, self.catalog)
             snapshot = self.store.snapshot
             # A view read by another view needs stored output (for lookups and deltas).
             converted = [self.catalog.views[s] for s in view.sources
@@ -608,7 +608,7 @@ class Engine:
                  if t.shadow_of and t.name in deltas and t.name == watermark_name(t.shadow_of)}
         dropped = {}
         for view in self.catalog.views.values():
-            if view.closed is not None and view.closed.stream in moved and view.name not in self.failed:
+            if view.closed is not None and moved & set(view.closed.streams) and view.name not in self.failed:
                 dropped.update(drop_closed_windows(view.closed, snapshot, worker.coder))
         return snapshot.with_changes(dropped) if dropped else snapshot
 

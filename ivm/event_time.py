@@ -312,11 +312,16 @@ def check_retained_reads(view, catalog, stored_new) -> None:
 # SESSION windows have no size: their operator state drops the rows of
 # sessions with window_end <= W (no later on-time event can touch them,
 # delta_operators/session.py), and nothing goes by window_start.
+# Views over several streams whose joins match windows: ivm/window_state.py
+# (W is the least of the streams' watermarks; such a view stores its rows).
+# The one-stream path drops by window_start only when the plan is window-local
+# by the same check (window_state.window_local): a raw stream row joined with
+# its own windowed groups on the key alone would look up closed windows.
 
 
 @dataclass(frozen=True)
 class ClosedWindows:
-    stream: str  # the watermarked table
+    streams: tuple[str, ...]  # the watermarked tables; W is the least of their watermarks
     size_us: int  # the largest window over it
     relations: tuple[str, ...]  # state relations keyed by window_start that may lose closed windows
     # SESSION state (delta_operators/session.py): rows of sessions with window_end <= W go. A session has
@@ -324,13 +329,28 @@ class ClosedWindows:
     sessions: tuple[str, ...] = ()
 
 
-def closed_windows(view, query, catalog) -> ClosedWindows | None:
-    """What of ``view``'s state may go once windows close (None: nothing)."""
+def closed_windows(view, query, catalog, may_store: bool = True) -> ClosedWindows | None:
+    """What of ``view``'s state may go once windows close (None: nothing).
+
+    ``may_store``: a view over several streams computed on read may switch to stored rows (False when
+    restoring a checkpoint that holds no rows for it: it keeps its state).
+    """
     from sql_frontend.session_windows import session_tables
     from sql_frontend.time_windows import window_sizes
 
+    from ivm.window_state import closable_streams, window_local
+
     if (view.late or "drop") != "drop":
         return None  # a 'correct' view takes late events into any window
+    several = closable_streams(view, query, catalog)
+    if several is not None:  # ivm/window_state.py: W = min of the streams' watermarks
+        if not view.stored_output and not may_store:
+            return None
+        if not view.stored_output:
+            view.store_output()  # its rows cannot be read from state that loses closed windows
+        relations = tuple(s.name for s in view.states if s.name != view.name
+                          and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
+        return ClosedWindows(several[0], several[1], relations) if relations else None
     sizes, sessions = window_sizes(query), session_tables(query)
     streams = [t for t in set(sizes) | sessions if t in catalog.tables and catalog.tables[t].event_time is not None]
     bases = {catalog.tables[s].shadow_of or s for s in view.sources if s in catalog.tables}
@@ -339,20 +359,20 @@ def closed_windows(view, query, catalog) -> ClosedWindows | None:
     read = set() if view.stored_output else view.read_sql()[1]
     session_states = tuple(s.name for s in view.states
                            if s.name not in read and re.fullmatch(re.escape(view.name) + r"\.session\d+", s.name))
-    relations = () if sessions else tuple(
+    relations = () if sessions or not window_local(view.plan.root, catalog) else tuple(  # ivm/window_state.py
         s.name for s in view.states if s.name not in read and s.name != view.name
         and any(c.name == "window_start" and c.type.upper() == "TIMESTAMP" for c in s.columns))
     if not relations and not session_states:
         return None
-    return ClosedWindows(streams[0], sizes.get(streams[0], 0), relations, session_states)
+    return ClosedWindows((streams[0],), sizes.get(streams[0], 0), relations, session_states)
 
 
 def drop_closed_windows(spec: ClosedWindows, snapshot, coder) -> dict:
     """New versions of the spec's relations without the windows closed by the snapshot's watermark."""
-    mark = snapshot[watermark_name(spec.stream)].table()
-    if mark.num_rows == 0:
-        return {}
-    watermark = pc.cast(mark.column("wm"), pa.int64())[0].as_py()
+    marks = [stored_watermark(snapshot, stream) for stream in spec.streams]
+    if None in marks:
+        return {}  # a stream with no event yet: its first may fall in any window
+    watermark = min(marks)
     cutoffs = [(name, "window_start", watermark - spec.size_us + 1) for name in spec.relations]  # start + size <= W
     cutoffs += [(name, "window_end", watermark + 1) for name in spec.sessions]  # window_end <= W
     changed = {}
