@@ -185,7 +185,7 @@ class Checkpointer:
                 outputs[view.name] = previous
                 continue
             rows = self.engine.reader.query(f"SELECT * FROM {quote(view.name)}",
-                                            exp.Table(this=exp.to_identifier(view.name)), snapshot)
+                                            exp.Table(this=exp.to_identifier(view.name)), snapshot, internal=True)
             rows = rows.replace_schema_metadata(None)
             rows = rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int64()))
             outputs[view.name] = (state, self.files.write(view.name, rows, snapshot.offset, generation))

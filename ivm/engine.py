@@ -344,7 +344,7 @@ class Engine:
             initial = snapshot[view.name].table()
         else:
             rows = self.reader.query(f"SELECT * FROM {quote(view.name)}",
-                                     exp.Table(this=exp.to_identifier(view.name)), snapshot)
+                                     exp.Table(this=exp.to_identifier(view.name)), snapshot, internal=True)
             names = ", ".join(quote(c) for c in view.column_names)
             initial = self.large.runner.run(
                 f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
@@ -354,7 +354,7 @@ class Engine:
     def _store_output(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
         """Give a view computed on read a stored output, filled with its rows now."""
         rows = self.reader.query(f"SELECT * FROM {quote(view.name)}", exp.Table(this=exp.to_identifier(view.name)),
-                                 snapshot)
+                                 snapshot, internal=True)
         names = ", ".join(quote(c) for c in view.column_names)
         counted = self.large.runner.run(
             f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows

@@ -160,7 +160,7 @@ class Reader:
         return list(names)
 
     def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
-                 names: list[str], snapshot: Snapshot) -> None:
+                 names: list[str], snapshot: Snapshot, note_reads: bool = True) -> None:
         """Make each named relation readable on this cursor as of ``snapshot``.
 
         ``registered`` remembers what each name holds on this cursor (the very
@@ -174,7 +174,7 @@ class Reader:
                 raise failed_view_error(name, failed)
             if definition.kind == "view" and not definition.stored_output and name not in snapshot:
                 self._register_computed(cursor, registered, definition, snapshot)
-                if name not in self._computed_read:
+                if note_reads and name not in self._computed_read:
                     with self._lock:
                         self._computed_read.add(name)
                 continue
@@ -246,8 +246,12 @@ class Reader:
             registered[view.name] = view
 
     def query(self, sql: str | Callable[[], str], expression: exp.Expression, snapshot: Snapshot | None = None,
-              values: list[pa.Scalar] | None = None) -> pa.Table:
+              values: list[pa.Scalar] | None = None, internal: bool = False) -> pa.Table:
         """Run ``sql`` (parsed: ``expression``) on one snapshot.
+
+        ``internal``: the engine's own read (a checkpoint, a view's first
+        rows, a recompute), which does not make the writer ``warm()`` the
+        views it reads for the next version: only clients' reads do.
 
         ``values``: ``sql`` is the template ``expression`` (``$n``
         placeholders) with these parameter values spliced in; a point read
@@ -263,7 +267,7 @@ class Reader:
         names = self.relations_in(expression)
         point = point_reads.shape(expression) if values is not None else None
         with self._lease() as lease:
-            self.register(lease.cursor, lease.registered, names, snapshot)
+            self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal)
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
                 table = self._run(lease.cursor, sql() if callable(sql) else sql)

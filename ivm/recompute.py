@@ -79,7 +79,7 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     """The cheap path: (ΔV, new versions of V's relations). See the module docstring."""
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
     tree, sql = view.select()
-    rows = engine.reader.query(sql, tree, new)
+    rows = engine.reader.query(sql, tree, new, internal=True)
     rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
     rows = rows.cast(engine.binder.arrow_schema(view.columns))
     counted = _counted(view, rows, worker)
