@@ -45,18 +45,18 @@ from sqlglot import exp
 from sql_frontend.plan import Session
 from sql_frontend.session_windows import gap_sql, islands_sql
 from delta_operators.compiler import Context
-from delta_operators.partition_reads import PartitionedRowsReads
-from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, parse, q, same
-from delta_operators.zset import POS, RUN, WEIGHT, consolidate_sql
-
-KEEP = "__keep"
-ALL = "__all"  # probe column when every row is in one sequence (no key)
+from delta_operators.zset import POS, RUN, WEIGHT
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
 
 
 class SessionRule(PartitionedRowsReads):
     what = "session rows"
+    role, whole = "input rows with their session bounds", " (one sequence)"
+    steps = Steps("skeys", "session keys the change touches", "sold", "stored rows of the changed keys' sessions",
+                  "session", "touched sessions: old rows out, recomputed rows in",
+                  "sdelta", "rows whose session changed")
 
     def __init__(self, node: Session):
         self.node = node
@@ -67,33 +67,7 @@ class SessionRule(PartitionedRowsReads):
     def state(self, ctx: Context) -> str:
         return ctx.state_name(self.node, STATE)
 
-    def states(self, ctx: Context) -> list[StateSpec]:
-        role = "input rows with their session bounds" + ("" if self.keys else " (one sequence)")
-        return [StateSpec(name=self.state(ctx), columns=self.node.columns, identity=(),
-                          indexes=(self.keys,) if self.keys else (), role=role)]
-
-    # --- delta ------------------------------------------------------------
-    def delta(self, ctx: Context) -> str | None:
-        delta_in = ctx.delta(self.node.input)
-        if delta_in is None:
-            return None
-        if self.keys:
-            touched_sql = parse(f"SELECT DISTINCT {columns(self.keys, 'd', as_names=True)} FROM {q(delta_in)} AS d")
-        else:
-            touched_sql = parse(f"SELECT TRUE AS {q(ALL)} FROM {q(delta_in)} LIMIT 1")
-        touched = ctx.query("skeys", touched_sql, drivers=(delta_in,), note="session keys the change touches",
-                            transparent=bool(self.keys))
-        old = ctx.temp("sold")
-        ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.keys, probe=touched,
-                        probe_columns=self.keys or (ALL,), positions=True,
-                        note="stored rows of the changed keys' sessions"))
-        wide = ctx.query("session", self._recompute_sql(delta_in, old), drivers=(delta_in,),
-                         note="touched sessions: old rows out, recomputed rows in")
-        ctx.replace(Replace(relation=self.state(ctx), deletes=wide, inserts=wide, keep=KEEP))
-        return ctx.query("sdelta", consolidate_sql(wide, self.names), drivers=(wide,),
-                         note="rows whose session changed")
-
-    def _recompute_sql(self, delta_in: str, old: str) -> exp.Expression:
+    def _recompute_sql(self, delta_in: str, touched: str, old: str) -> exp.Expression:
         """Rows of touched sessions (weight negated, with RUN/POS) and their recomputation."""
         inputs, names, t = self.inputs, self.names, q(self.node.time)
         gap = gap_sql(self.node.gap_us)

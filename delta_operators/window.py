@@ -22,17 +22,17 @@ from sqlglot import exp
 
 from sql_frontend.plan import WINDOW_INPUT, Window
 from delta_operators.compiler import Context
-from delta_operators.partition_reads import PartitionedRowsReads
-from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, expand, parse, q, same
-from delta_operators.zset import POS, RUN, WEIGHT, consolidate_sql
-
-KEEP = "__keep"
-ALL = "__all"  # probe column when the whole input is one partition
+from delta_operators.zset import POS, RUN, WEIGHT
 
 
 class WindowRule(PartitionedRowsReads):
     what = "window rows"
+    role, whole = "input rows with their window values", " (one partition)"
+    steps = Steps("wparts", "partitions the change touches", "wold", "stored rows of touched partitions",
+                  "window", "touched partitions: old rows out, recomputed rows in",
+                  "wdelta", "rows whose window values changed")
 
     def __init__(self, node: Window):
         self.node = node
@@ -42,32 +42,6 @@ class WindowRule(PartitionedRowsReads):
 
     def state(self, ctx: Context) -> str:
         return ctx.state_name(self.node, "window")
-
-    def states(self, ctx: Context) -> list[StateSpec]:
-        role = "input rows with their window values" + ("" if self.partition else " (one partition)")
-        return [StateSpec(name=self.state(ctx), columns=self.node.columns, identity=(),
-                          indexes=(self.partition,) if self.partition else (), role=role)]
-
-    # --- delta ------------------------------------------------------------
-    def delta(self, ctx: Context) -> str | None:
-        delta_in = ctx.delta(self.node.input)
-        if delta_in is None:
-            return None
-        if self.partition:
-            touched_sql = parse(f"SELECT DISTINCT {columns(self.partition, 'd', as_names=True)} FROM {q(delta_in)} AS d")
-        else:
-            touched_sql = parse(f"SELECT TRUE AS {q(ALL)} FROM {q(delta_in)} LIMIT 1")
-        touched = ctx.query("wparts", touched_sql, drivers=(delta_in,), note="partitions the change touches",
-                            transparent=bool(self.partition))
-        old = ctx.temp("wold")
-        ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.partition, probe=touched,
-                        probe_columns=self.partition or (ALL,), positions=True,
-                        note="stored rows of touched partitions"))
-        wide = ctx.query("window", self._recompute_sql(delta_in, touched, old), drivers=(delta_in,),
-                         note="touched partitions: old rows out, recomputed rows in")
-        ctx.replace(Replace(relation=self.state(ctx), deletes=wide, inserts=wide, keep=KEEP))
-        return ctx.query("wdelta", consolidate_sql(wide, self.names), drivers=(wide,),
-                         note="rows whose window values changed")
 
     def _recompute_sql(self, delta_in: str, touched: str, old: str) -> exp.Expression:
         """Old rows of touched partitions (weight negated, with RUN/POS) and their recomputation."""
