@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 
 from bench import tpch
-from bench.tpch_run import ROOT, refresh_sizes, view_names
+from bench.tpch_run import ROOT, per_table, refresh_sizes, view_names
 from delta_operators.program import Lookup, Query, Stack, describe_steps, scan_name
 from ivm import executor as ex
 
@@ -63,6 +63,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="refreshes before timing (the second prepares)")
     parser.add_argument("--maintenance", default="incremental")
+    parser.add_argument("--atomic", action="store_true", help="one apply_batch per refresh (as ivm bench tpch)")
     parser.add_argument("--cprofile", default="", help="write a cProfile of the timed refreshes here")
     args = parser.parse_args()
     directory = ROOT / "data" / "tpch" / f"sf{args.sf:g}"
@@ -82,8 +83,11 @@ def main() -> int:
     def one(timed: dict | None) -> float:
         batches = refresh.batches()
         cpu = time.thread_time()
-        for table, changes in batches:
-            db.apply_changes(table, changes)
+        if args.atomic:
+            db.apply_batch(per_table(batches))
+        else:
+            for table, changes in batches:
+                db.apply_changes(table, changes)
         spent = time.thread_time() - cpu
         for table, changes in batches:
             refresh.apply(table, changes)

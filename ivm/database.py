@@ -18,7 +18,7 @@ import functools
 import os
 from pathlib import Path
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -210,6 +210,27 @@ class Database:
         """
         self._check_open()
         return self._engine.ingest(table.lower(), changes, on_missing_delete, source, seq)
+
+    def apply_batch(self, changes: Mapping[str, Any] | Sequence[tuple[str, Any]], *,
+                    on_missing_delete: str | None = None) -> int:
+        """Apply change batches of several tables atomically, as one offset; return it.
+
+        ``changes`` maps each table to its batch (as for ``apply_changes``, with
+        an optional ``__op`` column); each table appears once. Readers see all
+        of them or none, and every view is maintained once for the whole batch
+        (a refresh touching six tables costs one maintenance step per view, not
+        six). A bad batch of any table fails the call and changes nothing.
+        In-memory databases only, for now.
+        """
+        self._check_open()
+        items = list(changes.items()) if isinstance(changes, Mapping) else [tuple(c) for c in changes]
+        if not items:
+            raise ChangeError("apply_batch needs at least one table's changes")
+        tables = [str(table).lower() for table, _ in items]
+        repeated = sorted({t for t in tables if tables.count(t) > 1})
+        if repeated:
+            raise ChangeError(f"apply_batch: each table appears once; repeated: {', '.join(repeated)}")
+        return self._engine.ingest_batch(list(zip(tables, (data for _, data in items))), on_missing_delete)
 
     def status(self) -> dict:
         """Offsets, lags and sizes: the database's and, under "relations", each relation's."""

@@ -152,6 +152,12 @@ class DurableEngine(Engine):
         self.maintainer.wake()
         return ticket.offset
 
+    def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
+        # A durable multi-table batch needs one log record for all its tables (so a crash keeps all or
+        # none) and all-or-nothing conversion, where group ingest converts each batch on its own.
+        raise UnsupportedError("apply_batch on a durable database is not supported yet: "
+                               "use apply_changes per table (a fold still maintains them together)")
+
     def _accept_unit(self, tickets: list[Ticket]) -> None:
         """Convert, log and queue a unit of batches; each gets its offset (not yet durable)."""
         self.log.check()

@@ -478,6 +478,36 @@ class Engine:
             self.producers.record(source, seq, self.offset)
             return self.offset
 
+    def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
+        """Apply change batches of distinct tables atomically, as one offset; return it.
+
+        Each table's batch is converted against the table as published (the
+        tables are distinct, so no batch sees another's rows); then every
+        affected view is maintained once over all the tables' deltas, the way
+        a durable fold maintains several batches (ivm/maintainer.py). A bad
+        batch fails the whole call before anything is published.
+        """
+        with self.write_lock:
+            snapshot = self.store.snapshot
+            prepared = [(table, self.prepare(table, data, on_missing_delete)) for table, data in batches]
+            deltas: dict[str, pa.Table] = {}
+            counts: dict[str, int] = {}
+            for _, one in prepared:
+                snapshot = snapshot.with_changes(one.versions())
+                deltas.update(one.deltas())
+                for name, n in one.counts().items():
+                    counts[name] = counts.get(name, 0) + n
+            rows = sum(one.change.delta.num_rows for _, one in prepared)
+            snapshot = self._maintain(deltas, snapshot, self.worker(rows))
+            self.offset += 1
+            self.history.append(self.offset, self.view_deltas(deltas))
+            for table, one in prepared:
+                self.accept_events(table, one)
+            snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(counts)
+            self.reader.warm(snapshot)
+            self.store.publish(snapshot)
+            return self.offset
+
     def view_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """The views' deltas among those ``_maintain`` added to ``deltas``."""
         return {v: d for v, d in deltas.items() if v in self.catalog.views}
