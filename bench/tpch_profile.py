@@ -86,7 +86,7 @@ def main() -> int:
         if args.atomic:
             db.apply_batch(per_table(batches))
         else:
-            for table, changes in batches:
+            for table, changes in per_table(batches):  # as ivm bench tpch --per-table
                 db.apply_changes(table, changes)
         spent = time.thread_time() - cpu
         for table, changes in batches:

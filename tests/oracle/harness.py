@@ -48,6 +48,13 @@ class Harness:
         self.model.apply(table, ops)
         self._reload(table)
 
+    def apply_batch(self, batches: dict[str, list]) -> None:
+        """Several tables' ops as one atomic ``apply_batch`` (distinct tables)."""
+        self.db.apply_batch({t: ops_to_arrow(self.model.specs[t], ops) for t, ops in batches.items()})
+        for table, ops in batches.items():
+            self.model.apply(table, ops)
+            self._reload(table)
+
     def _reload(self, table: str) -> None:
         data = self.model.arrow(table)  # noqa: F841  (read by DuckDB below)
         self.ref.execute(f"DELETE FROM {table}")
