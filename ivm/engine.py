@@ -614,7 +614,7 @@ class Engine:
                         stale[name] = path == "recompute"
                 else:
                     program = view.program(changed, stored_new & changed)
-                    warmup = view.cost.first_run(program)
+                    warmup = view.cost.warming_up(program)
                     snapshot = self._ensure_indexes(program, snapshot, worker)
                     inputs = {delta_input(s): seen[s] for s in changed}
                     executor = self.executor_for(view, program, rows, snapshot, worker)

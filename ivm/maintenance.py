@@ -17,8 +17,10 @@ Per view, a ``CostModel`` keeps estimates measured on this machine:
 
 * I, incremental: an exponentially weighted mean of the seconds per batch
   (measured only when state is fresh, and not on a delta program's first
-  run, which prepares its statements: measured at SF 1, that run cost up to
-  10x the next and switched views that were cheaper incrementally), scaled up for a batch with more
+  WARMUP_RUNS runs: the executor runs each query plainly the first time and
+  prepares it the second; measured at SF 1, the first run cost up to 10x a
+  later one and the second 2-3x, and an estimate seeded by them switched
+  views that were cheaper incrementally), scaled up for a batch with more
   changed rows than usual (fixed costs dominate small batches, so a smaller
   batch is not estimated cheaper);
 * R, recompute: a weighted mean of the seconds of the refreshes (the first
@@ -70,6 +72,7 @@ RECOMPUTE_MARGIN = 1.5  # M: a path must look this many times cheaper before the
 AMORTISE_BATCHES = 32  # H: the one-off rebuild counts 1/H per batch against the path that needs it
 PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refreshes costing 8 rebuilds
 SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
+WARMUP_RUNS = 2  # a delta program's first runs: plain queries, then preparing them (ivm/executor.py)
 REBUILD_GUESS = 10.0  # B unknown (after a reopen): the initial program measured 5-30x the SELECT
 
 
@@ -99,7 +102,7 @@ class CostModel:
     rebuilds: int = 0
     last: str = ""
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
-    ran: set[int] = field(default_factory=set)  # ids of the delta programs that ran (their first run prepares)
+    ran: dict[int, int] = field(default_factory=dict)  # runs per delta program (id): the first WARMUP_RUNS are warm-up
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
     _probe: bool = False
     _votes: int = 0  # consecutive fresh batches where the rule chose recompute  # the next batch with fresh state runs incrementally, to measure I
@@ -145,12 +148,14 @@ class CostModel:
         self._votes, self.spent = 0, 0.0
         return "recompute"
 
-    def first_run(self, program: object) -> bool:
-        """Is this the program's first run? It prepares its statements then: not a measurement of I."""
-        if id(program) in self.ran:
-            return False
-        self.ran.add(id(program))
-        return True
+    def warming_up(self, program: object) -> bool:
+        """Is this one of the program's warm-up runs (not a measurement of I)?
+
+        The executor runs each query plainly the first time and prepares it the
+        second (ivm/executor.py); both cost several times a later run.
+        """
+        runs = self.ran[id(program)] = self.ran.get(id(program), 0) + 1
+        return runs <= WARMUP_RUNS
 
     def record(self, path: str, seconds: float, rows: int, source_rows: int, warmup: bool = False) -> None:
         self.batches["incremental" if path == "incremental" else "recompute"] += 1

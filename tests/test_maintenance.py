@@ -169,6 +169,17 @@ def test_recompute_path_probes_incremental_again():
     assert cost.choose("auto", 10, 100) == "incremental"
 
 
+def test_the_first_two_runs_of_a_program_are_warm_up():
+    """The executor runs a query plainly first and prepares it second: neither measures I."""
+    cost = CostModel()
+    program, other = object(), object()
+    assert [cost.warming_up(program) for _ in range(4)] == [True, True, False, False]
+    assert cost.warming_up(other)  # per program: another set of changed sources warms up on its own
+    for seconds, warm in ((0.9, True), (0.3, True), (0.01, False)):
+        cost.record("incremental", seconds, 10, 100, warmup=warm)
+    assert cost.incremental == 0.01 and cost.batches["incremental"] == 3
+
+
 def test_status_and_explain_show_the_choice():
     db = ivm.connect(maintenance="recompute")
     db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v DOUBLE)")
