@@ -23,6 +23,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step
+from ivm.spark.frames import SMALL_ROWS
 
 
 @dataclass
@@ -32,6 +33,9 @@ class Lazy:
     frame: object  # pyspark DataFrame
     schema: pa.Schema | None = None  # cast the driver rows to this (stored relations' types)
     arrow: pa.Table | None = None
+    # Every input of its plan is a small driver table (frames.SMALL_ROWS) or
+    # such a Lazy: it runs as one stage with broadcasts off (executor.py).
+    small: bool = False
 
 
 class SparkTemps(dict):
@@ -57,11 +61,24 @@ class SparkTemps(dict):
         value = super().__getitem__(name)
         return isinstance(value, Lazy) and value.arrow is None
 
+    def small(self, name: str) -> bool:
+        """True when ``name``'s plan reads only small driver tables (one partition each)."""
+        value = super().__getitem__(name)
+        if isinstance(value, Lazy):
+            if value.arrow is None:
+                return value.small
+            value = value.arrow
+        return value.num_rows <= SMALL_ROWS
+
     def frame(self, name: str):
         """``name`` as a DataFrame: its lazy plan, or its driver rows shipped once per run."""
         value = super().__getitem__(name)
         if isinstance(value, Lazy):
-            return value.frame
+            if value.arrow is None:
+                return value.frame
+            # Collected (read by several steps): its rows, which Spark plans
+            # with exact sizes, not its plan computed again by every reader.
+            value = value.arrow
         known = self._frames.get(name)
         if known is None or known[0] is not value:
             known = self._frames[name] = (value, self._spark_frame(value))
