@@ -33,7 +33,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, readers
+from ivm.spark.temps import Lazy, SparkTemps, columns_read, readers
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -65,11 +65,14 @@ class SparkExecutor(StepRunner):
         self.join_probes = JOIN_PROBES if join_probes is None else join_probes
         self._texts: dict[int, tuple[Query, str, dict[str, str], pa.Schema | None]] = {}
         self.jobs = 0  # Spark jobs whose rows came to the driver (for stats, tests, bench)
+        self._program = None
         self._readers: Counter = Counter()
+        self._columns: dict[str, set[str] | None] = {}
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
 
     def run(self, program, inputs, snapshot, label="", progress=None):
-        self._readers = readers(program)
+        if self._program is not program:  # the same program runs every batch: analyse it once
+            self._program, self._readers, self._columns = program, readers(program), columns_read(program)
         return super().run(program, inputs, snapshot, label, progress)
 
     def _temps(self, inputs: dict[str, pa.Table], label: str) -> SparkTemps:
@@ -82,7 +85,7 @@ class SparkExecutor(StepRunner):
             self.jobs += 1
             return rows if lazy.schema is None else rows.select(lazy.schema.names).cast(lazy.schema)
 
-        return SparkTemps(inputs, self.frames.arrow, collect)
+        return SparkTemps(inputs, self.frames.arrow, collect, self._columns)
 
     @contextmanager
     def _small(self, small: bool):
