@@ -33,7 +33,6 @@ import pyarrow as pa
 from delta_operators.zset import WEIGHT
 from ivm.changes import q
 from ivm.deferred import convert_deferred
-from ivm.engine import LARGE_BATCH
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
 from storage.relation import Relation
@@ -44,6 +43,12 @@ if TYPE_CHECKING:
     from ivm.engine import Worker
 
 log = logging.getLogger("ivm.maintainer")
+
+# Folds up to this many changed rows run on the maintainer's single-threaded DuckDB.
+# Producers use the other core: a multi-threaded fold of 50,000-100,000 rows spent
+# ~0.4 ms CPU per 1,000-row batch in DuckDB's worker threads (bench.cpu_costs ingest)
+# for no gain in throughput. Larger folds (bulk loads) still use every core.
+FOLD_LARGE_BATCH = 250_000
 
 
 @dataclass
@@ -221,7 +226,7 @@ class Maintainer:
                 self.cond.notify_all()
 
     def _worker(self, rows: int) -> "Worker":
-        return self.large if rows > LARGE_BATCH else self.small
+        return self.large if rows > FOLD_LARGE_BATCH else self.small
 
     @staticmethod
     def _sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
