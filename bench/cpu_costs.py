@@ -118,13 +118,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--maintenance", default="auto", help="auto, incremental or recompute (ingest)")
-    parser.add_argument("--fold-delay", type=float, default=0.0, help="the maintainer's fold_delay (ingest)")
+    parser.add_argument("--fold-delay", type=float, default=None,
+                        help="the maintainer's fold_delay (ingest; default: the engine's)")
     args = parser.parse_args()
     if args.what == "lookup":
         lookup(args.lookups)
     else:
-        ingest(args.initial, args.batches, args.producers, maintenance=args.maintenance,
-               fold_delay=args.fold_delay)
+        options = {} if args.fold_delay is None else {"fold_delay": args.fold_delay}
+        ingest(args.initial, args.batches, args.producers, maintenance=args.maintenance, **options)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ validation - schema, duplicate keys, missing deletes - happens before the
 acknowledgement, and an acknowledged batch can never fail later), append the
 normalized batch to the log, queue the delta for the maintainer. Then,
 outside the lock, wait until the record is on disk (group commit) and return
-its offset. The maintainer (ivm/maintainer.py) folds queued deltas into the
+its offset. Upsert-only batches skip the conversion here: they cannot fail,
+so the fold converts them, many at once (ivm/deferred.py; ``convert_lock``
+guards the tables' heads). The maintainer (ivm/maintainer.py) folds queued deltas into the
 views in micro-batches; reads wait for it to reach every acknowledged
 offset; checkpoints store published snapshots.
 
