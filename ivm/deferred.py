@@ -82,12 +82,9 @@ def convert_deferred(engine: "DurableEngine", entries: list["Entry"],
 def flush(engine: "DurableEngine", table: str) -> None:
     """The producers' side: convert the table's queued batches, entry by entry, before an eager conversion."""
     for entry in engine.maintainer.deferred(table):
-        before = entry.rows
-        batches = entry.batches.pop(table)
+        batches = entry.batches[table]
         prepared = convert(engine, table, batches, engine.worker(sum(b.num_rows for b, _ in batches)))
-        entry.versions[table] = prepared.updated
-        entry.deltas.setdefault(table, []).append(prepared.change.delta)
-        engine.maintainer.resized(before, entry.rows)
+        engine.maintainer.converted(entry, table, prepared.updated, prepared.change.delta)
 
 
 def renumbered(batches: list[pa.Table]) -> pa.Table:

@@ -119,10 +119,14 @@ class Maintainer:
         with self.cond:
             return [entry for entry in self.queue if table in entry.batches]
 
-    def resized(self, before: int, after: int) -> None:
-        """A queued entry's rows changed (its batches were converted)."""
+    def converted(self, entry: Entry, table: str, version: Relation, delta: pa.Table) -> None:
+        """A queued entry's batches of ``table`` were converted (under the cond: status reads the queue)."""
         with self.cond:
-            self.queued_rows += after - before
+            before = entry.rows
+            del entry.batches[table]
+            entry.versions[table] = version
+            entry.deltas.setdefault(table, []).append(delta)
+            self.queued_rows += entry.rows - before
 
     # --- readers' side ---------------------------------------------------------------
     def wait_published(self, offset: int) -> None:
