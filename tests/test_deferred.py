@@ -48,6 +48,7 @@ def test_upserts_are_acknowledged_unconverted_and_folded_in_one_conversion(tmp_p
     db.apply_changes("t", batch([3, 4], "d"), on_missing_delete="ignore")  # 4 is missing: ignored
     assert unconverted(db) == 6
     assert db._engine.head("t").num_rows == 0  # the producers did not convert them
+    assert {r["name"]: r["buffer_rows"] for r in db.status()["relations"]}["t"] == 6  # status counts them
     assert rows(db, "SELECT k, g, v FROM t") == [{"k": 1, "g": "a", "v": 1.0}, {"k": 2, "g": "b", "v": 5.0}]
     assert rows(db, "SELECT * FROM by_g") == [{"g": "a", "n": 1, "total": 1.0}, {"g": "b", "n": 1, "total": 5.0}]
     assert db._engine.maintainer.folds == folds + 1 and unconverted(db) == 0
