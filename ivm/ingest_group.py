@@ -31,11 +31,12 @@ import numpy as np
 import pyarrow as pa
 
 from delta_operators.zset import WEIGHT
-from ivm.changes import SEQ, as_table, missing_delete_policy
+from ivm.changes import SEQ, as_table, missing_delete_policy, q
 from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
+    from ivm.engine import Worker
     from storage.relation import Relation
 
 
@@ -162,3 +163,16 @@ def _renumbered(batches: list[pa.Table]) -> pa.Table:
     position = combined.schema.get_field_index(SEQ)
     return combined.set_column(position, SEQ, pa.array(np.arange(combined.num_rows, dtype=np.int64)))
 
+
+
+def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
+    """One consolidated delta from several of one table (the Z-set sum)."""
+    if len(tables) == 1:
+        return tables[0]
+    combined = pa.concat_tables(tables)
+    names = [n for n in combined.column_names if n != WEIGHT]
+    cols = ", ".join(q(n) for n in names)
+    return worker.runner.run(
+        f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
+        d=combined,
+    )
