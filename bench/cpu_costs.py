@@ -2,6 +2,7 @@
 
     python -m bench.cpu_costs lookup [--lookups 1000]
     python -m bench.cpu_costs ingest [--initial 200000] [--batches 400] [--producers 4]
+    python -m bench.cpu_costs memory-ingest [--batches 400] [--batch 1000] [--producers 1 4]
 
 ``lookup``: a real ``ivm serve`` (in memory) with ``items`` (100,000 rows)
 and ``by_grp`` (1,000 groups); an ADBC client runs ``SELECT * FROM by_grp
@@ -14,6 +15,13 @@ sending 1,000-row batches; reports thread CPU per batch of each phase
 checkpoint) and the process's CPU per batch. Phases are timed by wrapping
 the engine's methods in this process only (thread CPU time, so a phase
 waiting for a lock or the disk costs nothing).
+
+``memory-ingest``: an in-memory database with bench/flight.py's ``items``
+(100,000 rows), ``by_grp`` and ``all_items``; P producer threads upsert
+B-row batches as fast as they can (N batches in all). Reports the process's
+CPU per 1,000 ingested rows and how many maintenance runs the batches took
+(batches queued behind a commit are maintained together: ivm/group_commit.py),
+for each P given, in one process.
 
 Wall-clock latency on a shared machine measures the other jobs; CPU per
 call measures the code. The two numbers belong side by side.
@@ -88,7 +96,7 @@ def ingest(initial: int, batches: int, producers: int) -> None:
     timed(log.ChangeLog, "append", "  log append")
     timed(log.ChangeLog, "wait_durable", "  wait for the sync")
     timed(maintainer.Maintainer, "fold", "fold of the views (maintainer thread)")
-    timed(maintainer.Maintainer, "_sum", "  sum of queued deltas", static=True)
+    timed(maintainer, "zset_sum", "  sum of queued deltas")
     from ivm import checkpoints
     timed(checkpoints.Checkpointer, "checkpoint", "checkpoint")
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
@@ -106,18 +114,65 @@ def ingest(initial: int, batches: int, producers: int) -> None:
           f"(1-minute load average {os.getloadavg()[0]:.1f})")
 
 
+def memory_ingest(batches: int, batch: int, producers: list[int]) -> None:
+    import threading
+
+    import ivm
+    from bench.flight import items, prepared_batches
+
+    prepared = prepared_batches(ROWS, batch, min(batches, 100))
+    for p in producers:
+        db = ivm.connect(maintenance="incremental")
+        db.execute("CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE)")
+        db.execute("CREATE MATERIALIZED VIEW by_grp AS SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items GROUP BY grp")
+        db.execute("CREATE MATERIALIZED VIEW all_items AS SELECT id, grp, amount FROM items WHERE amount >= 0")
+        db.apply_changes("items", items(np.arange(ROWS), np.random.default_rng(0)))
+        for table in prepared[:5]:  # warm up: prepared statements, indexes
+            db.apply_changes("items", table)
+        engine = db._engine
+        runs = [0]
+        maintain = engine._maintain
+
+        def counted(*args, **kwargs):
+            runs[0] += 1
+            return maintain(*args, **kwargs)
+
+        engine._maintain = counted
+        per_producer = batches // p
+
+        def produce(first: int) -> None:
+            for i in range(per_producer):
+                db.apply_changes("items", prepared[(first + i * p) % len(prepared)])
+
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(p)]
+        before, started = process_cpu(os.getpid()), time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        cpu, wall = process_cpu(os.getpid()) - before, time.perf_counter() - started
+        rows = per_producer * p * batch
+        print(f"{p} producer(s), {per_producer * p} batches of {batch:,} rows: {1000 * cpu / (rows / 1000):.2f} ms CPU "
+              f"per 1,000 rows, {rows / cpu:,.0f} rows per CPU s, {rows / wall:,.0f} rows/s; "
+              f"{runs[0]} maintenance runs (1-minute load average {os.getloadavg()[0]:.1f})")
+        db.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["lookup", "ingest"])
+    parser.add_argument("what", choices=["lookup", "ingest", "memory-ingest"])
     parser.add_argument("--lookups", type=int, default=1000)
     parser.add_argument("--initial", type=int, default=200_000)
     parser.add_argument("--batches", type=int, default=400)
-    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--producers", type=int, nargs="+", default=None, help="ingest: 4; memory-ingest: 1 4")
+    parser.add_argument("--batch", type=int, default=1000, help="memory-ingest: rows per batch")
     args = parser.parse_args()
     if args.what == "lookup":
         lookup(args.lookups)
+    elif args.what == "memory-ingest":
+        memory_ingest(args.batches, args.batch, args.producers or [1, 4])
     else:
-        ingest(args.initial, args.batches, args.producers)
+        ingest(args.initial, args.batches, (args.producers or [4])[0])
 
 
 if __name__ == "__main__":
