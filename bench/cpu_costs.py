@@ -3,6 +3,7 @@
     python -m bench.cpu_costs lookup [--lookups 1000]
     python -m bench.cpu_costs ingest [--initial 200000] [--batches 400] [--producers 4]
     python -m bench.cpu_costs memory-ingest [--batches 400] [--batch 1000] [--producers 1 4]
+    python -m bench.cpu_costs lookup-waits [--batch 5000] [--switch 0.005 0.0005] [--seconds 6]
 
 ``lookup``: a real ``ivm serve`` (in memory) with ``items`` (100,000 rows)
 and ``by_grp`` (1,000 groups); an ADBC client runs ``SELECT * FROM by_grp
@@ -22,6 +23,15 @@ B-row batches as fast as they can (N batches in all). Reports the process's
 CPU per 1,000 ingested rows and how many maintenance runs the batches took
 (batches queued behind a commit are maintained together: ivm/group_commit.py),
 for each P given, in one process.
+
+``lookup-waits``: where a point read's time goes while the same process
+ingests (in memory, bench/flight.py's tables; one thread upserts B-row
+batches at 10 batches/s, another runs ``SELECT * FROM by_grp WHERE grp =
+$1`` point reads every 3 ms). Each read's wall time is split, from the
+thread's CPU clock and ``/proc/self/task/<tid>/schedstat``, into its own
+CPU, run-queue wait (runnable, no core: the OS) and the rest, blocked (in
+a process without I/O: waiting for the GIL). One round without ingest,
+then alternating rounds per ``sys.setswitchinterval`` value.
 
 Wall-clock latency on a shared machine measures the other jobs; CPU per
 call measures the code. The two numbers belong side by side.
@@ -158,19 +168,94 @@ def memory_ingest(batches: int, batch: int, producers: list[int]) -> None:
         db.close()
 
 
+def lookup_waits(batch: int, switch: list[float], seconds: float, rounds: int = 2) -> None:
+    import sys
+    import threading
+
+    import pyarrow as pa
+
+    import ivm
+    from bench.flight import GROUPS, items, prepared_batches
+
+    db = ivm.connect()
+    db.execute("CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE)")
+    db.execute("CREATE MATERIALIZED VIEW by_grp AS SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items GROUP BY grp")
+    db.execute("CREATE MATERIALIZED VIEW all_items AS SELECT id, grp, amount FROM items WHERE amount >= 0")
+    db.apply_changes("items", items(np.arange(ROWS), np.random.default_rng(0)))
+    batches = prepared_batches(ROWS, batch, 40)
+    for table in batches[:3]:
+        db.apply_changes("items", table)
+    template = "SELECT * FROM by_grp WHERE grp = $1"
+
+    def clocks() -> tuple[float, float]:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return time.thread_time(), int(f.read().split()[1]) / 1e9
+
+    def one_round(interval: float, ingest: bool) -> str:
+        sys.setswitchinterval(interval)
+        stop, ingest_cpu = threading.Event(), []
+
+        def writer() -> None:
+            next_at, i = time.perf_counter(), 0
+            while not stop.is_set():
+                started = time.thread_time()
+                db.apply_changes("items", batches[i % len(batches)])
+                ingest_cpu.append(time.thread_time() - started)
+                i += 1
+                next_at += 0.1
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+        thread = threading.Thread(target=writer)
+        if ingest:
+            thread.start()
+        parts: dict[str, list[float]] = {"wall": [], "cpu": [], "run-queue": [], "blocked (GIL)": []}
+        rng = random.Random(3)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            grp = rng.randrange(GROUPS)
+            started = time.perf_counter()  # the wall covers the clock reads too, as the CPU does
+            cpu0, queue0 = clocks()
+            assert db.bound_query(template, f"SELECT * FROM by_grp WHERE grp = {grp}", [pa.scalar(grp)]).num_rows == 1
+            cpu1, queue1 = clocks()
+            wall = time.perf_counter() - started
+            parts["wall"].append(wall)
+            parts["cpu"].append(cpu1 - cpu0)
+            parts["run-queue"].append(queue1 - queue0)
+            parts["blocked (GIL)"].append(max(0.0, wall - (cpu1 - cpu0) - (queue1 - queue0)))
+            time.sleep(0.003)  # the client's share of a lookup
+        stop.set()
+        if ingest:
+            thread.join()
+        shown = "; ".join(f"{name} p50 {1000 * np.median(v):.2f} p99 {1000 * np.percentile(v, 99):.2f} "
+                          f"max {1000 * max(v):.2f}" for name, v in parts.items())
+        cpu = f"{1000 * np.median(ingest_cpu):.1f} ms" if ingest_cpu else "-"
+        return (f"switch {1000 * interval:g} ms, {'ingesting' if ingest else 'no ingest'}: {len(parts['wall'])} reads (ms): "
+                f"{shown}; ingest CPU per batch {cpu} (1-minute load average {os.getloadavg()[0]:.1f})")
+
+    print(one_round(switch[0], False), flush=True)
+    for _ in range(rounds):
+        for interval in switch:
+            print(one_round(interval, True), flush=True)
+    db.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["lookup", "ingest", "memory-ingest"])
+    parser.add_argument("what", choices=["lookup", "ingest", "memory-ingest", "lookup-waits"])
     parser.add_argument("--lookups", type=int, default=1000)
     parser.add_argument("--initial", type=int, default=200_000)
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--producers", type=int, nargs="+", default=None, help="ingest: 4; memory-ingest: 1 4")
-    parser.add_argument("--batch", type=int, default=1000, help="memory-ingest: rows per batch")
+    parser.add_argument("--batch", type=int, default=None, help="rows per batch (memory-ingest: 1000, lookup-waits: 5000)")
+    parser.add_argument("--switch", type=float, nargs="+", default=[0.005, 0.0005], help="lookup-waits: switch intervals")
+    parser.add_argument("--seconds", type=float, default=6.0, help="lookup-waits: seconds per round")
     args = parser.parse_args()
     if args.what == "lookup":
         lookup(args.lookups)
     elif args.what == "memory-ingest":
-        memory_ingest(args.batches, args.batch, args.producers or [1, 4])
+        memory_ingest(args.batches, args.batch or 1000, args.producers or [1, 4])
+    elif args.what == "lookup-waits":
+        lookup_waits(args.batch or 5000, args.switch, args.seconds)
     else:
         ingest(args.initial, args.batches, (args.producers or [4])[0])
 
