@@ -55,6 +55,7 @@ def _uses_module_fixture(item) -> bool:
     return any(d.scope in ("module", "package") for defs in fixtures.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the markers into groups
 def pytest_collection_modifyitems(config, items):
     """Schedule for two xdist workers: Spark tests in one group, long modules first.
 
@@ -71,9 +72,27 @@ def pytest_collection_modifyitems(config, items):
         if "spark" in item.nodeid.lower():
             item.add_marker(pytest.mark.xdist_group("spark"))
         elif _uses_module_fixture(item):  # a server, a stream, a database: built once
-            item.add_marker(pytest.mark.xdist_group(f"module:{item.path}"))
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_modules)  # stable: order within a module kept
+
+
+def pytest_collection_finish(session):
+    """Fail the run when ``--dist loadgroup`` did not turn the groups above into node ids.
+
+    pytest-xdist tags each grouped test's node id with ``@group`` in its own
+    collection hook; with a pytest it does not know (9.x keeps node ids
+    elsewhere) the tags are silently lost, every group is split across the
+    workers, and shared fixtures (a SparkSession, a server, the TPC-H stream)
+    are built once per worker. That went unnoticed for a whole session.
+    """
+    if not getattr(session.config.option, "loadgroup", False):
+        return  # not an xdist worker scheduling by group
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not apply --dist loadgroup groups (e.g. {lost[0]}); "
+                                "use a pytest version it supports (see pyproject.toml)")
 
 
 def pytest_terminal_summary(terminalreporter):

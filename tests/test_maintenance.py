@@ -18,21 +18,15 @@ from hypothesis import strategies as st
 import ivm
 from ivm.maintenance import AMORTISE_BATCHES, PROBE_FACTOR, SWITCH_AFTER, CostModel
 from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
-from tests.oracle.harness import Harness, play
+from tests.oracle.harness import TABLES, Harness, drawn_batches, play
 
-TABLES = ["customers", "orders", "items", "events"]
-SIZES = st.one_of(st.integers(1, 12), st.integers(13, 200), st.sampled_from([500, 1000]))
 
 
 def forced_stream(data, views, mode: str = "recompute") -> None:
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     harness = Harness(oracle_schema(), views, db=ivm.connect(maintenance=mode))
-
-    def next_batch(step: int) -> tuple[str, int]:
-        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
-
     try:
-        play(harness, random.Random(seed), TABLES, 5, data.draw(st.sampled_from([0, 5, 40])), next_batch,
+        play(harness, random.Random(seed), TABLES, 5, data.draw(st.sampled_from([0, 5, 40])), drawn_batches(data),
              f"(seed {seed}, maintenance={mode})")
         if mode == "recompute":  # the path really ran: no view was maintained incrementally
             used = harness.db.status()["maintenance"]["views"]
@@ -61,6 +55,7 @@ def switching_stream(data, views) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     harness = Harness(oracle_schema(), views, db=ivm.connect(maintenance="auto"))
     costs = {}
+    draw = drawn_batches(data)
 
     def next_batch(step: int) -> tuple[str, int]:
         for view in harness.db._engine.catalog.views.values():
@@ -68,7 +63,7 @@ def switching_stream(data, views) -> None:
             # two batches where incremental looks ruinous, then two where it is free
             view.cost.incremental, view.cost.rows = (1e6, 1.0) if step % 4 < 2 else (0.0, 1.0)
             view.cost.rebuild, view.cost.rebuild_rows = 0.0, 1  # so timing noise cannot hold a view back
-        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
+        return draw(step)
 
     try:
         play(harness, random.Random(seed), TABLES, 8, data.draw(st.sampled_from([5, 40])), next_batch,

@@ -17,24 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.oracle.fixtures import VIEW_SETS, half_of, oracle_schema, oracle_views
-from tests.oracle.harness import Harness, play
-
-TABLES = ["customers", "orders", "items", "events"]
-
-# Batch sizes: mostly small, sometimes large (a 1,000-row batch over these key
-# domains repeats keys many times, exercising in-batch ordering).
-SIZES = st.one_of(st.integers(1, 12), st.integers(13, 200), st.sampled_from([500, 1000]))
-
+from tests.oracle.harness import TABLES, Harness, drawn_batches, play
 
 def run_stream(data, views, batches: int, initial_rows: int) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     harness = Harness(oracle_schema(), views)
-
-    def next_batch(step: int) -> tuple[str, int]:
-        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
-
     try:
-        play(harness, random.Random(seed), TABLES, batches, initial_rows, next_batch, f"(seed {seed})")
+        play(harness, random.Random(seed), TABLES, batches, initial_rows, drawn_batches(data), f"(seed {seed})")
     finally:
         harness.close()
 

@@ -14,11 +14,28 @@ from typing import Callable, Sequence
 
 import duckdb
 import sqlglot
+from hypothesis import strategies as st
 
 import ivm
 from tests.oracle.compare import multiset_diff, tie_aware_diff
 from tests.oracle.fixtures import ViewFixture
 from tests.oracle.model import Model, generate_batch, ops_to_arrow
+
+
+TABLES = ["customers", "orders", "items", "events"]  # the oracle schema's tables
+
+# Batch sizes: mostly small, sometimes large (a 1,000-row batch over these key
+# domains repeats keys many times, exercising in-batch ordering).
+SIZES = st.one_of(st.integers(1, 12), st.integers(13, 200), st.sampled_from([500, 1000]))
+
+
+def drawn_batches(data) -> Callable[[int], tuple[str, int]]:
+    """``play``'s ``next_batch``: the table and the size of each batch, drawn by hypothesis (so it shrinks them)."""
+
+    def next_batch(step: int) -> tuple[str, int]:
+        return data.draw(st.sampled_from(TABLES), label=f"table {step}"), data.draw(SIZES, label=f"size {step}")
+
+    return next_batch
 
 
 class Harness:
