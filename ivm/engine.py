@@ -44,7 +44,7 @@ from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table
 from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
                                view_interval)
 from ivm.executor import Executor, RowChanges, StepRunner
-from ivm.group_commit import commit_unit
+from ivm.group_commit import Committer, take_and_commit
 from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
@@ -76,6 +76,10 @@ class Settings:
     # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/spark/session.py).
     spark_conf: dict | None = None
     spark_rows: int = SPARK_ROWS  # "auto" runs a step on Spark from this many rows of input
+    # In memory, > 0: batches are applied by a thread of their own at this OS niceness (Linux),
+    # so reads in the same process get a core first (ivm/group_commit.py). Not for durable
+    # databases: there reads wait for the maintainer's folds, which must not be slowed.
+    ingest_nice: int = 0
 
 
 def check_name(name: str, what: str) -> None:
@@ -170,6 +174,7 @@ class Engine:
         # tables' versions made by the unit being committed.
         self._pending = Pending()
         self.heads: dict[str, Relation] = {}
+        self.committer: Committer | None = None  # in memory, with ingest_nice: started by start_committer
         self.reader = Reader(self)
         self.history = ViewHistory(self.settings.retain_rows)
         self.offset = 0
@@ -192,8 +197,15 @@ class Engine:
     def worker(self, rows: int) -> Worker:
         return self.large if rows > LARGE_BATCH else self.small
 
+    def start_committer(self) -> None:
+        """In memory with ``ingest_nice``: batches are committed by a lower-priority thread."""
+        if self.settings.ingest_nice > 0:
+            self.committer = Committer(self, self.settings.ingest_nice)
+
     def close(self) -> None:
         self.closed = True
+        if self.committer is not None:
+            self.committer.stop()
         self.history.close()
         self.reader.close()
         self.binder.close()
@@ -470,18 +482,13 @@ class Engine:
         if self.write_lock._is_owned():  # CREATE TABLE ... AS holds the lock: its batch goes alone, now
             with self.write_lock:
                 self.ingest_one(ticket)
+        elif self.committer is not None:  # a thread of lower OS priority commits (Settings.ingest_nice)
+            self.committer.commit(ticket)
         else:
             self._pending.add(ticket)
             with self.write_lock:
                 while not ticket.done:
-                    tickets = self._pending.take_unit()
-                    try:
-                        commit_unit(self, tickets)
-                    except BaseException as e:  # e.g. KeyboardInterrupt: no ticket may wait forever
-                        for other in tickets:
-                            if not other.done:
-                                other.error, other.done = e, True
-                        raise
+                    take_and_commit(self)
         if ticket.error is not None:
             raise ticket.error
         return ticket.offset

@@ -27,13 +27,28 @@ the watermark the batches before it left), or a maintenance error takes
 the one-batch path (``Engine.ingest_one``): on an error nothing of the unit
 was published, so each batch is applied alone and only the failing one
 fails.
+
+``Settings.ingest_nice`` > 0 (``ivm serve`` uses 10; in-memory databases
+only: a durable database's reads wait for its maintainer): units are committed by
+a thread of their own (``Committer``) at that OS niceness (Linux; elsewhere
+it is an ordinary thread), so reads served by the same process get a core
+first. Measured in process (``bench.cpu_costs lookup-waits``, 10 batches/s
+of 5,000 rows, load ~8): point-read wall p99 9.1-11.3 ms -> 4.7-6.2 ms,
+run-queue wait p99 6.8-8.2 -> 3.1-4.2 ms, ingest CPU per batch unchanged.
+The price: on a machine with no idle core, maintenance gets less of it (the
+ingest rate may fall), and a lookup waiting for the GIL waits for the
+lower-priority thread that holds it.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import TYPE_CHECKING
 
 from ivm.ingest_group import Ticket, convert_unit, zset_sum
+from sql_frontend.errors import IvmError
 
 if TYPE_CHECKING:
     from ivm.engine import Engine
@@ -79,3 +94,68 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
     for offset, ticket in enumerate(unit.tickets, start=first):
         engine.producers.record(ticket.source, ticket.seq, offset)
         ticket.offset, ticket.done = offset, True
+
+
+def take_and_commit(engine: "Engine") -> None:
+    """Commit the pending unit (under the write lock); no ticket of it is left waiting, whatever happens."""
+    tickets = engine._pending.take_unit()
+    try:
+        commit_unit(engine, tickets)
+    except BaseException as e:  # e.g. KeyboardInterrupt
+        for other in tickets:
+            if not other.done:
+                other.error, other.done = e, True
+        raise
+
+
+def lower_priority(nice: int) -> None:
+    """Give the calling thread OS niceness ``nice`` (Linux: a thread is a task of its own)."""
+    if nice > 0 and sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass  # not permitted here: an ordinary thread
+
+
+class Committer:
+    """A thread of its own, at a lower OS priority, that commits every pending unit."""
+
+    def __init__(self, engine: "Engine", nice: int):
+        self.engine = engine
+        self.nice = nice
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="ivm-committer", daemon=True)
+        self.thread.start()
+
+    def commit(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` and wait until it is done."""
+        self.engine._pending.add(ticket)
+        with self.cond:
+            self.cond.notify_all()
+            while not ticket.done:
+                if self.stopping:
+                    raise IvmError("the database was closed before the batch was applied")
+                self.cond.wait()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _run(self) -> None:
+        lower_priority(self.nice)
+        while True:
+            with self.cond:
+                while not self.stopping and not self.engine._pending.waiting():
+                    self.cond.wait()
+                if self.stopping:
+                    return
+            try:
+                with self.engine.write_lock:
+                    take_and_commit(self.engine)
+            except BaseException:  # the tickets hold the error; the thread goes on
+                pass
+            with self.cond:
+                self.cond.notify_all()

@@ -74,6 +74,10 @@ class Pending:
         with self._lock:
             self._tickets.append(ticket)
 
+    def waiting(self) -> bool:
+        with self._lock:
+            return bool(self._tickets)
+
     def take_unit(self) -> list[Ticket]:
         """The longest prefix with at most one ticket per source."""
         with self._lock:

@@ -13,8 +13,8 @@ import ivm
 from ivm.ingest_group import Ticket
 
 
-def make():
-    db = ivm.connect(maintenance="incremental")
+def make(**options):
+    db = ivm.connect(maintenance="incremental", **options)
     db.execute("CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount DOUBLE, code VARCHAR)")
     db.execute("CREATE TABLE events (kind VARCHAR, val BIGINT)")
     db.execute("CREATE MATERIALIZED VIEW totals AS SELECT cust, SUM(amount) AS total, COUNT(*) AS n "
@@ -138,8 +138,9 @@ def test_a_view_failing_on_one_batch_of_a_unit_fails_that_batch_alone(monkeypatc
     db.close()
 
 
-def test_concurrent_producers_read_their_writes_and_share_maintenance(monkeypatch):
-    db = make()
+@pytest.mark.parametrize("nice", [0, 10], ids=["callers_commit", "committer_thread"])
+def test_concurrent_producers_read_their_writes_and_share_maintenance(monkeypatch, nice):
+    db = make(ingest_nice=nice)
     calls = counting_maintenance(db, monkeypatch, delay=0.02)
     offsets: list[int] = []
     unseen: list[int] = []
@@ -185,3 +186,37 @@ def test_a_bad_batch_among_queued_ones_changes_nothing(bad):
     assert ticket.done and ticket.offset == 0 and isinstance(ticket.error, ivm.IvmError)
     assert rows(db, "SELECT id FROM orders") == [{"id": 2}] and before == []
     db.close()
+
+
+def test_a_committer_thread_applies_batches_at_lower_priority(monkeypatch):
+    import os
+
+    db = make(ingest_nice=10)
+    committer = db._engine.committer
+    assert committer is not None and committer.thread.is_alive()
+    threads = []
+    original = db._engine._maintain
+
+    def maintain(*args, **kwargs):
+        threads.append(threading.get_native_id())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(db._engine, "_maintain", maintain)
+    assert db.apply_changes("orders", orders([1, 2])) == 1
+    assert threads == [committer.thread.native_id] != [threading.get_native_id()]
+    assert os.getpriority(os.PRIO_PROCESS, committer.thread.native_id) == 10
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller's is untouched
+    # Errors reach the caller and change nothing; read your writes holds.
+    with pytest.raises(ivm.ChangeError, match="duplicate key"):
+        db.apply_changes("orders", orders([2, 3], op="c"))
+    assert rows(db, "SELECT id FROM orders") == [{"id": 1}, {"id": 2}]
+    assert db.execute("CREATE TABLE copy (id BIGINT PRIMARY KEY) AS SELECT id FROM orders") == 2  # holds the lock
+    assert rows(db, "SELECT * FROM copy") == [{"id": 1}, {"id": 2}]
+    db.close()
+    assert not committer.thread.is_alive()
+
+
+@pytest.mark.parametrize("nice", [-1, 20, "5"])
+def test_ingest_nice_out_of_range_is_refused(nice):
+    with pytest.raises(ValueError, match="ingest_nice must be an integer from 0 to 19"):
+        ivm.connect(ingest_nice=nice)
