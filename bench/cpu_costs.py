@@ -2,6 +2,7 @@
 
     python -m bench.cpu_costs lookup [--lookups 1000]
     python -m bench.cpu_costs ingest [--initial 200000] [--batches 400] [--producers 4]
+                                     [--maintenance auto|incremental] [--fold-delay S]
     python -m bench.cpu_costs memory-ingest [--batches 400] [--batch 1000] [--producers 1 4]
     python -m bench.cpu_costs lookup-waits [--batch 5000] [--switch 0.005 0.0005] [--seconds 6]
 
@@ -79,7 +80,7 @@ def lookup(n: int) -> None:
           f"({n} lookups; 1-minute load average {os.getloadavg()[0]:.1f})")
 
 
-def ingest(initial: int, batches: int, producers: int) -> None:
+def ingest(initial: int, batches: int, producers: int, **options) -> None:
     import bench.ingest as bench
     import ivm
     from ivm import changes, durable, engine, ingest_group, maintainer
@@ -110,11 +111,13 @@ def ingest(initial: int, batches: int, producers: int) -> None:
     from ivm import checkpoints
     timed(checkpoints.Checkpointer, "checkpoint", "checkpoint")
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
-        db = ivm.connect(f"{directory}/db")
+        db = ivm.connect(f"{directory}/db", **options)
         stream = bench.load(db, initial)
         db.sql("SELECT COUNT(*) FROM per_region")
         cpu.clear()
+        folds = db._engine.maintainer.folds
         result = bench.throughput(db, stream, producers, batches, 1000)
+        folds = db._engine.maintainer.folds - folds
         db.close()
     n = result["rows"] / 1000
     for label, seconds in cpu.items():
@@ -122,6 +125,7 @@ def ingest(initial: int, batches: int, producers: int) -> None:
     print(f"{'process (all threads)':40s} {1000 * result['cpu_seconds'] / n:6.2f} ms CPU per batch; "
           f"{result['rows_per_cpu_s']:,.0f} rows per CPU s; {result['rows_per_s']:,.0f} rows/s "
           f"(1-minute load average {os.getloadavg()[0]:.1f})")
+    print(f"{folds} folds for {n:.0f} batches")
 
 
 def memory_ingest(batches: int, batch: int, producers: list[int]) -> None:
@@ -246,6 +250,9 @@ def main() -> None:
     parser.add_argument("--initial", type=int, default=200_000)
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--producers", type=int, nargs="+", default=None, help="ingest: 4; memory-ingest: 1 4")
+    parser.add_argument("--maintenance", default="auto", help="auto, incremental or recompute (ingest)")
+    parser.add_argument("--fold-delay", type=float, default=None,
+                        help="the maintainer's fold_delay (ingest; default: the engine's)")
     parser.add_argument("--batch", type=int, default=None, help="rows per batch (memory-ingest: 1000, lookup-waits: 5000)")
     parser.add_argument("--switch", type=float, nargs="+", default=[0.005, 0.0005], help="lookup-waits: switch intervals")
     parser.add_argument("--seconds", type=float, default=6.0, help="lookup-waits: seconds per round")
@@ -257,7 +264,8 @@ def main() -> None:
     elif args.what == "lookup-waits":
         lookup_waits(args.batch or 5000, args.switch, args.seconds)
     else:
-        ingest(args.initial, args.batches, (args.producers or [4])[0])
+        options = {} if args.fold_delay is None else {"fold_delay": args.fold_delay}
+        ingest(args.initial, args.batches, (args.producers or [4])[0], maintenance=args.maintenance, **options)
 
 
 if __name__ == "__main__":

@@ -219,7 +219,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--fold-delay", type=float, default=0.0, help="the maintainer's fold_delay (seconds)")
+    parser.add_argument("--fold-delay", type=float, default=None,
+                        help="the maintainer's fold_delay in seconds (default: the engine's, 0.05)")
     parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -228,7 +229,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results["fdatasync_40KB"] = sync_cost(Path(tmp))
         print("fdatasync 40 KB:", json.dumps(results["fdatasync_40KB"]), flush=True)
-        db = ivm.connect(Path(tmp) / "db", fold_delay=args.fold_delay)
+        options = {} if args.fold_delay is None else {"fold_delay": args.fold_delay}
+        db = ivm.connect(Path(tmp) / "db", **options)
         stream = load(db, args.initial)
         results["durable_latency"] = latency(db, stream, args.batches, args.batch_size)
         print("durable, 1 producer:", json.dumps(results["durable_latency"]), flush=True)

@@ -21,6 +21,13 @@ view delta from δR'. The stored relation still holds the whole change: the
 OLD/NEW conversions over π_P agree either way. A pruned delta that is empty
 means the view has nothing to do for that source.
 
+Keyed tables (``cancelled_pairs``, numpy instead of a DuckDB window): a
+keyed table's delta holds per key at most one ``-old`` and one ``+new``; a
+pair of one key with weights -1, +1 and not distinct values in P is a group
+of the rule's sum that cancels (or part of one: dropping any zero-sum
+subset keeps π_P(δR') = π_P(δR)), so it is dropped. Rows of different keys
+that cancel only together are kept: a weaker pruning, never a wrong one.
+
 Which columns a view reads: a source read only by SPJ nodes is read through
 the columns its alias qualifies in their predicates and outputs; any other
 reader (a set operation or DISTINCT straight over the relation, an
@@ -29,6 +36,9 @@ unqualified reference, a star) counts as reading every column.
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
@@ -93,3 +103,46 @@ def prune_template(columns: tuple[str, ...]) -> str:
         return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER () <> 0"
     keys = ", ".join(_quote(c).replace("{", "{{").replace("}", "}}") for c in columns)
     return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER (PARTITION BY {keys}) <> 0"
+
+
+def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], columns: tuple[str, ...]) -> pa.Table:
+    """``delta`` without the -old/+new pairs of one key equal in ``columns`` (see the module doc).
+
+    ``codes``: the delta's key codes (equal codes are re-checked on the key columns)."""
+    n = delta.num_rows
+    if n < 2:
+        return delta
+    order = np.argsort(codes, kind="stable")
+    ordered = codes[order]
+    same_next = ordered[1:] == ordered[:-1]
+    # exactly two rows share the code: i and i+1, with neither neighbour sharing it
+    alone_before = np.concatenate(([True], ~same_next[:-1]))
+    alone_after = np.concatenate((~same_next[1:], [True]))
+    starts = np.flatnonzero(same_next & alone_before & alone_after)
+    if not len(starts):
+        return delta
+    first, second = order[starts], order[starts + 1]
+    weights = delta.column(WEIGHT).to_numpy()
+    pair = (weights[first] + weights[second] == 0) & (np.abs(weights[first]) == 1)
+    first, second = first[pair], second[pair]
+    if not len(first):
+        return delta
+    equal = np.ones(len(first), dtype=bool)
+    mine, theirs = pa.array(first), pa.array(second)
+    for name in dict.fromkeys(key + columns):
+        equal &= _not_distinct(delta.column(name).take(mine), delta.column(name).take(theirs))
+    if not equal.any():
+        return delta
+    keep = np.ones(n, dtype=bool)
+    keep[first[equal]] = keep[second[equal]] = False
+    return delta.filter(pa.array(keep))
+
+
+def _not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
+    """IS NOT DISTINCT FROM, and for floats the same sign of zero (-0.0 stays apart from 0.0)."""
+    equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+        signs = pc.equal(pc.less(pc.divide(pa.scalar(1.0, a.type), a), 0), pc.less(pc.divide(pa.scalar(1.0, b.type), b), 0))
+        equal = pc.and_(equal, pc.fill_null(signs, True))
+    return equal.to_numpy(zero_copy_only=False).astype(bool)

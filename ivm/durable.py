@@ -11,7 +11,9 @@ validation - schema, duplicate keys, missing deletes - happens before the
 acknowledgement, and an acknowledged batch can never fail later), append the
 normalized batch to the log, queue the delta for the maintainer. Then,
 outside the lock, wait until the record is on disk (group commit) and return
-its offset. The maintainer (ivm/maintainer.py) folds queued deltas into the
+its offset. Upsert-only batches skip the conversion here: they cannot fail,
+so the fold converts them, many at once (ivm/deferred.py; ``convert_lock``
+guards the tables' heads). The maintainer (ivm/maintainer.py) folds queued deltas into the
 views in micro-batches; reads wait for it to reach every acknowledged
 offset; checkpoints store published snapshots.
 
@@ -63,6 +65,9 @@ class DurableEngine(Engine):
             raise IvmError(f"cannot use {self.path} as a database directory: {e.strerror or e}") from e
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
         self._pending_indexes: dict[str, tuple] = {}
+        # Guards the heads and the queued batches not converted yet (ivm/deferred.py):
+        # producers convert under it, and so does the maintainer (it never waits under it).
+        self.convert_lock = threading.RLock()
         # (offset, time, rows, table) of accepted batches past the checkpoint; the
         # lock makes iteration safe against appends from producers.
         self._unstored: deque[tuple[int, float, int, str]] = deque()
@@ -154,6 +159,10 @@ class DurableEngine(Engine):
 
     def _accept_unit(self, tickets: list[Ticket]) -> None:
         """Convert, log and queue a unit of batches; each gets its offset (not yet durable)."""
+        with self.convert_lock:
+            self._accept_unit_locked(tickets)
+
+    def _accept_unit_locked(self, tickets: list[Ticket]) -> None:
         self.log.check()
         unit = convert_unit(self, tickets)
         if not unit.tickets:
@@ -164,11 +173,18 @@ class DurableEngine(Engine):
             self.log.append(Record(offset, ticket.table, ticket.batch, ticket.policy, ticket.source, ticket.seq, now))
             self.offset = ticket.offset = offset
             self.producers.record(ticket.source, ticket.seq, offset)
-            self._note_unstored(offset, now, ticket.delta.num_rows if ticket.delta is not None else 0, ticket.table)
+            rows = ticket.delta.num_rows if ticket.delta is not None else 0
+            if ticket.table in unit.batches:  # deferred: its delta is not known yet (about the batch's rows)
+                rows = ticket.batch.num_rows
+            self._note_unstored(offset, now, rows, ticket.table)
             ticket.done = True
-        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now, unit.counts))
+        self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now, unit.counts, unit.batches))
 
     def _replay(self, record: Record) -> None:
+        with self.convert_lock:
+            self._replay_locked(record)
+
+    def _replay_locked(self, record: Record) -> None:
         definition = self.catalog.table(record.table)
         try:
             prepared = self.convert(definition, record.batch, record.policy, self.head(record.table),

@@ -75,7 +75,7 @@ def _groupable(engine: "Engine", ticket: Ticket) -> bool:
 
 
 def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
-    unit = convert_unit(engine, tickets)  # per-batch errors and known (source, seq) are settled here
+    unit = convert_unit(engine, tickets, defer=False)  # per-batch errors and known (source, seq) are settled here
     if not unit.tickets:
         return
     parts = {table: [d for d in deltas if d.num_rows] for table, deltas in unit.deltas.items()}

@@ -16,7 +16,9 @@ log record and outcome, exactly as if they had come one at a time:
 * bag tables are converted one by one (their conversion nets each row's
   copies over the whole batch, which is not sequential across batches).
 
-The unit becomes one maintainer entry, so a fold never publishes part of it.
+Batches of upserts only are not converted here at all: the fold converts
+them (ivm/deferred.py). The unit becomes one maintainer entry, so a fold
+never publishes part of it.
 A unit holds at most one batch per producer source, so sequence numbers are
 checked in order.
 """
@@ -27,11 +29,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
 from delta_operators.zset import WEIGHT
-from ivm.changes import SEQ, as_table, missing_delete_policy, q
+from ivm import deferred
+from ivm.changes import as_table, missing_delete_policy, q
 from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class Unit:
     deltas: dict[str, list[pa.Table]] = field(default_factory=dict)
     versions: dict[str, "Relation"] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # late events per stream (snapshot counters)
+    batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)  # deferred (ivm/deferred.py)
 
 
 class Pending:
@@ -93,8 +96,12 @@ class Pending:
             return unit
 
 
-def convert_unit(engine: "DurableEngine", tickets: list[Ticket]) -> Unit:
-    """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome."""
+def convert_unit(engine: "DurableEngine", tickets: list[Ticket], defer: bool = True) -> Unit:
+    """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome.
+
+    ``defer``: upsert-only batches are left for the fold (durable; ivm/deferred.py); in-memory
+    group commit (ivm/group_commit.py) converts everything at once.
+    """
     live: list[Ticket] = []
     for ticket in tickets:
         try:
@@ -111,7 +118,7 @@ def convert_unit(engine: "DurableEngine", tickets: list[Ticket]) -> Unit:
     for ticket in live:
         by_table.setdefault(ticket.table, []).append(ticket)
     for table, group in by_table.items():
-        _convert_table(engine, table, group, unit)
+        _convert_table(engine, table, group, unit, defer)
     unit.tickets = [t for t in live if t.error is None]
     return unit
 
@@ -125,13 +132,21 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
     ticket.batch = engine.worker(data.num_rows).normalizer.normalize(definition, schema, data)
 
 
-def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
+def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit, defer: bool) -> None:
     definition = engine.catalog.table(table)
+    items = [(t.batch, t.policy) for t in group]
+    if defer:
+        if deferred.deferrable(definition, items):  # upserts only: converted at the fold (ivm/deferred.py)
+            unit.batches.setdefault(table, []).extend(items)
+            for ticket in group:
+                ticket.delta = None
+            return
+        deferred.flush(engine, table)  # the head must hold every earlier batch
     # Batches of a watermarked table are converted one by one: each is judged late
     # against the watermark the batches before it left (as replay does).
     if (len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1
             and definition.event_time is None):
-        combined = _renumbered([t.batch for t in group])
+        combined = deferred.renumbered([t.batch for t in group])
         try:
             prepared = engine.convert(definition, combined, group[0].policy, engine.head(table),
                                       engine.worker(combined.num_rows))
@@ -159,14 +174,6 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         for part in [prepared, *prepared.hidden]:
             unit.deltas.setdefault(part.change_table, []).append(part.change.delta)
         ticket.delta = prepared.change.delta
-
-
-def _renumbered(batches: list[pa.Table]) -> pa.Table:
-    """The batches one after another, ``__seq`` running on (their order is the order of application)."""
-    combined = pa.concat_tables(batches)
-    position = combined.schema.get_field_index(SEQ)
-    return combined.set_column(position, SEQ, pa.array(np.arange(combined.num_rows, dtype=np.int64)))
-
 
 
 def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ivm.engine import LARGE_BATCH
+from ivm.deferred import convert_deferred
 from ivm.ingest_group import zset_sum
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ivm.maintainer")
 
+# Folds up to this many changed rows run on the maintainer's single-threaded DuckDB.
+# Producers use the other core: a multi-threaded fold of 50,000-100,000 rows spent
+# ~0.4 ms CPU per 1,000-row batch in DuckDB's worker threads (bench.cpu_costs ingest)
+# for no gain in throughput. Larger folds (bulk loads) still use every core.
+FOLD_LARGE_BATCH = 250_000
+
 
 @dataclass
 class Entry:
@@ -53,10 +59,14 @@ class Entry:
     versions: dict[str, Relation]  # per table: the table after these batches
     timestamp: float
     counts: dict[str, int] = field(default_factory=dict)  # added to the snapshot's counters (late events)
+    # per table: accepted batches not converted yet, (normalized batch, policy) in
+    # order (ivm/deferred.py); their deltas and the table's version come at the fold
+    batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
-        return sum(t.num_rows for tables in self.deltas.values() for t in tables)
+        return (sum(t.num_rows for tables in self.deltas.values() for t in tables)
+                + sum(b.num_rows for items in self.batches.values() for b, _ in items))
 
 
 class Maintainer:
@@ -99,7 +109,23 @@ class Maintainer:
             for entry in self.queue:
                 for table, deltas in entry.deltas.items():
                     out[table] = out.get(table, 0) + sum(t.num_rows for t in deltas)
+                for table, items in entry.batches.items():
+                    out[table] = out.get(table, 0) + sum(b.num_rows for b, _ in items)
             return out
+
+    def deferred(self, table: str) -> list[Entry]:
+        """Queued entries holding unconverted batches of ``table`` (caller holds the convert lock)."""
+        with self.cond:
+            return [entry for entry in self.queue if table in entry.batches]
+
+    def converted(self, entry: Entry, table: str, version: Relation, delta: pa.Table) -> None:
+        """A queued entry's batches of ``table`` were converted (under the cond: status reads the queue)."""
+        with self.cond:
+            before = entry.rows
+            del entry.batches[table]
+            entry.versions[table] = version
+            entry.deltas.setdefault(table, []).append(delta)
+            self.queued_rows += entry.rows - before
 
     # --- readers' side ---------------------------------------------------------------
     def wait_published(self, offset: int) -> None:
@@ -165,10 +191,12 @@ class Maintainer:
     def fold(self) -> None:
         """Fold the durable queued entries into the views and publish."""
         with self.fold_lock:
-            entries = self._take()
-            if not entries:
-                return
             engine = self.engine
+            with engine.convert_lock:  # the tables' heads: producers convert under it too
+                entries = self._take()
+                if not entries:
+                    return
+                converted = convert_deferred(engine, entries, self._worker)
             before = snapshot = engine.store.snapshot
             versions: dict[str, Relation] = {}
             parts: dict[str, list[pa.Table]] = {}
@@ -179,10 +207,14 @@ class Maintainer:
                     counts[name] = counts.get(name, 0) + n
                 for table, deltas in entry.deltas.items():
                     parts.setdefault(table, []).extend(d for d in deltas if d.num_rows)
+            for table, prepared in converted.items():  # after every eager version of the table
+                versions[table] = prepared.updated
+                if prepared.change.delta.num_rows:
+                    parts.setdefault(table, []).append(prepared.change.delta)
             parts = {table: tables for table, tables in parts.items() if tables}
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
-            worker = self.large if rows > LARGE_BATCH else self.small
+            worker = self._worker(rows)
             deltas = {table: zset_sum(tables, worker) for table, tables in parts.items()}
             deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
             snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
@@ -195,6 +227,9 @@ class Maintainer:
                 engine.store.publish(snapshot)
                 self.folds += 1
                 self.cond.notify_all()
+
+    def _worker(self, rows: int) -> "Worker":
+        return self.large if rows > FOLD_LARGE_BATCH else self.small
 
     def _keep_indexes(self, before: Snapshot, after: Snapshot) -> None:
         """Indexes a fold added to a table are added on the ingest side too (once),

@@ -108,3 +108,46 @@ def test_pruned_view_over_a_view(db):
     assert runs(db, "top") == before + 1
     equals_recompute(db, {"base": "SELECT k, a, b * 2 AS b2, c FROM t",
                           "top": "SELECT a, SUM(b * 2) AS s FROM t GROUP BY a"})
+
+
+def test_cancelled_pairs_keep_each_read_projection_as_a_z_set():
+    """The numpy pruning of keyed tables' deltas (delta_operators/prune.py: cancelled_pairs)
+    drops -old/+new pairs of one key equal in the read columns, and keeps π_P(δ) as a Z-set."""
+    import random
+
+    import numpy as np
+
+    from delta_operators.prune import cancelled_pairs
+
+    nan, values = float("nan"), [0.0, -0.0, 1.5, None, float("nan")]
+    for seed in range(30):
+        rng = random.Random(seed)
+        rows = []
+        for k in range(rng.randrange(1, 40)):
+            old = (k, rng.choice("xy"), rng.choice(values))
+            new = (k, rng.choice("xy"), rng.choice(values)) if rng.random() < 0.5 else old
+            kind = rng.choice(["update", "insert", "delete"])
+            rows += ([(*old, -1)] if kind != "insert" else []) + ([(*new, 1)] if kind != "delete" else [])
+        delta = pa.table({"k": [r[0] for r in rows], "a": [r[1] for r in rows], "c": [r[2] for r in rows],
+                          "__weight": [r[3] for r in rows]}, schema=pa.schema(
+            [("k", pa.int64()), ("a", pa.string()), ("c", pa.float64()), ("__weight", pa.int64())]))
+        for columns in [("a",), ("c",), ("a", "c"), ("k", "a")]:
+            pruned = cancelled_pairs(delta, delta.column("k").to_numpy(), ("k",), columns)
+
+            def projection(t):
+                sums: dict = {}
+                for r in t.to_pylist():
+                    value = tuple("nan" if isinstance(r[c], float) and r[c] != r[c] else
+                                  (r[c], str(r[c])) for c in columns)
+                    sums[value] = sums.get(value, 0) + r["__weight"]
+                return {v: w for v, w in sums.items() if w}
+
+            assert projection(pruned) == projection(delta), (seed, columns)
+            assert set(map(str, pruned.to_pylist())) <= set(map(str, delta.to_pylist()))
+    # an update of nothing read goes; -0.0 is not 0.0; NULL and NaN equal themselves
+    delta = pa.table({"k": [1, 1, 2, 2, 3, 3, 4, 4], "c": [0.0, -0.0, None, None, nan, nan, 1.0, 1.0],
+                      "b": ["p", "q", "p", "q", "p", "q", "p", "p"], "__weight": [-1, 1] * 4})
+    kept = cancelled_pairs(delta, np.array([1, 1, 2, 2, 3, 3, 4, 4]), ("k",), ("c",))
+    assert kept.column("k").to_pylist() == [1, 1]
+    assert cancelled_pairs(delta, np.array([1, 1, 2, 2, 3, 3, 4, 4]), ("k",), ("c", "b")).column("k").to_pylist() \
+        == [1, 1, 2, 2, 3, 3]
