@@ -50,6 +50,7 @@ class Ticket:
     source: str | None
     seq: int | None
     done: bool = False
+    taken: bool = False  # a committer took it (in-memory group commit, ivm/group_commit.py)
     offset: int = 0
     error: BaseException | None = None
     batch: pa.Table | None = None  # normalized

@@ -220,3 +220,33 @@ def test_a_committer_thread_applies_batches_at_lower_priority(monkeypatch):
 def test_ingest_nice_out_of_range_is_refused(nice):
     with pytest.raises(ValueError, match="ingest_nice must be an integer from 0 to 19"):
         ivm.connect(ingest_nice=nice)
+
+
+def test_producers_commit_themselves_when_the_committer_does_not_take_their_batches(monkeypatch):
+    """A committer starved of CPU (here: stopped) must not stall ingest: producers take over."""
+    from ivm import group_commit
+
+    db = make(ingest_nice=10)
+    committer = db._engine.committer
+    monkeypatch.setattr(group_commit, "TAKE_OVER_AFTER", 0.01)
+    committer.stop()
+    committer.stopping = False  # the thread is gone, but producers go on
+    on_committer = []
+    original = db._engine._maintain
+
+    def maintain(*args, **kwargs):
+        on_committer.append(threading.get_native_id() == committer.thread.native_id)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(db._engine, "_maintain", maintain)
+    offsets = []
+    threads = [threading.Thread(target=lambda i=i: offsets.append(db.apply_changes("orders", orders([i]))))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(offsets) == [1, 2, 3, 4] and on_committer and not any(on_committer)
+    assert rows(db, "SELECT * FROM totals") == [{"cust": 7, "total": 38.0, "n": 4}]
+    committer.stopping = True
+    db.close()
