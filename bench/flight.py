@@ -226,10 +226,14 @@ def visibility(uri: str, writes: int) -> dict:
     return {"writes": writes, "not_visible": sum(lags), "read": quantiles(read_seconds)}
 
 
-def run(rows: int, rate: float, batch: int, seconds: float, durable: bool, writers: int = 1) -> dict:
+def run(rows: int, rate: float, batch: int, seconds: float, durable: bool, writers: int = 1,
+        ingest_nice: int = 0) -> dict:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
-        result = measure(rows, rate, batch, seconds, ("--data", f"{directory}/db") if durable else (), writers)
+        server_args = ("--data", f"{directory}/db") if durable else ()
+        if ingest_nice:
+            server_args += ("--ingest-nice", str(ingest_nice))
+        result = measure(rows, rate, batch, seconds, server_args, writers)
     result["load_average"] = [load_before, os.getloadavg()[0]]  # 1-minute, before and after: the sharing
     return result
 
@@ -244,7 +248,8 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
             )
             cur.adbc_ingest("items", items(np.arange(rows), np.random.default_rng(0)), mode="append")
             result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds, "writers": writers,
-                            "server": "durable (--data)" if server_args else "in memory"}
+                            "server": " ".join(["durable (--data)" if "--data" in server_args else "in memory",
+                                                *(a for a in server_args if a.startswith("--ingest") or a.isdigit())])}
             lookup = "SELECT * FROM by_grp WHERE grp = ?"
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
@@ -326,12 +331,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
     parser.add_argument("--durable", action="store_true", help="serve --data in a temporary directory")
     parser.add_argument("--writers", type=int, default=1, help="writer processes, each at rate / writers")
+    parser.add_argument("--ingest-nice", type=int, default=0, help="ivm serve --ingest-nice (in memory)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     command = (f"python -m bench.flight --rows {args.rows} --rate {args.rate:.0f} --batch {args.batch} "
                f"--seconds {args.seconds:g}" + (" --durable" if args.durable else "")
-               + (f" --writers {args.writers}" if args.writers != 1 else ""))
-    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable, args.writers)
+               + (f" --writers {args.writers}" if args.writers != 1 else "")
+               + (f" --ingest-nice {args.ingest_nice}" if args.ingest_nice else ""))
+    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable, args.writers, args.ingest_nice)
     text = report(result, command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

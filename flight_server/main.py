@@ -24,11 +24,8 @@ from flight_server.server import IvmFlightServer
 log = logging.getLogger("ivm.flight")
 
 
-SERVE_INGEST_NICE = 10  # maintenance yields the cores to lookups (ivm/group_commit.py)
-
-
 def open_database(data: str | None, demo: bool, options: dict | None = None) -> ivm.Database:
-    db = ivm.connect(data, **{"ingest_nice": SERVE_INGEST_NICE, **(options or {})})
+    db = ivm.connect(data, **(options or {}))
     if demo:
         from ivm.demo import setup
 

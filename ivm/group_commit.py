@@ -28,8 +28,9 @@ the one-batch path (``Engine.ingest_one``): on an error nothing of the unit
 was published, so each batch is applied alone and only the failing one
 fails.
 
-``Settings.ingest_nice`` > 0 (``ivm serve`` uses 10; in-memory databases
-only: a durable database's reads wait for its maintainer): units are committed by
+``Settings.ingest_nice`` > 0 (``ivm serve --ingest-nice N``; in-memory
+databases only: a durable database's reads wait for its maintainer; off by
+default): units are committed by
 a thread of their own (``Committer``) at that OS niceness (Linux; elsewhere
 it is an ordinary thread), so reads served by the same process get a core
 first. Measured in process (``bench.cpu_costs lookup-waits``, 10 batches/s
@@ -39,7 +40,10 @@ The price: a lookup waiting for the GIL may wait for the lower-priority
 thread that holds it. On a machine with no idle core the committer may not
 run for a while: a producer whose batch it has not taken within
 ``TAKE_OVER_AFTER`` commits the pending unit itself, at its own priority
-(measured at load 4-6 without this: 37.7k of 50k rows/s, ack p99 751 ms).
+(measured at load 4-6 without this: 37.7k of 50k rows/s, ack p99 751 ms;
+with it, 24.2k: the committer takes the unit at once, then loses the core
+mid-commit, so at nice 10 a loaded machine loses ingest rate; hence off by
+default until measured on a quiet machine).
 """
 
 from __future__ import annotations

@@ -250,3 +250,13 @@ def test_producers_commit_themselves_when_the_committer_does_not_take_their_batc
     assert rows(db, "SELECT * FROM totals") == [{"cust": 7, "total": 38.0, "n": 4}]
     committer.stopping = True
     db.close()
+
+
+def test_serve_refuses_a_niceness_out_of_range():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", "ivm", "serve", "--port", "0", "--ingest-nice", "25"],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--ingest-nice: an OS niceness from 0 to 19, not '25'" in done.stderr
