@@ -23,6 +23,7 @@ the same RowChanges as on DuckDB.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 
 import pyarrow as pa
 from sqlglot import exp
@@ -32,7 +33,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, readers
+from ivm.spark.temps import Lazy, SparkTemps, columns_read, readers
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -41,6 +42,15 @@ SCAN_PREFIX = scan_name("")
 # Probes above this many rows are joined on Spark instead of looked up in the
 # driver's index (the index is O(probes) and needs the probe keys on the driver).
 JOIN_PROBES = 200_000
+# How a plan over small one-partition inputs runs (see SparkExecutor._small):
+SMALL_PLAN = {
+    # sort-merge joins of single partitions need no exchange; a broadcast is a job
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    # what still needs an exchange (a grouping over a UNION ALL) goes to one partition,
+    "spark.sql.shuffle.partitions": "1",
+    # as one job with several stages (AQE submits a job per stage)
+    "spark.sql.adaptive.enabled": "false",
+}
 
 
 class SparkExecutor(StepRunner):
@@ -55,23 +65,50 @@ class SparkExecutor(StepRunner):
         self.join_probes = JOIN_PROBES if join_probes is None else join_probes
         self._texts: dict[int, tuple[Query, str, dict[str, str], pa.Schema | None]] = {}
         self.jobs = 0  # Spark jobs whose rows came to the driver (for stats, tests, bench)
+        self._program = None
         self._readers: Counter = Counter()
+        self._columns: dict[str, set[str] | None] = {}
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
 
     def run(self, program, inputs, snapshot, label="", progress=None):
-        self._readers = readers(program)
+        if self._program is not program:  # the same program runs every batch: analyse it once
+            self._program, self._readers, self._columns = program, readers(program), columns_read(program)
         return super().run(program, inputs, snapshot, label, progress)
 
     def _temps(self, inputs: dict[str, pa.Table], label: str) -> SparkTemps:
         def collect(lazy: Lazy) -> pa.Table:
             try:
-                rows = lazy.frame.toArrow()
+                with self._small(lazy.small):
+                    rows = lazy.frame.toArrow()
             except Exception as e:  # pyspark raises its own hierarchy; report what Spark said
                 raise spark_error(e, label) from None
             self.jobs += 1
             return rows if lazy.schema is None else rows.select(lazy.schema.names).cast(lazy.schema)
 
-        return SparkTemps(inputs, self.frames.arrow, collect)
+        return SparkTemps(inputs, self.frames.arrow, collect, self._columns)
+
+    @contextmanager
+    def _small(self, small: bool):
+        """SMALL_PLAN's settings while a plan over small one-partition inputs runs.
+
+        Spark plans when the job starts, so the settings apply to this plan
+        only. Its inputs are single partitions (frames.SMALL_ROWS), which
+        satisfy every join's and grouping's distribution: without broadcasts
+        the whole plan is one stage (sort-merge joins inside one task), where
+        each broadcast is a job of its own (with AQE, so is every exchange).
+        """
+        if not small:
+            yield
+            return
+        conf = self.spark.conf
+        before = {key: conf.get(key) for key in SMALL_PLAN}
+        for key, value in SMALL_PLAN.items():
+            conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key, value in before.items():
+                conf.set(key, value)
 
     # --- queries -------------------------------------------------------------------
     def _text(self, step: Query) -> tuple[str, dict[str, str], pa.Schema | None]:
@@ -128,7 +165,7 @@ class SparkExecutor(StepRunner):
             # Known without a job, so the skip rule applies from the next run
             # on, also to steps that are never collected (read inside others).
             self._remember_schema(step, arrow_schema(frame))
-        lazy = Lazy(frame)
+        lazy = Lazy(frame, small=all(name in temps and temps.small(name) for name in inputs.values()))
         if self._readers[step.out] > 1:
             # Read twice: collect it now and give readers its rows (a local
             # relation Spark plans with exact sizes), not its plan twice.

@@ -27,6 +27,12 @@ from storage.relation import Relation
 # Runs and inputs at least this large are cached in Spark's memory (columnar);
 # smaller ones are re-read from the Arrow batches Spark already holds.
 CACHE_ROWS = 50_000
+# Driver tables up to this many rows become one-partition DataFrames. One
+# partition already satisfies every grouping and join requirement, so a query
+# over such inputs alone plans without exchanges: one stage, one task, one
+# job (the executor also turns broadcasts off for it). Spark's fixed cost per
+# stage and per job, not the rows, is what a change batch's query pays.
+SMALL_ROWS = 1_000_000
 
 
 class Frames:
@@ -36,10 +42,16 @@ class Frames:
         self._cached: dict[int, object] = {}  # id(Arrow table) -> DataFrame (POS appended for runs)
 
     def arrow(self, table: pa.Table):
-        """A DataFrame of an Arrow table (cached while the table lives, when large)."""
+        """A DataFrame of an Arrow table (one partition when small; cached while the table lives, when large)."""
+        def create():
+            frame = self.spark.createDataFrame(table)
+            if table.num_rows <= SMALL_ROWS:
+                frame = frame.coalesce(1)
+            return frame.cache() if table.num_rows >= CACHE_ROWS else frame
+
         if table.num_rows < CACHE_ROWS:
-            return self.spark.createDataFrame(table)
-        return self._remember(table, lambda: self.spark.createDataFrame(table).cache())
+            return create()
+        return self._remember(table, create)
 
     def relation(self, relation: Relation, positions: bool = False):
         """The live rows of ``relation`` (with RUN/POS when ``positions``)."""

@@ -23,6 +23,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step
+from ivm.spark.frames import SMALL_ROWS
 
 
 @dataclass
@@ -32,15 +33,19 @@ class Lazy:
     frame: object  # pyspark DataFrame
     schema: pa.Schema | None = None  # cast the driver rows to this (stored relations' types)
     arrow: pa.Table | None = None
+    # Every input of its plan is a small driver table (frames.SMALL_ROWS) or
+    # such a Lazy: it runs as one stage with broadcasts off (executor.py).
+    small: bool = False
 
 
 class SparkTemps(dict):
     """Temporaries by name: Arrow tables or Lazy frames; ``[name]`` always gives Arrow."""
 
     def __init__(self, inputs: dict[str, pa.Table], spark_frame: Callable[[pa.Table], object],
-                 collect: Callable[[Lazy], pa.Table]):
+                 collect: Callable[[Lazy], pa.Table], columns: dict[str, set[str] | None] | None = None):
         super().__init__(inputs)
         self._spark_frame = spark_frame
+        self._columns = columns or {}  # columns_read(program): what Spark reads of each temporary
         self._collect = collect
         self._frames: dict[str, tuple[pa.Table, object]] = {}  # driver temp -> its DataFrame this run
 
@@ -57,15 +62,77 @@ class SparkTemps(dict):
         value = super().__getitem__(name)
         return isinstance(value, Lazy) and value.arrow is None
 
+    def small(self, name: str) -> bool:
+        """True when ``name``'s plan reads only small driver tables (one partition each)."""
+        value = super().__getitem__(name)
+        if isinstance(value, Lazy):
+            if value.arrow is None:
+                return value.small
+            value = value.arrow
+        return value.num_rows <= SMALL_ROWS
+
     def frame(self, name: str):
         """``name`` as a DataFrame: its lazy plan, or its driver rows shipped once per run."""
         value = super().__getitem__(name)
         if isinstance(value, Lazy):
-            return value.frame
+            if value.arrow is None:
+                return value.frame
+            # Collected (read by several steps): its rows, which Spark plans
+            # with exact sizes, not its plan computed again by every reader.
+            value = value.arrow
         known = self._frames.get(name)
         if known is None or known[0] is not value:
-            known = self._frames[name] = (value, self._spark_frame(value))
+            known = self._frames[name] = (value, self._spark_frame(self._shipped(name, value)))
         return known[1]
+
+    def _shipped(self, name: str, table: pa.Table) -> pa.Table:
+        """The columns of a driver temporary that Spark reads (at least one: a frame needs one)."""
+        needed = self._columns.get(name)
+        if needed is None:
+            return table
+        keep = [c for c in table.column_names if c.lower() in needed]
+        return table.select(keep or table.column_names[:1])
+
+
+def columns_read(program: Program) -> dict[str, set[str] | None]:
+    """Columns Spark may read of each temporary (None: all of them).
+
+    A driver temporary is shipped with these columns only: a change batch of
+    lineitem has 16 columns, a join term reads 5 of them, and shipping rows
+    to Spark costs in proportion to their bytes. A superset is safe: every
+    column name (case-insensitively) in a query that reads the temporary, and all columns where a
+    ``*`` selects from it directly. Programs with loops ship whole temporaries
+    (loop variables take other temporaries' rows).
+    """
+    if any(isinstance(step, Loop) for step in program.steps):
+        return {}
+    needed: dict[str, set[str] | None] = {}
+    for step in program.steps:
+        if isinstance(step, Lookup):  # a probe joined on Spark (executor._join_lookup)
+            columns = {c.lower() for c in (*step.probe_columns, *([step.probe_filter] if step.probe_filter else []))}
+            _need(needed, step.probe, columns)
+        elif isinstance(step, Query):
+            names = {column.name.lower() for column in step.sql.find_all(exp.Column)}
+            starred = _starred(step.sql)
+            for table in step.sql.find_all(exp.Table):
+                _need(needed, table.name, None if table.name in starred else names)
+    return needed
+
+
+def _need(needed: dict[str, set[str] | None], name: str, columns: set[str] | None) -> None:
+    if name in needed and needed[name] is None:
+        return
+    needed[name] = None if columns is None else needed.get(name, set()) | columns
+
+
+def _starred(tree: exp.Expression) -> set[str]:
+    """Tables a ``*`` selects from directly (in the SELECT whose FROM/JOIN names them)."""
+    starred = set()
+    for select in tree.find_all(exp.Select):
+        if any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
+               for e in select.expressions):
+            starred |= {t.name for t in select.find_all(exp.Table) if t.find_ancestor(exp.Select) is select}
+    return starred
 
 
 def readers(program: Program) -> Counter:
