@@ -1,6 +1,6 @@
 """Read latency over Arrow Flight while a writer ingests (issue 5's benchmark).
 
-    python -m bench.flight --rows 100000 --rate 50000 --seconds 20 [--durable]
+    python -m bench.flight --rows 100000 --rate 50000 --seconds 20 [--durable] [--writers N]
 
 Starts a real ``ivm serve`` (in memory, loopback; ``--durable``: with
 ``--data`` in a temporary directory, so every batch is on disk before it is
@@ -10,10 +10,11 @@ acknowledged and the maintainer folds it in the background), creates
     by_grp    = SELECT grp, COUNT(*), SUM(amount) FROM items GROUP BY grp
     all_items = SELECT id, grp, amount FROM items WHERE amount >= 0   (every row)
 
-and, while one writer upserts batches into ``items`` at a target rate through
-plain Flight DoPut (each acknowledged with its offset; the writer is a
-process of its own with its batches built before the clock starts, so the
-readers' process measures reads, not the load generator), measures:
+and, while one writer (``--writers N``: N writers, each at 1/N of the rate)
+upserts batches into ``items`` at a target rate through plain Flight DoPut
+(each acknowledged with its offset; a writer is a process of its own with
+its batches built before the clock starts, so the readers' process measures
+reads, not the load generator), measures:
 
 * a 1-row lookup, ``SELECT * FROM by_grp WHERE grp = ?`` through ADBC
   (prepare, bind, execute, fetch), next to the same row recomputed from the
@@ -84,9 +85,9 @@ def put(client: fl.FlightClient, table: pa.Table) -> int:
     return json.loads(ack.to_pybytes())["offset"]
 
 
-def prepared_batches(rows: int, batch: int, count: int) -> list[pa.Table]:
+def prepared_batches(rows: int, batch: int, count: int, seed: int = 1) -> list[pa.Table]:
     """``count`` upserts of ``batch`` random existing rows, built before the clock starts."""
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     return [items(rng.choice(rows, batch, replace=False), rng) for _ in range(count)]
 
 
@@ -120,26 +121,31 @@ def write_at_rate(uri: str, batches: list[pa.Table], rate: float, ready, stop, s
 
 
 class Ingest:
-    """Upserts ``batch`` random existing rows every ``batch / rate`` seconds, from a separate process."""
+    """Upserts ``batch`` random existing rows every ``batch / rate`` seconds, from ``writers`` separate
+    processes (each at ``rate / writers``)."""
 
-    def __init__(self, uri: str, rows: int, rate: float, batch: int, seconds: float):
+    def __init__(self, uri: str, rows: int, rate: float, batch: int, seconds: float, writers: int = 1):
         context = multiprocessing.get_context("spawn")
-        # Enough distinct batches for the run (cycled if it runs longer), at most 100.
-        count = max(1, min(100, int(rate * seconds * 4 / batch) + 1))
-        self.ready, self.stop = context.Event(), context.Event()
+        # Enough distinct batches for the run (cycled if it runs longer), at most 100 per writer.
+        count = max(1, min(100, int(rate / writers * seconds * 4 / batch) + 1))
+        self.readies, self.stop = [context.Event() for _ in range(writers)], context.Event()
         self.sent = context.Value("q", 0)
         self.commits = context.Queue()
-        self.process = context.Process(target=_writer, args=(uri, rows, batch, count, rate, self.ready, self.stop,
-                                                             self.sent, self.commits), daemon=True)
+        self.processes = [context.Process(target=_writer, args=(uri, rows, batch, count, rate / writers, ready,
+                                                                self.stop, self.sent, self.commits, 1 + k), daemon=True)
+                          for k, ready in enumerate(self.readies)]
+        self.process = self.processes[0]
         self.errors: list[str] = []
         self.commit_seconds: list[float] = []
 
     def __enter__(self) -> "Ingest":
-        self.process.start()
-        while not self.ready.wait(0.1) and self.process.is_alive():  # its batches are built: the clock starts
-            pass
-        if not self.ready.is_set():
-            raise RuntimeError(f"the writer process failed to start (exit code {self.process.exitcode})")
+        for process in self.processes:
+            process.start()
+        for ready, process in zip(self.readies, self.processes):
+            while not ready.wait(0.1) and process.is_alive():  # its batches are built: the clock starts
+                pass
+            if not ready.is_set():
+                raise RuntimeError(f"a writer process failed to start (exit code {process.exitcode})")
         self.started = time.perf_counter()
         return self
 
@@ -147,15 +153,17 @@ class Ingest:
         self.stop.set()
         self.elapsed = time.perf_counter() - self.started
         deadline = time.monotonic() + 60
-        while self.process.is_alive() and time.monotonic() < deadline:
+        while any(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
             self._drain()
-            self.process.join(0.05)
+            for process in self.processes:
+                process.join(0.05)
         self._drain()
-        if self.process.is_alive():
-            self.process.kill()
-            self.errors.append("the writer did not stop within 60 s")
-        elif self.process.exitcode:
-            self.errors.append(f"the writer failed (exit code {self.process.exitcode}; see its stderr)")
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                self.errors.append("a writer did not stop within 60 s")
+            elif process.exitcode:
+                self.errors.append(f"a writer failed (exit code {process.exitcode}; see its stderr)")
 
     def _drain(self) -> None:
         while True:
@@ -169,8 +177,8 @@ class Ingest:
         return self.sent.value / self.elapsed
 
 
-def _writer(uri: str, rows: int, batch: int, count: int, rate: float, ready, stop, sent, commits) -> None:
-    write_at_rate(uri, prepared_batches(rows, batch, count), rate, ready, stop, sent, commits)
+def _writer(uri: str, rows: int, batch: int, count: int, rate: float, ready, stop, sent, commits, seed: int) -> None:
+    write_at_rate(uri, prepared_batches(rows, batch, count, seed), rate, ready, stop, sent, commits)
 
 
 def time_lookups(cur, sql: str, seconds: float) -> list[float]:
@@ -218,15 +226,19 @@ def visibility(uri: str, writes: int) -> dict:
     return {"writes": writes, "not_visible": sum(lags), "read": quantiles(read_seconds)}
 
 
-def run(rows: int, rate: float, batch: int, seconds: float, durable: bool) -> dict:
+def run(rows: int, rate: float, batch: int, seconds: float, durable: bool, writers: int = 1,
+        ingest_nice: int = 0) -> dict:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
-        result = measure(rows, rate, batch, seconds, ("--data", f"{directory}/db") if durable else ())
+        server_args = ("--data", f"{directory}/db") if durable else ()
+        if ingest_nice:
+            server_args += ("--ingest-nice", str(ingest_nice))
+        result = measure(rows, rate, batch, seconds, server_args, writers)
     result["load_average"] = [load_before, os.getloadavg()[0]]  # 1-minute, before and after: the sharing
     return result
 
 
-def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tuple[str, ...]) -> dict:
+def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tuple[str, ...], writers: int = 1) -> dict:
     with ServerProcess(*server_args) as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.executescript(
@@ -235,14 +247,16 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
                 "CREATE MATERIALIZED VIEW all_items AS SELECT id, grp, amount FROM items WHERE amount >= 0"
             )
             cur.adbc_ingest("items", items(np.arange(rows), np.random.default_rng(0)), mode="append")
-            result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds,
-                            "server": "durable (--data)" if server_args else "in memory"}
+            result: dict = {"rows": rows, "target_rate": rate, "batch": batch, "seconds": seconds, "writers": writers,
+                            "server": " ".join(["durable (--data)" if "--data" in server_args else "in memory",
+                                                *(a for a in server_args if a.startswith("--ingest") or a.isdigit())])}
             lookup = "SELECT * FROM by_grp WHERE grp = ?"
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
-            with Ingest(server.uri, rows, rate, batch, seconds * 2.5) as ingest:
+            with Ingest(server.uri, rows, rate, batch, seconds * 2.5, writers) as ingest:
                 pids = {"server": server.process.pid, "readers (ADBC client)": os.getpid(),
-                        "writer": ingest.process.pid}
+                        **{("writer" if writers == 1 else f"writer {k + 1}"): p.pid
+                           for k, p in enumerate(ingest.processes)}}
                 before, started = {k: process_cpu(pid) for k, pid in pids.items()}, time.perf_counter()
                 result["lookup"] = quantiles(time_lookups(cur, lookup, seconds))
                 # Who used the 2 cores during the timed lookups: CPU seconds per second of wall.
@@ -275,7 +289,8 @@ def report(r: dict, command: str) -> str:
         "shared with other jobs while measured (numbers are upper bounds): 1-minute load average "
         f"{r['load_average'][0]:.1f} before, {r['load_average'][1]:.1f} after.",
         "",
-        f"Server: {r['server']}. View size: {r['rows']:,} rows; ingest: upserts in batches of {r['batch']:,} rows, "
+        f"Server: {r['server']}. View size: {r['rows']:,} rows; ingest: {r.get('writers', 1)} writer(s) upserting "
+        f"batches of {r['batch']:,} rows, "
         f"target {r['target_rate']:,.0f} rows/s, **achieved {r['achieved_rate']:,.0f} rows/s**{shortfall}; "
         f"batch commit (DoPut to acknowledgement) median {r['commit']['median_ms']:.1f} ms, "
         f"p99 {r['commit']['p99_ms']:.1f} ms.",
@@ -315,11 +330,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5_000, help="rows per ingested batch")
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
     parser.add_argument("--durable", action="store_true", help="serve --data in a temporary directory")
+    parser.add_argument("--writers", type=int, default=1, help="writer processes, each at rate / writers")
+    parser.add_argument("--ingest-nice", type=int, default=0, help="ivm serve --ingest-nice (in memory)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     command = (f"python -m bench.flight --rows {args.rows} --rate {args.rate:.0f} --batch {args.batch} "
-               f"--seconds {args.seconds:g}" + (" --durable" if args.durable else ""))
-    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable)
+               f"--seconds {args.seconds:g}" + (" --durable" if args.durable else "")
+               + (f" --writers {args.writers}" if args.writers != 1 else "")
+               + (f" --ingest-nice {args.ingest_nice}" if args.ingest_nice else ""))
+    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable, args.writers, args.ingest_nice)
     text = report(result, command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

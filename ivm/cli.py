@@ -9,6 +9,12 @@ import sys
 from ivm.engine_choice import ENGINES
 
 
+
+def _niceness(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 19:
+        raise argparse.ArgumentTypeError(f"an OS niceness from 0 to 19, not {text!r}")
+    return int(text)
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ivm", description="incremental materialized views")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -42,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-cert", metavar="PEM", default=None, help="serve TLS with this certificate")
     serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
+    serve.add_argument("--ingest-nice", type=_niceness, default=0, metavar="N",
+                       help="in memory: apply change batches on a thread at OS niceness N (0-19), so lookups "
+                            "get a core first (default 0: off)")
     serve.add_argument("--engine", choices=ENGINES, default="duckdb",
                        help="maintenance engine: duckdb (default), spark, or auto (Spark for large inputs)")
     serve.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
@@ -91,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from flight_server.main import serve as run_server
 
-        options = {"engine": args.engine, "spark_conf": _spark_conf(parser, args.spark_conf)}
+        options = {"engine": args.engine, "spark_conf": _spark_conf(parser, args.spark_conf),
+                   "ingest_nice": args.ingest_nice}
         return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo,
                           options)
     if args.command == "demo":

@@ -80,8 +80,11 @@ class Database:
         settings = Settings(**options)
         check_mode(settings.maintenance)  # before a durable directory is touched
         self.path = None if path is None else str(path)
+        if not isinstance(settings.ingest_nice, int) or not 0 <= settings.ingest_nice <= 19:
+            raise ValueError(f"ingest_nice must be an integer from 0 to 19, not {settings.ingest_nice!r}")
         if path is None:
             self._engine = Engine(settings)
+            self._engine.start_committer()
         else:
             from ivm.durable import DurableEngine
 
@@ -510,7 +513,8 @@ def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     Options (see ``ivm.engine.Settings``): threads; engine ("duckdb",
     "spark" or "auto", see ivm/engine_choice.py), spark_conf (Spark settings
     passed through, e.g. {"spark.master": "spark://127.0.0.1:7077"}), spark_rows
-    (the "auto" threshold); for durable databases
+    (the "auto" threshold); ingest_nice (in memory, 0-19: batches applied
+    on a thread of that OS niceness, so reads in the process get a core first); for durable databases
     fold_rows, fold_delay, checkpoint_rows, checkpoint_seconds,
     log_retention_seconds, segment_bytes.
     """

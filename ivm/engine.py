@@ -44,6 +44,8 @@ from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table
 from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
                                view_interval)
 from ivm.executor import Executor, RowChanges, StepRunner
+from ivm.group_commit import Committer, take_and_commit
+from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.reads import Reader
@@ -77,6 +79,10 @@ class Settings:
     # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/spark/session.py).
     spark_conf: dict | None = None
     spark_rows: int = SPARK_ROWS  # "auto" runs a step on Spark from this many rows of input
+    # In memory, > 0: batches are applied by a thread of their own at this OS niceness (Linux),
+    # so reads in the same process get a core first (ivm/group_commit.py). Not for durable
+    # databases: there reads wait for the maintainer's folds, which must not be slowed.
+    ingest_nice: int = 0
 
 
 def check_name(name: str, what: str) -> None:
@@ -167,6 +173,11 @@ class Engine:
         self.catalog = Catalog(self.binder)
         self.store = Store()
         self.write_lock = threading.RLock()
+        # Group commit (ivm/group_commit.py): batches waiting for the write lock, and the
+        # tables' versions made by the unit being committed.
+        self._pending = Pending()
+        self.heads: dict[str, Relation] = {}
+        self.committer: Committer | None = None  # in memory, with ingest_nice: started by start_committer
         self.reader = Reader(self)
         self.history = ViewHistory(self.settings.retain_rows)
         self.offset = 0
@@ -189,8 +200,15 @@ class Engine:
     def worker(self, rows: int) -> Worker:
         return self.large if rows > LARGE_BATCH else self.small
 
+    def start_committer(self) -> None:
+        """In memory with ``ingest_nice``: batches are committed by a lower-priority thread."""
+        if self.settings.ingest_nice > 0:
+            self.committer = Committer(self, self.settings.ingest_nice)
+
     def close(self) -> None:
         self.closed = True
+        if self.committer is not None:
+            self.committer.stop()
         self.history.close()
         self.reader.close()
         self.binder.close()
@@ -456,30 +474,60 @@ class Engine:
     # --- changes ------------------------------------------------------------------------
     def ingest(self, table: str, data: Any, on_missing_delete: str | None = None,
                source: str | None = None, seq: int | None = None) -> int:
-        """Apply one change batch atomically; return its offset."""
+        """Apply one change batch atomically; return its offset (once reads see it).
+
+        Batches that queue for the write lock meanwhile are committed together
+        by whoever takes it, each with its own offset and outcome
+        (ivm/group_commit.py).
+        """
         check_producer(source, seq)
-        with self.write_lock:
-            if source is not None:
-                known = self.producers.known(source, seq)
-                if known is not None:
-                    return known
-            snapshot = self.store.snapshot
-            prepared = self.prepare(table, data, on_missing_delete)
-            snapshot = snapshot.with_changes(prepared.versions())
-            deltas = prepared.deltas()
-            snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
-            self.offset += 1
-            # The history first: a reader who sees the view at this offset may
-            # subscribe from it at once. Deltas of views computed on read are not
-            # consolidated here: subscribers consolidate what they read
-            # (ivm/changefeed.py), which keeps that query off the write path.
-            self.history.append(self.offset, self.view_deltas(deltas))
-            self.accept_events(table, prepared)
-            snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts())
-            self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
-            self.store.publish(snapshot)
-            self.producers.record(source, seq, self.offset)
-            return self.offset
+        ticket = Ticket(table, data, on_missing_delete, source, seq)
+        if self.write_lock._is_owned():  # CREATE TABLE ... AS holds the lock: its batch goes alone, now
+            with self.write_lock:
+                self.ingest_one(ticket)
+        elif self.committer is not None:  # a thread of lower OS priority commits (Settings.ingest_nice)
+            self.committer.commit(ticket)
+        else:
+            self._pending.add(ticket)
+            with self.write_lock:
+                while not ticket.done:
+                    take_and_commit(self)
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.offset
+
+    def ingest_one(self, ticket: Ticket) -> None:
+        """Apply one batch on its own (under the write lock); fill in its offset or error."""
+        try:
+            ticket.offset = self._ingest_one(ticket.table, ticket.data, ticket.on_missing_delete,
+                                             ticket.source, ticket.seq)
+        except Exception as e:
+            ticket.error = e
+        ticket.done = True
+
+    def _ingest_one(self, table: str, data: Any, on_missing_delete: str | None,
+                    source: str | None, seq: int | None) -> int:
+        if source is not None:
+            known = self.producers.known(source, seq)
+            if known is not None:
+                return known
+        snapshot = self.store.snapshot
+        prepared = self.prepare(table, data, on_missing_delete)
+        snapshot = snapshot.with_changes(prepared.versions())
+        deltas = prepared.deltas()
+        snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
+        self.offset += 1
+        # The history first: a reader who sees the view at this offset may
+        # subscribe from it at once. Deltas of views computed on read are not
+        # consolidated here: subscribers consolidate what they read
+        # (ivm/changefeed.py), which keeps that query off the write path.
+        self.history.append(self.offset, self.view_deltas(deltas))
+        self.accept_events(table, prepared)
+        snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts())
+        self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
+        self.store.publish(snapshot)
+        self.producers.record(source, seq, self.offset)
+        return self.offset
 
     def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
         """Apply change batches of distinct tables atomically, as one offset; return it.
@@ -516,8 +564,9 @@ class Engine:
         return {v: d for v, d in deltas.items() if v in self.catalog.views}
 
     def head(self, table: str) -> Relation:
-        """The table including every accepted batch (in memory: the published version)."""
-        return self.store.snapshot[table]
+        """The table including every accepted batch (in memory: the published version,
+        or the version a unit being committed has made)."""
+        return self.heads.get(table) or self.store.snapshot[table]
 
     def prepare(self, table: str, data: Any, on_missing_delete: str | None) -> Prepared:
         """Normalize a batch and convert it to a Z-set change of the table (as of every earlier batch)."""

@@ -33,11 +33,12 @@ import pyarrow as pa
 
 from delta_operators.zset import WEIGHT
 from ivm import deferred
-from ivm.changes import as_table, missing_delete_policy
+from ivm.changes import as_table, missing_delete_policy, q
 from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
+    from ivm.engine import Worker
     from storage.relation import Relation
 
 
@@ -49,6 +50,7 @@ class Ticket:
     source: str | None
     seq: int | None
     done: bool = False
+    taken: bool = False  # a committer took it (in-memory group commit, ivm/group_commit.py)
     offset: int = 0
     error: BaseException | None = None
     batch: pa.Table | None = None  # normalized
@@ -76,6 +78,10 @@ class Pending:
         with self._lock:
             self._tickets.append(ticket)
 
+    def waiting(self) -> bool:
+        with self._lock:
+            return bool(self._tickets)
+
     def take_unit(self) -> list[Ticket]:
         """The longest prefix with at most one ticket per source."""
         with self._lock:
@@ -91,8 +97,12 @@ class Pending:
             return unit
 
 
-def convert_unit(engine: "DurableEngine", tickets: list[Ticket]) -> Unit:
-    """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome."""
+def convert_unit(engine: "DurableEngine", tickets: list[Ticket], defer: bool = True) -> Unit:
+    """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome.
+
+    ``defer``: upsert-only batches are left for the fold (durable; ivm/deferred.py); in-memory
+    group commit (ivm/group_commit.py) converts everything at once.
+    """
     live: list[Ticket] = []
     for ticket in tickets:
         try:
@@ -109,7 +119,7 @@ def convert_unit(engine: "DurableEngine", tickets: list[Ticket]) -> Unit:
     for ticket in live:
         by_table.setdefault(ticket.table, []).append(ticket)
     for table, group in by_table.items():
-        _convert_table(engine, table, group, unit)
+        _convert_table(engine, table, group, unit, defer)
     unit.tickets = [t for t in live if t.error is None]
     return unit
 
@@ -123,15 +133,16 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
     ticket.batch = engine.worker(data.num_rows).normalizer.normalize(definition, schema, data)
 
 
-def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
+def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit, defer: bool) -> None:
     definition = engine.catalog.table(table)
     items = [(t.batch, t.policy) for t in group]
-    if deferred.deferrable(definition, items):  # upserts only: converted at the fold (ivm/deferred.py)
-        unit.batches.setdefault(table, []).extend(items)
-        for ticket in group:
-            ticket.delta = None
-        return
-    deferred.flush(engine, table)  # the head must hold every earlier batch
+    if defer:
+        if deferred.deferrable(definition, items):  # upserts only: converted at the fold (ivm/deferred.py)
+            unit.batches.setdefault(table, []).extend(items)
+            for ticket in group:
+                ticket.delta = None
+            return
+        deferred.flush(engine, table)  # the head must hold every earlier batch
     # Batches of a watermarked table are converted one by one: each is judged late
     # against the watermark the batches before it left (as replay does).
     if (len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1
@@ -164,3 +175,16 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
         for part in [prepared, *prepared.hidden]:
             unit.deltas.setdefault(part.change_table, []).append(part.change.delta)
         ticket.delta = prepared.change.delta
+
+
+def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
+    """One consolidated delta from several of one table (the Z-set sum)."""
+    if len(tables) == 1:
+        return tables[0]
+    combined = pa.concat_tables(tables)
+    names = [n for n in combined.column_names if n != WEIGHT]
+    cols = ", ".join(q(n) for n in names)
+    return worker.runner.run(
+        f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
+        d=combined,
+    )

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from delta_operators.zset import WEIGHT
-from ivm.changes import q
 from ivm.deferred import convert_deferred
+from ivm.ingest_group import zset_sum
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
 from storage.relation import Relation
@@ -216,7 +215,7 @@ class Maintainer:
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self._worker(rows)
-            deltas = {table: self._sum(tables, worker) for table, tables in parts.items()}
+            deltas = {table: zset_sum(tables, worker) for table, tables in parts.items()}
             deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
             snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
             self._keep_indexes(before.with_changes(versions), snapshot)
@@ -231,19 +230,6 @@ class Maintainer:
 
     def _worker(self, rows: int) -> "Worker":
         return self.large if rows > FOLD_LARGE_BATCH else self.small
-
-    @staticmethod
-    def _sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
-        """One consolidated delta from several (the Z-set sum)."""
-        if len(tables) == 1:
-            return tables[0]
-        combined = pa.concat_tables(tables)
-        names = [n for n in combined.column_names if n != WEIGHT]
-        cols = ", ".join(q(n) for n in names)
-        return worker.runner.run(
-            f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
-            d=combined,
-        )
 
     def _keep_indexes(self, before: Snapshot, after: Snapshot) -> None:
         """Indexes a fold added to a table are added on the ingest side too (once),
