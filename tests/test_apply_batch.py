@@ -25,7 +25,7 @@ SIZES = st.one_of(st.integers(1, 12), st.integers(13, 120))  # per table: a mult
 
 @pytest.mark.parametrize("mode", ["incremental", "recompute", "auto"])
 @pytest.mark.parametrize("view_set", VIEW_SETS)
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)  # 12 streams (view sets x modes): the suite's time budget
 @given(data=st.data())
 def test_multi_table_batches_keep_every_view_equal_to_its_recompute(view_set, mode, data):
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
@@ -34,7 +34,7 @@ def test_multi_table_batches_keep_every_view_equal_to_its_recompute(view_set, mo
     try:
         harness.apply_batch({t: generate_batch(rng, harness.model, t, 20) for t in TABLES})
         harness.create_views()
-        for step in range(4):
+        for step in range(5):
             tables = data.draw(st.lists(st.sampled_from(TABLES), min_size=2, max_size=4, unique=True),
                                label=f"tables {step}")
             before = harness.db.offset

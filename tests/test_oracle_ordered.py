@@ -83,7 +83,7 @@ def test_top_k_views_equal_recompute_after_every_batch(seed, slack):
 
 
 @pytest.mark.slow
-@settings(max_examples=4)
+@settings(max_examples=3)
 @given(st.integers(0, 2**32 - 1))
 def test_long_streams(seed):
     with buffer_slack(2):

@@ -128,6 +128,6 @@ def test_refresh_stream_inserts_deletes_and_updates(tmp_path):
 
 @pytest.mark.slow
 def test_tpch_longer_stream_at_larger_scale(tmp_path):
-    problems = run_stream(tmp_path, scale=0.05, refreshes=8, seed=11)
+    problems = run_stream(tmp_path, scale=0.05, refreshes=5, seed=11)
     failing = {n: p for n, p in problems.items() if p is not None}
     assert not failing, failing
