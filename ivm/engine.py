@@ -516,18 +516,27 @@ class Engine:
         snapshot = snapshot.with_changes(prepared.versions())
         deltas = prepared.deltas()
         snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
-        self.offset += 1
-        # The history first: a reader who sees the view at this offset may
-        # subscribe from it at once. Deltas of views computed on read are not
-        # consolidated here: subscribers consolidate what they read
-        # (ivm/changefeed.py), which keeps that query off the write path.
-        self.history.append(self.offset, self.view_deltas(deltas))
         self.accept_events(table, prepared)
-        snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(prepared.counts())
+        offset = self.publish(snapshot, deltas, prepared.counts())
+        self.producers.record(source, seq, offset)
+        return offset
+
+    def publish(self, snapshot: Snapshot, deltas: dict[str, pa.Table], counts: dict[str, int],
+                batches: int = 1) -> int:
+        """Publish a maintained snapshot as the next ``batches`` offsets; return the last, its offset.
+
+        The history first: a reader who sees the view at this offset may
+        subscribe from it at once. Deltas of views computed on read are not
+        consolidated here: subscribers consolidate what they read
+        (ivm/changefeed.py), which keeps that query off the write path.
+        """
+        first, last = self.offset + 1, self.offset + batches
+        self.history.append(last, self.view_deltas(deltas), first=first)
+        snapshot = snapshot.with_changes({}, offset=last).with_counts(counts)
         self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
+        self.offset = last
         self.store.publish(snapshot)
-        self.producers.record(source, seq, self.offset)
-        return self.offset
+        return last
 
     def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
         """Apply change batches of distinct tables atomically, as one offset; return it.
@@ -550,14 +559,9 @@ class Engine:
                     counts[name] = counts.get(name, 0) + n
             rows = sum(one.change.delta.num_rows for _, one in prepared)
             snapshot = self._maintain(deltas, snapshot, self.worker(rows))
-            self.offset += 1
-            self.history.append(self.offset, self.view_deltas(deltas))
             for table, one in prepared:
                 self.accept_events(table, one)
-            snapshot = snapshot.with_changes({}, offset=self.offset).with_counts(counts)
-            self.reader.warm(snapshot)
-            self.store.publish(snapshot)
-            return self.offset
+            return self.publish(snapshot, deltas, counts)
 
     def view_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """The views' deltas among those ``_maintain`` added to ``deltas``."""
@@ -640,7 +644,7 @@ class Engine:
             view = self.catalog.views[name]
             if isolate and self._skip_failed(view):
                 continue
-            seen = {s: self._pruned(view, s, deltas[s], snapshot, pruned, worker, self.catalog)
+            seen = {s: self._pruned(view, s, deltas[s], pruned, worker)
                     for s in view.sources if s in deltas and deltas[s].num_rows}
             changed = frozenset(s for s, d in seen.items() if d.num_rows)
             if not changed:
@@ -694,9 +698,8 @@ class Engine:
                 dropped.update(drop_closed_windows(view.closed, snapshot, worker.coder))
         return snapshot.with_changes(dropped) if dropped else snapshot
 
-    @staticmethod
-    def _pruned(view: ViewDef, source: str, delta: pa.Table, snapshot: Snapshot,
-                cache: dict[tuple[str, tuple[str, ...]], pa.Table], worker: Worker, catalog) -> pa.Table:
+    def _pruned(self, view: ViewDef, source: str, delta: pa.Table,
+                cache: dict[tuple[str, tuple[str, ...]], pa.Table], worker: Worker) -> pa.Table:
         """``delta`` without the changes ``view`` cannot see (delta_operators/prune.py)."""
         reads = view.reads(source)
         names = delta.schema.names
@@ -708,7 +711,7 @@ class Engine:
         columns = tuple(c for c in names if c in reads)
         key = (source, columns)
         if key not in cache:
-            table = catalog.tables.get(source)
+            table = self.catalog.tables.get(source)
             if table is not None and table.primary_key and keyed_once.applies(table.primary_key, delta.schema):
                 # An integer key: pairs of one key cancel in numpy, no DuckDB statement.
                 codes = worker.coder.codes(delta, table.primary_key)

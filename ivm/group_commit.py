@@ -93,12 +93,8 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
     deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
     snapshot = engine.store.snapshot.with_changes(unit.versions)
     snapshot = engine._maintain(deltas, snapshot, worker)
-    first, last = engine.offset + 1, engine.offset + len(unit.tickets)
-    engine.history.append(last, engine.view_deltas(deltas), first=first)
-    snapshot = snapshot.with_changes({}, offset=last).with_counts(unit.counts)
-    engine.reader.warm(snapshot)
-    engine.offset = last
-    engine.store.publish(snapshot)
+    first = engine.offset + 1
+    engine.publish(snapshot, deltas, unit.counts, batches=len(unit.tickets))
     for offset, ticket in enumerate(unit.tickets, start=first):
         engine.producers.record(ticket.source, ticket.seq, offset)
         ticket.offset, ticket.done = offset, True
