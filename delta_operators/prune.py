@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
-from delta_operators.zset import WEIGHT
+from delta_operators.zset import WEIGHT, arrow_not_distinct
 
 
 def _quote(name: str) -> str:
@@ -140,9 +140,8 @@ def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], co
 
 def _not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     """IS NOT DISTINCT FROM, and for floats the same sign of zero (-0.0 stays apart from 0.0)."""
-    equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+    equal = arrow_not_distinct(a, b)
     if pa.types.is_floating(a.type):
-        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
         signs = pc.equal(pc.less(pc.divide(pa.scalar(1.0, a.type), a), 0), pc.less(pc.divide(pa.scalar(1.0, b.type), b), 0))
         equal = pc.and_(equal, pc.fill_null(signs, True))
     return equal.to_numpy(zero_copy_only=False).astype(bool)

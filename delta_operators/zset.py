@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan_sql import alias, column, table
@@ -50,3 +52,11 @@ def not_distinct(left: str, right: str, columns: Sequence[str]) -> exp.Expressio
             for c in columns
         ]
     )
+
+
+def arrow_not_distinct(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``not_distinct`` of one column over Arrow arrays, per row: NULL equals NULL, and NaN equals NaN."""
+    equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return equal

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT
+from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct
 from storage.keys import KeyCoder
 
 OP = "__op"
@@ -92,9 +92,7 @@ def _same_rows(names: tuple[str, ...], batch: pa.Table, mine: pa.Array, existing
     same = None
     for name in names:
         a, b = batch.column(name).take(mine), existing.column(name).take(theirs)
-        equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
-        if pa.types.is_floating(a.type):
-            equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+        equal = arrow_not_distinct(a, b)
         same = equal if same is None else pc.and_(same, equal)
     return same.to_numpy(zero_copy_only=False).astype(bool)
 
