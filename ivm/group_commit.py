@@ -55,7 +55,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ivm.ingest_group import Ticket, convert_unit, zset_sum
+from ivm.ingest_group import Ticket, convert_unit, zset_sums
 from sql_frontend.errors import IvmError
 
 if TYPE_CHECKING:
@@ -89,8 +89,7 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
     parts = {table: [d for d in deltas if d.num_rows] for table, deltas in unit.deltas.items()}
     rows = sum(d.num_rows for tables in parts.values() for d in tables)
     worker = engine.worker(rows)
-    deltas = {table: zset_sum(tables, worker) for table, tables in parts.items() if tables}
-    deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
+    deltas = zset_sums(parts, worker)
     snapshot = engine.store.snapshot.with_changes(unit.versions)
     snapshot = engine._maintain(deltas, snapshot, worker)
     first = engine.offset + 1

@@ -188,3 +188,9 @@ def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
         f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
         d=combined,
     )
+
+
+def zset_sums(parts: dict[str, list[pa.Table]], worker: "Worker") -> dict[str, pa.Table]:
+    """Each table's deltas as one (``zset_sum``); tables whose changes cancel out are left out."""
+    deltas = {table: zset_sum(tables, worker) for table, tables in parts.items() if tables}
+    return {table: delta for table, delta in deltas.items() if delta.num_rows}

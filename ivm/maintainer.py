@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from ivm.deferred import convert_deferred
-from ivm.ingest_group import zset_sum
+from ivm.ingest_group import zset_sums
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
 from storage.relation import Relation
@@ -215,8 +215,7 @@ class Maintainer:
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self._worker(rows)
-            deltas = {table: zset_sum(tables, worker) for table, tables in parts.items()}
-            deltas = {table: delta for table, delta in deltas.items() if delta.num_rows}
+            deltas = zset_sums(parts, worker)
             snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
             self._keep_indexes(before.with_changes(versions), snapshot)
             hook("fold.before_publish")
