@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 import numpy as np
@@ -160,24 +160,14 @@ class Reader:
         return list(names)
 
     def register(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
-                 names: list[str], snapshot: Snapshot, note_reads: bool = True,
-                 tables: Mapping[str, pa.Table] | None = None) -> None:
+                 names: list[str], snapshot: Snapshot, note_reads: bool = True) -> None:
         """Make each named relation readable on this cursor as of ``snapshot``.
 
         ``registered`` remembers what each name holds on this cursor (the very
-        object, not its id, so the comparison stays sound). ``tables``: rows
-        to register for some names instead (a refresh's compact scans,
-        ivm/compact_scans.py).
+        object, not its id, so the comparison stays sound).
         """
         catalog = self.engine.catalog
         for name in names:
-            if tables is not None and name in tables:
-                if registered.get(name) is not tables[name]:
-                    if registered.get(name) is not None and not isinstance(registered[name], (Relation, pa.Table)):
-                        cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")
-                    cursor.register(name, tables[name])
-                    registered[name] = tables[name]
-                continue
             definition = catalog.get(name)
             failed = self.engine.failed.get(name)
             if failed is not None:
@@ -256,8 +246,7 @@ class Reader:
             registered[view.name] = view
 
     def query(self, sql: str | Callable[[], str], expression: exp.Expression, snapshot: Snapshot | None = None,
-              values: list[pa.Scalar] | None = None, internal: bool = False,
-              tables: Mapping[str, pa.Table] | None = None) -> pa.Table:
+              values: list[pa.Scalar] | None = None, internal: bool = False) -> pa.Table:
         """Run ``sql`` (parsed: ``expression``) on one snapshot.
 
         ``internal``: the engine's own read (a checkpoint, a view's first
@@ -268,8 +257,6 @@ class Reader:
         placeholders) with these parameter values spliced in; a point read
         of that shape is then answered from the Arrow rows (ivm/point_reads.py),
         and ``sql`` may be a function rendering it, called only if DuckDB runs it.
-
-        ``tables``: rows registered for those names instead of the snapshot's (see ``register``).
         """
         if snapshot is None:
             self.engine.wait_visible()  # read your writes: every acknowledged change
@@ -280,7 +267,7 @@ class Reader:
         names = self.relations_in(expression)
         point = point_reads.shape(expression) if values is not None else None
         with self._lease() as lease:
-            self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal, tables=tables)
+            self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal)
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
                 table = self._run(lease.cursor, sql() if callable(sql) else sql)

@@ -40,9 +40,7 @@ from delta_operators.compiler import delta_input
 from delta_operators.merge import output_state
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
-from ivm import compact_scans
 from ivm.binder import quote
-from sql_frontend.errors import BindError
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
@@ -80,7 +78,8 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
             replaced: dict[str, "Relation | None"], worker: "Worker") -> tuple[pa.Table, dict[str, "Relation | None"]]:
     """The cheap path: (ΔV, new versions of V's relations). See the module docstring."""
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
-    rows = _select(engine, view, new)
+    tree, sql = view.select()
+    rows = engine.reader.query(sql, tree, new, internal=True)
     rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
     rows = rows.cast(engine.binder.arrow_schema(view.columns))
     counted = _counted(view, rows, worker)
@@ -134,19 +133,6 @@ def _new_sources(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pendin
     return new.with_changes({n: r for n, r in replaced.items() if n in upstream})
 
 
-def _select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> pa.Table:
-    """O': the view's SELECT over compact copies of the columns it reads (ivm/compact_scans.py)."""
-    tree, sql = view.select()
-    tables = compact_scans.scans(engine, tree, snapshot)
-    try:
-        return engine.reader.query(sql, tree, snapshot, internal=True, tables=tables)
-    except BindError:
-        if not tables:
-            raise
-        # A column the analysis missed: the full rows (a real error raises again from here).
-        return engine.reader.query(sql, tree, snapshot, internal=True)
-
-
 def _empty(engine: "Engine", spec: StateSpec, index_keys=(), worker: "Worker | None" = None) -> "Relation":
     relation = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
     for key in index_keys:
@@ -192,9 +178,10 @@ def time_select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> floa
     """
     import time
 
+    tree, sql = view.select()
     seconds = []
     for _ in range(2):
         started = time.perf_counter()
-        _select(engine, view, snapshot)
+        engine.reader.query(sql, tree, snapshot, internal=True)
         seconds.append(time.perf_counter() - started)
     return min(seconds)
