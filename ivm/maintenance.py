@@ -28,7 +28,10 @@ a median, where a moving mean took one 10x batch as a trend and switched):
   cheaper);
 * R, recompute: the median seconds per source row of the refreshes, times
   the sources' rows now (the first one measured at CREATE by timing the
-  SELECT twice and keeping the warm run: the cold one paid one-off costs);
+  SELECT alone, over freshly loaded, unfragmented tables: at SF 1 it came
+  out at 0.4-0.6x the later refreshes of q16/q22, so a view near parity may
+  leave once, measure its refreshes, and come back; the median of real
+  refreshes then keeps it where it is cheaper);
 * B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
   from stale state), scaled the same way; not known yet (after a reopen):
   REBUILD_GUESS × R.

@@ -169,19 +169,10 @@ def _difference(view: "ViewDef", old: pa.Table, new: pa.Table, worker: "Worker")
 
 
 def time_select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> float:
-    """Seconds DuckDB takes for the view's SELECT over ``snapshot``: the first estimate of a refresh.
-
-    Run twice, the faster kept: the first run pays one-off costs (a cursor
-    registering the relations' Arrow tables, DuckDB warming its caches) that
-    made the estimate 2-5x a later refresh at SF 1 and kept views
-    incremental that were dearer.
-    """
+    """Seconds DuckDB takes for the view's SELECT over ``snapshot``: the first estimate of a refresh."""
     import time
 
     tree, sql = view.select()
-    seconds = []
-    for _ in range(2):
-        started = time.perf_counter()
-        engine.reader.query(sql, tree, snapshot, internal=True)
-        seconds.append(time.perf_counter() - started)
-    return min(seconds)
+    started = time.perf_counter()
+    engine.reader.query(sql, tree, snapshot)
+    return time.perf_counter() - started
