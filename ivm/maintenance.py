@@ -29,7 +29,7 @@ a median, where a moving mean took one 10x batch as a trend and switched):
 * R, recompute: the median seconds per source row of the refreshes, times
   the sources' rows now (the first one measured at CREATE by timing the
   SELECT alone, over freshly loaded, unfragmented tables: at SF 1 it came
-  out at 0.4-0.6x the later refreshes of q16/q22, so a view near parity may
+  out at 0.3-0.6x the later refreshes of q16/q22, so a view near parity may
   leave once, measure its refreshes, and come back; the median of real
   refreshes then keeps it where it is cheaper);
 * B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
