@@ -69,7 +69,7 @@ def plan_view(
     root = name_outputs(root, names, [c.type for c in output])
     columns = tuple(Column(n, c.type) for n, c in zip(names, output))
     relations = tuple(dict.fromkeys(s.relation for s in sources(root)))
-    return ViewPlan(root=root, columns=columns, sources=relations)
+    return ViewPlan(root=root, columns=columns, sources=relations, query=query)
 
 
 def drop_order_by(query: exp.Expression) -> exp.Expression:
