@@ -48,6 +48,7 @@ from ivm.group_commit import Committer, take_and_commit
 from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
+from ivm.mirrors import Mirrors
 from ivm.reads import Reader
 from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -167,6 +168,7 @@ class Engine:
         # 58 -> 46 ms per 1,000-row batch of the core benchmark).
         self.duck = duckdb.connect(config=config)
         self._small_db = duckdb.connect(config={"threads": 1})
+        self.mirrors = Mirrors(config)  # native copies of the tables recomputed views read
         self.large = Worker(self.duck.cursor())
         self.small = Worker(self._small_db.cursor())
         self.binder = Binder()
@@ -211,6 +213,7 @@ class Engine:
             self.committer.stop()
         self.history.close()
         self.reader.close()
+        self.mirrors.close()
         self.binder.close()
         self.large.close()
         self.small.close()
@@ -662,8 +665,10 @@ class Engine:
             started = time.perf_counter()
             try:
                 if path != "incremental":
-                    run = refresh if path == "recompute" else rebuild
-                    delta, relations = run(self, view, snapshot, all_changes, recomputed, worker)
+                    if path == "recompute":
+                        delta, relations = refresh(self, view, snapshot, all_changes, recomputed, worker, deltas)
+                    else:
+                        delta, relations = rebuild(self, view, snapshot, all_changes, recomputed, worker)
                     deltas[name] = delta
                     recomputed.update(relations)
                     if path == "rebuild" or operator_states(view):  # a refresh leaves operator state stale
@@ -686,7 +691,15 @@ class Engine:
             view.cost.record(path, time.perf_counter() - started, rows, sizes, warmup)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
+        self._keep_mirrors()
         return self._drop_closed_windows(deltas, snapshot, worker)
+
+    def _keep_mirrors(self) -> None:
+        """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory."""
+        if not self.mirrors.tables:
+            return
+        self.mirrors.keep(source for view in self.catalog.views.values() if view.cost.last == "recompute"
+                          for source in view.sources)
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
         """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""

@@ -41,6 +41,7 @@ from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
+from ivm.mirrors import eligible
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef
@@ -75,11 +76,20 @@ def operator_states(view: "ViewDef") -> list[StateSpec]:
 
 
 def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
-            replaced: dict[str, "Relation | None"], worker: "Worker") -> tuple[pa.Table, dict[str, "Relation | None"]]:
-    """The cheap path: (ΔV, new versions of V's relations). See the module docstring."""
+            replaced: dict[str, "Relation | None"], worker: "Worker",
+            deltas: "Mapping[str, pa.Table] | None" = None) -> tuple[pa.Table, dict[str, "Relation | None"]]:
+    """The cheap path: (ΔV, new versions of V's relations). See the module docstring.
+
+    ``deltas``: this batch's deltas of the tables (against the published
+    snapshot); with them, a view over keyed base tables reads native mirrors
+    of its tables (ivm/mirrors.py), else the Arrow relations.
+    """
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
     tree, sql = view.select()
-    rows = engine.reader.query(sql, tree, new, internal=True)
+    if deltas is not None and eligible(engine.catalog, view):
+        rows = engine.mirrors.query(engine.catalog, view, sql, new, engine.store.snapshot, deltas)
+    else:
+        rows = engine.reader.query(sql, tree, new, internal=True)
     rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
     rows = rows.cast(engine.binder.arrow_schema(view.columns))
     counted = _counted(view, rows, worker)
