@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from ivm.ahead import ConvertAhead
 from ivm.deferred import convert_deferred
 from ivm.ingest_group import zset_sums
 from sql_frontend.errors import InternalError
@@ -70,7 +71,8 @@ class Entry:
 
 
 class Maintainer:
-    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker"):
+    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker",
+                 ahead: tuple["Worker", "Worker"]):
         self.engine = engine
         self.small, self.large = small, large
         self.queue: deque[Entry] = deque()
@@ -82,16 +84,27 @@ class Maintainer:
         self.demanded = False  # a reader waits for the next fold
         self.folds = 0
         self.thread = threading.Thread(target=self._run, name="ivm-maintainer", daemon=True)
+        # converts queued upserts while a fold runs the views (ivm/ahead.py), with its own workers
+        self.ahead = ConvertAhead(engine, self, lambda rows: ahead[rows > FOLD_LARGE_BATCH])
 
     def start(self) -> None:
         self.thread.start()
+        self.ahead.thread.start()
 
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        if self.thread.is_alive():
-            self.thread.join()
+        for thread in (self.ahead.thread, self.thread):
+            if thread.is_alive():
+                thread.join()
+
+    def fail(self, error: BaseException) -> None:
+        """Maintenance stopped on a bug: reads raise it instead of waiting forever."""
+        log.error("view maintenance stopped", exc_info=error)
+        with self.cond:
+            self.error = self.error or error  # the first: a fold refusing to run after it says less
+            self.cond.notify_all()
 
     # --- producers' side -------------------------------------------------------------
     def enqueue(self, entry: Entry) -> None:
@@ -127,6 +140,20 @@ class Maintainer:
             entry.deltas.setdefault(table, []).append(delta)
             self.queued_rows += entry.rows - before
 
+    def replace(self, run: list[Entry], deltas: dict[str, list[pa.Table]], versions: dict[str, Relation]) -> None:
+        """Queued entries whose batches were converted together (ivm/ahead.py) become one entry,
+        at the last one's offset. They are still in the queue: folds take entries under the
+        convert lock, which the caller holds."""
+        merged = Entry(run[-1].offset, deltas, versions, run[0].timestamp)
+        with self.cond:
+            first = next(i for i, entry in enumerate(self.queue) if entry is run[0])
+            if any(self.queue[first + i] is not entry for i, entry in enumerate(run)):
+                raise InternalError("queued entries converted ahead are no longer in the queue")
+            kept = list(self.queue)
+            kept[first:first + len(run)] = [merged]
+            self.queue = deque(kept)
+            self.queued_rows += merged.rows - sum(entry.rows for entry in run)
+
     # --- readers' side ---------------------------------------------------------------
     def wait_published(self, offset: int) -> None:
         """Block until the published snapshot is at ``offset`` or later."""
@@ -149,17 +176,14 @@ class Maintainer:
         try:
             while True:
                 with self.cond:
-                    while not self.stopping and not self._ready():
+                    while not self.stopping and self.error is None and not self._ready():
                         self.cond.wait(0.5)
-                    if self.stopping and not self._ready():
+                    if self.error is not None or (self.stopping and not self._ready()):
                         return
                 self._gather()
                 self.fold()
         except BaseException as e:  # a bug: reads must not wait forever
-            log.exception("view maintenance stopped")
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
+            self.fail(e)
 
     def _gather(self) -> None:
         """Wait up to ``fold_delay`` for more changes, so one fold covers more batches
@@ -193,6 +217,8 @@ class Maintainer:
         with self.fold_lock:
             engine = self.engine
             with engine.convert_lock:  # the tables' heads: producers convert under it too
+                if self.error is not None:  # converting ahead failed (ivm/ahead.py): heads may be wrong
+                    raise InternalError(f"view maintenance stopped: {self.error}") from self.error
                 entries = self._take()
                 if not entries:
                     return
