@@ -40,7 +40,7 @@ from storage.store import Snapshot
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
-    from ivm.engine import Worker
+    from ivm.engine import Prepared, Worker
 
 log = logging.getLogger("ivm.maintainer")
 
@@ -180,31 +180,40 @@ class Maintainer:
                         self.cond.wait(0.5)
                     if self.error is not None or (self.stopping and not self._ready()):
                         return
-                self._gather()
-                self.fold()
+                self.fold(everything=self._gather())
         except BaseException as e:  # a bug: reads must not wait forever
             self.fail(e)
 
-    def _gather(self) -> None:
+    def _gather(self) -> bool:
         """Wait up to ``fold_delay`` for more changes, so one fold covers more batches
         (each fold runs every affected view's program once, whatever its size). A
         reader waiting for the fold, ``fold_rows`` queued rows or closing ends the
-        wait at once: the delay never holds up a read."""
+        wait at once: the delay never holds up a read. True when the fold must take
+        every queued batch (a reader waits, or closing)."""
         settings = self.engine.settings
         deadline = time.monotonic() + settings.fold_delay
         with self.cond:
             while (not self.stopping and not self.demanded and self.queued_rows < settings.fold_rows
                    and (remaining := deadline - time.monotonic()) > 0):
                 self.cond.wait(remaining)
+            everything = self.demanded or self.stopping
             self.demanded = False
+            return everything
 
-    def _take(self) -> list[Entry]:
+    def _take(self, everything: bool) -> list[Entry]:
+        """The durable queued entries, up to ``fold_rows``. Unless ``everything``, when the
+        first is converted, the entries not converted yet after it are left to the thread
+        converting ahead (ivm/ahead.py), so the fold does not convert them on its own thread;
+        the next fold takes them if that thread has not converted them by then."""
         with self.cond:
             durable = self.engine.log.durable
             taken: list[Entry] = []
             rows = 0
+            leave = not everything and bool(self.queue) and not self.queue[0].batches
             while self.queue and self.queue[0].offset <= durable:
                 if taken and rows + self.queue[0].rows > self.engine.settings.fold_rows:
+                    break
+                if leave and self.queue[0].batches:
                     break
                 entry = self.queue.popleft()
                 rows += entry.rows
@@ -212,17 +221,13 @@ class Maintainer:
             self.queued_rows -= rows
             return taken
 
-    def fold(self) -> None:
-        """Fold the durable queued entries into the views and publish."""
+    def fold(self, everything: bool = True) -> None:
+        """Fold the durable queued entries into the views and publish (see ``_take``)."""
         with self.fold_lock:
             engine = self.engine
-            with engine.convert_lock:  # the tables' heads: producers convert under it too
-                if self.error is not None:  # converting ahead failed (ivm/ahead.py): heads may be wrong
-                    raise InternalError(f"view maintenance stopped: {self.error}") from self.error
-                entries = self._take()
-                if not entries:
-                    return
-                converted = convert_deferred(engine, entries, self._worker)
+            entries, converted = self._take_converted(everything)
+            if not entries:
+                return
             before = snapshot = engine.store.snapshot
             versions: dict[str, Relation] = {}
             parts: dict[str, list[pa.Table]] = {}
@@ -252,6 +257,33 @@ class Maintainer:
                 engine.store.publish(snapshot)
                 self.folds += 1
                 self.cond.notify_all()
+
+    def _take_converted(self, everything: bool) -> tuple[list[Entry], dict[str, "Prepared"]]:
+        """The entries to fold, and the conversion of their batches not converted yet.
+
+        The convert lock guards the tables' heads. While someone else holds it (the
+        thread converting ahead, or a producer converting a batch now) and the queue
+        starts with converted entries, the fold takes just those, without the lock:
+        they need no conversion, and waiting would idle the fold for the whole
+        conversion (the other thread only converts entries after them)."""
+        lock = self.engine.convert_lock
+        if not lock.acquire(blocking=False):
+            with self.cond:
+                ready = bool(self.queue) and not self.queue[0].batches
+            if ready:
+                self._check()
+                return self._take(everything=False), {}
+            lock.acquire()
+        try:
+            self._check()
+            entries = self._take(everything)
+            return entries, convert_deferred(self.engine, entries, self._worker) if entries else {}
+        finally:
+            lock.release()
+
+    def _check(self) -> None:
+        if self.error is not None:  # converting ahead failed (ivm/ahead.py): heads may be wrong
+            raise InternalError(f"view maintenance stopped: {self.error}") from self.error
 
     def _worker(self, rows: int) -> "Worker":
         return self.large if rows > FOLD_LARGE_BATCH else self.small
