@@ -12,6 +12,11 @@ use, per table, exactly the version that includes the deltas it processes
 and no later one: every entry carries the table version its batch produced,
 and the fold takes the version of the table's last entry it folds.
 
+Upsert batches are queued unconverted (ivm/deferred.py). A second thread
+converts runs of them while this one runs the views (ivm/ahead.py); a fold
+that finds converted entries first folds just those and leaves the rest to
+that thread, unless a reader waits.
+
 Reads wait until the published offset reaches the last durable offset when
 they start (read your writes): the recent-changes buffer of the design is
 these queued deltas, merged into the views before the read rather than
