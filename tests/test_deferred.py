@@ -202,3 +202,34 @@ def test_a_failed_conversion_ahead_stops_maintenance_and_reads_say_so(tmp_path, 
     assert db._engine.maintainer.folds == folds
     monkeypatch.undo()
     db._engine.maintainer.stop()
+
+
+def test_a_fold_while_a_conversion_holds_the_heads_folds_the_converted_entries_only(tmp_path):
+    """While another thread holds the convert lock (converting ahead, or a producer converting a
+    batch now), a fold takes the converted entries at the head of the queue without waiting and
+    leaves the unconverted ones; a read then folds the rest."""
+    db = make(tmp_path, fold_delay=60.0)
+    maintainer = db._engine.maintainer
+    db.apply_changes("t", batch([1, 2], "c"))  # checked: converted at once
+    checked = db._engine.offset
+    db.apply_changes("t", batch([2, 3], "u", g="b"))  # queued unconverted
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with db._engine.convert_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        maintainer.fold(everything=False)  # must not wait for the lock
+        assert db._engine.store.snapshot.offset == checked
+        assert unconverted(db) == 2
+        assert sorted(r["k"] for r in db._engine.store.snapshot["t"].table().to_pylist()) == [1, 2]
+    finally:
+        release.set()
+        holder.join(10)
+    assert rows(db, "SELECT * FROM by_g") == [{"g": "a", "n": 1, "total": 1.0}, {"g": "b", "n": 2, "total": 2.0}]
+    db.close()
