@@ -150,6 +150,30 @@ def summary(result: ScaleResult) -> list[str]:
     return out
 
 
+def scaling_table(results: list[ScaleResult]) -> list[str]:
+    """Per view maintained at every scale factor: median ms per refresh, and growth from the first SF to the last."""
+    first, last = results[0], results[-1]
+    common = [n for n in last.views if all(r.views.get(n) and r.views[n].ivm for r in results)]
+    if not common:
+        return [f"## Scaling SF {first.sf:g} -> {last.sf:g}", "", "- no view was maintained at every scale factor"]
+    sfs = [f"{r.sf:g}" for r in results]
+    head = ["view"] + [f"ivm ms SF {s}" for s in sfs] + [f"recompute ms SF {s}" for s in sfs] + [
+        f"ivm growth {sfs[0]} -> {sfs[-1]}", "recompute growth", f"speedup SF {sfs[-1]}"]
+    lines = [f"## Scaling SF {first.sf:g} -> {last.sf:g} ({last.sf / first.sf:g}x the data)", "",
+             "| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 1) + "|"]
+    grow_ivm, grow_rec = [], []
+    for name in common:
+        ivm = [statistics.median(r.views[name].ivm) for r in results]
+        rec = [statistics.median(r.views[name].recompute) for r in results]
+        grow_ivm.append(ivm[-1] / ivm[0])
+        grow_rec.append(rec[-1] / rec[0])
+        lines.append(f"| {name} | " + " | ".join(_ms(x) for x in ivm + rec)
+                     + f" | {grow_ivm[-1]:.2f}x | {grow_rec[-1]:.2f}x | {rec[-1] / ivm[-1]:.1f}x |")
+    lines += ["", f"- median growth over {len(common)} views: ivm **{statistics.median(grow_ivm):.2f}x**, DuckDB recompute "
+              f"**{statistics.median(grow_rec):.2f}x** (wall time per refresh; each scale factor from its own run)"]
+    return lines
+
+
 def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path, started: float,
                  figures: list[str]) -> Path:
     lines = ["# ivm TPC-H benchmark: incremental maintenance versus full recompute", ""]
@@ -176,6 +200,8 @@ def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path
             if view.problem:
                 lines.append(f"- {view.label}: {view.problem}")
         lines.append("")
+    if len(results) > 1:
+        lines += scaling_table(results) + [""]
     lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

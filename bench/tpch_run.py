@@ -99,7 +99,8 @@ class Phases:
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()  # freed Arrow memory back to the system first
-        self.log.append((phase, time.perf_counter() - self.started, rss(), peak_rss()))
+        now = rss()  # the kernel's counters are approximate: the peak is at least the RSS just read
+        self.log.append((phase, time.perf_counter() - self.started, now, max(now, peak_rss())))
 
 
 def rss() -> int:
@@ -110,6 +111,10 @@ def rss() -> int:
 
 
 def peak_rss() -> int:
+    """The process's largest RSS so far: VmHWM (ru_maxrss lags: the kernel updates it lazily)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

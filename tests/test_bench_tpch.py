@@ -38,6 +38,8 @@ def test_bench_tpch_writes_report_and_plots(tmp_path):
     assert phases[-4:] == ["ivm table lineitem loaded", "views created", "refreshes done", "checked"]
     assert all(0 < p[2] <= p[3] for p in results[1]["phases"])  # RSS, and the peak so far above it
     assert "memory by phase (RSS after it / peak so far, GiB): generated" in report
+    assert "## Scaling SF 0.01 -> 0.02 (2x the data)" in report and "| q14 |" in report.split("## Scaling")[1]
+    assert "median growth over 3 views: ivm" in report
     q1 = results[1]["views"]["q01"]
     assert len(q1["ivm"]) == len(q1["recompute"]) == 3 and q1["problem"] is None
 
