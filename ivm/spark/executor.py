@@ -3,7 +3,9 @@
     Query   -> spark.sql over temporary views, kept as a lazy DataFrame
                (temps.py): a later query reads it inside its own plan, so a
                chain of queries runs as one job; rows come to the driver only
-               where a step needs them there. Inputs are the change batches
+               where a step needs them there (a small result read by several
+               queries from a one-partition checkpoint that those queries
+               read, so it never crosses back). Inputs are the change batches
                (shipped once per run) and whole stored relations
                (``scan_name(rel)``: cached per run, see frames.py); the tree is
                rendered by dialect.py
@@ -70,7 +72,7 @@ class SparkExecutor(StepRunner):
         self._queried: set[str] = set()
         self._columns: dict[str, set[str] | None] = {}
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
-        self._cached: list = []  # DataFrames this run cached in Spark (_cache), dropped by _release
+        self._cached: list = []  # checkpoints this run made (_cache), dropped by _release
 
     def run(self, program, inputs, snapshot, label="", progress=None):
         if self._program is not program:  # the same program runs every batch: analyse it once
@@ -181,23 +183,22 @@ class SparkExecutor(StepRunner):
         return lazy
 
     def _cache(self, lazy: Lazy) -> Lazy:
-        """``lazy`` cached in Spark as one partition: its collect fills the cache, readers read it.
+        """``lazy`` as a one-partition Spark checkpoint: its collect fills it, its Spark readers read it.
 
         A small plan's result stays in the JVM for its Spark readers instead
-        of crossing to the driver and back (shipping rows costs far more
-        than the plan: decoding Arrow, decimals above all). Spark plans a
-        cached query when ``cache()`` is called, so under SMALL_PLAN's
-        settings; one partition keeps its readers' plans free of exchanges.
-        Only small plans: for a plan over stored relations, readers planned
-        against a cache's size estimates shuffled where they broadcast.
-        The cache is dropped when the run ends (``_release``).
+        of crossing to the driver and back (shipping rows costs more than
+        the plan: Arrow decoding, decimals above all). A local checkpoint,
+        not ``cache()``: the cache manager matches readers' plans to cached
+        ones and missed those with CTEs, so readers recomputed the plan. Its
+        physical plan is made now, so under SMALL_PLAN's settings; readers
+        see one partition. Only small plans: for a plan over stored
+        relations, readers planned against a cached size estimate shuffled
+        where they broadcast (session 3). Dropped when the run ends (``_release``).
         """
         with self._small(True):
             frame = lazy.frame.coalesce(1).localCheckpoint(eager=False)
         self._cached.append(frame)
-        # A checkpoint's partitioning is unknown to Spark; coalesce(1) (no
-        # work on one partition) tells readers' joins it is a single one.
-        return Lazy(frame.coalesce(1), schema=lazy.schema, small=True, cached=True)
+        return Lazy(frame, schema=lazy.schema, small=True, cached=True)
 
     def _steps_run(self, steps, temps, snapshot, registered, label) -> None:
         for step in steps:
@@ -223,7 +224,7 @@ class SparkExecutor(StepRunner):
     def _release(self, registered: dict[str, object]) -> None:
         for name in registered:
             self.spark.catalog.dropTempView(name)
-        for frame in self._cached:
+        for frame in self._cached:  # a checkpoint's plan is a LogicalRDD over the persisted rows
             frame._jdf.logicalPlan().rdd().unpersist(False)
         self._cached.clear()
 

@@ -8,6 +8,9 @@ driver where a step needs them there (``temps[name]``, a ``dict`` read): a
 Lookup in a large relation's index, a Stack, a loop's emptiness test, the
 Replace steps, the view's output, and results read by several steps (the
 executor collects those at once rather than have Spark compute them twice).
+A small such result that queries read is collected from a Spark checkpoint
+(``Lazy.cached``): its Spark readers read the checkpoint, not its rows
+shipped back from the driver.
 
 Temporaries on the driver (change batches, lookups, collected results)
 become a DataFrame once per run, however many queries read them.
