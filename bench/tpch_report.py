@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ivm.maintenance import RECOMPUTE_MARGIN
+from ivm.maintenance import LEAVE_MARGIN
 from bench.tpch_run import ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
 
 SLOWER = "slower than DuckDB's recompute"
@@ -78,7 +78,7 @@ def why_path(view: ViewResult, inc: float | None, rec: float | None) -> str:
             return f": {switched(view, inc, rec)}; the engine's recompute reads its Arrow relations, DuckDB its own tables"
         return (f": {switched(view, inc, rec)}; ivm recomputes once per call that changes its sources "
                 f"({per_refresh:.1f} per refresh), DuckDB once per refresh")
-    if inc is not None and rec is not None and inc <= RECOMPUTE_MARGIN * rec:
+    if inc is not None and rec is not None and inc <= LEAVE_MARGIN * rec:
         return (": the engine's recompute (the SELECT over the sources and the difference with the old rows) "
                 "is estimated dearer per call, so it stays incremental")
     return ""

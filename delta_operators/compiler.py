@@ -161,14 +161,14 @@ def ordered_and_recursive_rules() -> dict[type, type]:
 
 def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:
     """The program that turns source deltas into the view's delta and new state."""
-    from delta_operators.merge import merge_output
+    from delta_operators.merge import merge_output, output_key
 
     ctx = Context(view=view, plan=plan, options=options)
     ctx.program.inputs = tuple(delta_input(r) for r in sorted(options.changed))
     root_delta = ctx.delta(plan.root)
     if root_delta is not None:
         if options.store_output:
-            ctx.program.output = merge_output(ctx, view, plan.columns, root_delta)
+            ctx.program.output = merge_output(ctx, view, plan.columns, root_delta, output_key(plan.root))
         else:
             ctx.program.output = root_delta
     return optimize(ctx.program) if options.optimize else ctx.program
@@ -176,10 +176,10 @@ def compile_view(view: str, plan: ViewPlan, options: Options) -> Program:
 
 def view_states(view: str, plan: ViewPlan, store_output: bool = True) -> list[StateSpec]:
     """Every relation a view owns: its output first (when stored), then operator state."""
-    from delta_operators.merge import output_state
+    from delta_operators.merge import output_key, output_state
 
     ctx = Context(view=view, plan=plan, options=Options())
-    specs = [output_state(view, plan.columns)] if store_output else []
+    specs = [output_state(view, plan.columns, output_key(plan.root))] if store_output else []
     for node in walk(plan.root):
         specs.extend(ctx.rule(node).states(ctx))
     return specs

@@ -29,7 +29,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from delta_operators.merge import output_state
+from delta_operators.merge import output_key, output_state
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef, make_view
@@ -212,7 +212,7 @@ class Checkpointer:
                 empty = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
                 relations[spec.name] = self._load(empty, stored_docs)
             if not view.stored_output and view.name in stored_docs:  # its state is stale: its rows were stored
-                spec = output_state(view.name, view.columns)
+                spec = output_state(view.name, view.columns, output_key(view.plan.root))
                 empty = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
                 relations[view.name] = self._load(empty, stored_docs)
         engine.failed.update(doc["failed"])

@@ -13,27 +13,34 @@ TPC-H q02/q16/q22 at SF 1). A batch takes one of three paths
 * ``rebuild``: the initial program recomputes state and output from empty
   state (as at CREATE), ΔV = O' − O, and the state is fresh again.
 
-Per view, a ``CostModel`` keeps estimates measured on this machine:
+Per view, a ``CostModel`` keeps estimates measured on this machine, each the
+median of the last WINDOW measurements (a pause of the machine, a
+collection, a neighbour's burst: one or two outliers among five do not move
+a median, where a moving mean took one 10x batch as a trend and switched):
 
-* I, incremental: an exponentially weighted mean of the seconds per batch
-  (measured only when state is fresh, and not on a delta program's first
-  WARMUP_RUNS runs: the executor runs each query plainly the first time and
-  prepares it the second; measured at SF 1, the first run cost up to 10x a
-  later one and the second 2-3x, and an estimate seeded by them switched
-  views that were cheaper incrementally), scaled up for a batch with more
-  changed rows than usual (fixed costs dominate small batches, so a smaller
-  batch is not estimated cheaper);
-* R, recompute: a weighted mean of the seconds of the refreshes (the first
-  one measured by timing the SELECT alone), scaled by how much the sources
-  grew since;
+* I, incremental: the median seconds per batch (measured only when state is
+  fresh, and not on a delta program's first WARMUP_RUNS runs: the executor
+  runs each query plainly the first time and prepares it the second;
+  measured at SF 1, the first run cost up to 10x a later one and the second
+  2-3x, and an estimate seeded by them switched views that were cheaper
+  incrementally), scaled up for a batch with more changed rows than usual
+  (fixed costs dominate small batches, so a smaller batch is not estimated
+  cheaper);
+* R, recompute: the median seconds per source row of the refreshes, times
+  the sources' rows now (the first one measured at CREATE by timing the
+  SELECT alone, over freshly loaded, unfragmented tables: at SF 1 it came
+  out at 0.3-0.6x the later refreshes of q16/q22, so a view near parity may
+  leave once, measure its refreshes, and come back; the median of real
+  refreshes then keeps it where it is cheaper);
 * B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
   from stale state), scaled the same way; not known yet (after a reopen):
   REBUILD_GUESS × R.
 
-Rule (``Settings.maintenance = "auto"``), with M = RECOMPUTE_MARGIN and the
-one-off rebuild amortised over H = AMORTISE_BATCHES batches:
+Rule (``Settings.maintenance = "auto"``), with L = LEAVE_MARGIN, M =
+RECOMPUTE_MARGIN and the one-off rebuild amortised over H = AMORTISE_BATCHES
+batches:
 
-    fresh state:  recompute   when I > M·R + B/H on SWITCH_AFTER batches in a row,
+    fresh state:  recompute   when I > L·R on SWITCH_AFTER batches in a row,
                               else incremental
     stale state:  rebuild     when M·I + B/H < R (incremental is cheaper again,
                               rebuild included), or when the refreshes since the
@@ -42,8 +49,19 @@ one-off rebuild amortised over H = AMORTISE_BATCHES batches:
                               I is not known; else recompute
     after a rebuild, one incremental batch (the probe's measurement)
 
-The two thresholds differ, so noise does not flap a view between paths. The
-choice costs a few multiplications; nothing else runs for it.
+Leaving incremental costs nothing one-off (the state is emptied and left
+stale), so B does not count against it: the view leaves as soon as a
+refresh is estimated cheaper (L = 1.1: a view at parity gains nothing by
+leaving and would pay B to come back). Coming back pays the rebuild, so B
+counts there, amortised, with the wider margin M. At SF 1, B is the
+initial program over every source (0.5-1.6 s for q02/q16/q22): counted as
+B/H against leaving, it kept q02 and q22 incremental at about twice the
+cost of their refresh.
+
+The two thresholds differ (leave above 1.1·R, come back below R/1.5 minus
+the rebuild's share), and the estimates are medians, so noise does not
+flap a view between paths. The choice costs a few multiplications; nothing
+else runs for it.
 ``"incremental"`` and ``"recompute"`` force one path (a stale view rebuilds
 first under ``"incremental"``; tests force recompute to prove it against the
 oracle). Views over a RETAIN stream (``Catalog.retained()``) are always
@@ -67,8 +85,9 @@ if TYPE_CHECKING:
     from storage.store import Snapshot
 
 MODES = ("auto", "incremental", "recompute")
-SMOOTHING = 0.3  # weight of the newest measurement in the moving estimates
-RECOMPUTE_MARGIN = 1.5  # M: a path must look this many times cheaper before the view switches to it
+WINDOW = 5  # measurements per estimate (the median of the last WINDOW: two outliers do not move it)
+LEAVE_MARGIN = 1.1  # L: a fresh view recomputes when incremental is estimated dearer than L x recompute
+RECOMPUTE_MARGIN = 1.5  # M: a stale view comes back when M x incremental (+ B/H) is cheaper than recompute
 AMORTISE_BATCHES = 32  # H: the one-off rebuild counts 1/H per batch against the path that needs it
 PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refreshes costing 8 rebuilds
 SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
@@ -82,16 +101,24 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+def _median(values) -> float:  # noqa: ANN001
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _remember(window: list, value) -> list:  # noqa: ANN001
+    window.append(value)
+    del window[:-WINDOW]
+    return window
 
 
 @dataclass
 class CostModel:
     """Moving cost estimates of one view, and what each batch chose."""
 
-    incremental: float | None = None  # I: seconds per batch
-    rows: float | None = None  # changed input rows per batch (moving mean)
+    incremental: float | None = None  # I: seconds per batch (median of the measurements)
+    rows: float | None = None  # changed input rows per batch (median)
     recompute: float | None = None  # R: seconds of a refresh (the SELECT and the difference) ...
     recompute_rows: int = 0  # ... when its sources held this many rows
     rebuild: float | None = None  # B: seconds of the last rebuild (initial program) ...
@@ -104,8 +131,10 @@ class CostModel:
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
     ran: dict[int, int] = field(default_factory=dict)  # runs per delta program (id): the first WARMUP_RUNS are warm-up
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
-    _probe: bool = False
-    _votes: int = 0  # consecutive fresh batches where the rule chose recompute  # the next batch with fresh state runs incrementally, to measure I
+    _probe: bool = False  # the next batch with fresh state runs incrementally, to measure I
+    _votes: int = 0  # consecutive fresh batches where the rule chose recompute
+    _measured: list = field(default_factory=list)  # the last WINDOW incremental (seconds, rows)
+    _refreshes: list = field(default_factory=list)  # the last WINDOW refreshes' seconds per source row
 
     def estimates(self, rows: int, source_rows: int) -> tuple[float | None, float | None]:
         """(incremental, recompute) seconds estimated for a batch of ``rows`` changed rows."""
@@ -139,7 +168,7 @@ class CostModel:
         if self._probe or incremental is None or recompute is None:
             self._probe = False
             return "incremental"
-        if incremental <= RECOMPUTE_MARGIN * recompute + rebuild / AMORTISE_BATCHES:
+        if incremental <= LEAVE_MARGIN * recompute:  # leaving is free: B counts only on the way back
             self._votes = 0
             return "incremental"
         self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
@@ -164,8 +193,9 @@ class CostModel:
         if path == "incremental" and warmup:
             return
         if path == "incremental":
-            self.incremental = _smooth(self.incremental, seconds)
-            self.rows = _smooth(self.rows, float(rows))
+            measured = _remember(self._measured, (seconds, float(rows)))
+            self.incremental = _median(s for s, _ in measured)
+            self.rows = _median(r for _, r in measured)
         elif path == "recompute":
             self.record_refresh(seconds, source_rows)
             self.spent += seconds
@@ -175,9 +205,8 @@ class CostModel:
             self.spent, self._probe = 0.0, True
 
     def record_refresh(self, seconds: float, source_rows: int) -> None:
-        if self.recompute is not None:  # the moving mean, at this size of the sources
-            seconds = _smooth(self.recompute * max(source_rows, 1) / max(self.recompute_rows, 1), seconds)
-        self.recompute, self.recompute_rows = seconds, source_rows
+        per_row = _median(_remember(self._refreshes, seconds / max(source_rows, 1)))
+        self.recompute, self.recompute_rows = per_row * max(source_rows, 1), source_rows
 
     def record_rebuild(self, seconds: float, source_rows: int) -> None:
         self.rebuild, self.rebuild_rows = seconds, source_rows

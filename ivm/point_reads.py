@@ -31,6 +31,7 @@ How it stays equal to DuckDB:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,8 @@ from sqlglot import exp
 from sql_frontend.statements import normalize_name
 
 _ALLOWED_ARGS = {"expressions", "from_", "where"}
+# Up to this many matching rows are returned as zero-copy slices, more by one take.
+FEW_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,8 @@ def answer(read: Shape, table: pa.Table, values: list[pa.Scalar]) -> pa.Table | 
         matches = _matches(table.column(names[0]), values[number - 1])
         if matches is None:
             return None
-        mask = matches if mask is None else pc.and_(mask, matches)
-    rows = table.filter(mask)
+        mask = matches if mask is None else mask & matches
+    rows = _rows(table, np.flatnonzero(mask))
     if read.columns is None:
         return rows
     chosen = []
@@ -152,19 +155,46 @@ def answer(read: Shape, table: pa.Table, values: list[pa.Scalar]) -> pa.Table | 
     return rows.select(chosen)
 
 
-def _matches(column: pa.ChunkedArray, value: pa.Scalar) -> pa.ChunkedArray | None:
+def _rows(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """The rows at ``positions``: zero-copy slices when they are few (a lookup finds one or two)."""
+    if len(positions) > FEW_ROWS:
+        return table.take(positions)
+    if len(positions) <= 1:
+        return table.slice(int(positions[0]) if len(positions) else 0, len(positions))
+    return pa.concat_tables([table.slice(int(p), 1) for p in positions])
+
+
+def _matches(column: pa.ChunkedArray, value: pa.Scalar) -> np.ndarray | None:
+    """A boolean numpy mask of the rows equal to ``value``, or None when this path cannot compare them."""
     kind, given = column.type, value.type
     if not value.is_valid:
         return None
     if pa.types.is_integer(kind) and pa.types.is_integer(given):
-        try:
-            value = value.cast(kind)  # safe cast: a value out of the column's range cannot match
-        except (pa.ArrowInvalid, OverflowError):
-            return pa.chunked_array([pa.array(np.zeros(len(column), dtype=bool))])
-        return pc.equal(column, value)
+        wanted, (low, high) = value.as_py(), _range(kind)
+        if not low <= wanted <= high:  # out of the column's range: cannot match
+            return np.zeros(len(column), dtype=bool)
+        # numpy over the values where no slot is NULL (a NULL slot's buffer may hold anything).
+        return _concat([chunk.to_numpy() == wanted if not chunk.null_count else
+                        _mask(pc.equal(chunk, pa.scalar(wanted, kind))) for chunk in column.chunks], len(column))
     if _is_string(kind) and _is_string(given):
-        return pc.equal(column, value.cast(kind))
+        return _concat([_mask(pc.equal(chunk, value.cast(kind))) for chunk in column.chunks], len(column))
     return None
+
+
+@functools.cache
+def _range(kind: pa.DataType) -> tuple[int, int]:
+    bounds = np.iinfo(kind.to_pandas_dtype())
+    return int(bounds.min), int(bounds.max)
+
+
+def _mask(matches: pa.Array) -> np.ndarray:
+    return matches.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def _concat(masks: list[np.ndarray], rows: int) -> np.ndarray:
+    if len(masks) == 1:
+        return masks[0]
+    return np.concatenate(masks) if masks else np.zeros(rows, dtype=bool)
 
 
 def _is_string(kind: pa.DataType) -> bool:

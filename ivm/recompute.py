@@ -37,7 +37,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.compiler import delta_input
-from delta_operators.merge import output_state
+from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
@@ -85,7 +85,7 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     counted = _counted(view, rows, worker)
     old = _output(engine, view, snapshot, worker)
     relations: dict[str, Relation | None] = {}
-    output = snapshot[view.name] if view.name in snapshot else _empty(engine, output_state(view.name, view.columns))
+    output = snapshot[view.name] if view.name in snapshot else _empty(engine, output_state(view.name, view.columns, output_key(view.plan.root)))
     relations[view.name] = output.replace_all(counted, worker.coder)
     if not is_stale(snapshot, view.name):
         for spec in operator_states(view):  # stale from now on: keep the index keys, not the rows

@@ -148,3 +148,29 @@ def test_anything_but_the_point_read_shape_is_not_one(sql):
 def test_the_shape_names_the_table_columns_and_parameters():
     tree = database._parsed_reads("SELECT B.N, s FROM By_Grp b WHERE $2 = b.grp AND (\"Name\" = $1)")[0].expression
     assert point_reads.shape(tree) == point_reads.Shape("by_grp", ("n", "s"), (("grp", 2), ("name", 1)))
+
+
+def test_point_reads_over_nulls_many_matches_several_runs_and_narrow_integers(duckdb_calls):
+    """NULL keys (whose buffer slots hold a value), more matches than are sliced, rows in several
+    chunks, an INTEGER column with values beyond its range: as DuckDB answers them."""
+    with ivm.connect(maintenance="incremental") as db:
+        db.execute("CREATE TABLE s (id BIGINT PRIMARY KEY, k INTEGER, tag VARCHAR)")
+        for first, last in ((0, 40), (40, 55), (55, 60)):  # each under half the last: three runs, three chunks
+            ids = list(range(first, last))
+            # A NULL key over a buffer slot that holds 7, the value looked up below.
+            keys = pa.array([7 if i % 3 else 1 for i in ids], pa.int32(), mask=pa.array([i % 5 == 0 for i in ids]))
+            db.apply_changes("s", pa.table({"id": pa.array(ids, pa.int64()), "k": keys,
+                                            "tag": [None if i % 4 == 0 else f"t{i % 2}" for i in ids]}))
+        assert db._engine.store.snapshot["s"].table().column("k").num_chunks > 1
+        cases = [(7,), (1,), (8,), (2**40,), (-2**40,), ("t1",), ("t9",)]
+        for values in cases:
+            sql = "SELECT * FROM s WHERE tag = ?" if isinstance(values[0], str) else "SELECT id, k FROM s WHERE k = ?"
+            expected = db.sql(params.bind(sql, pa.record_batch([pa.array(values)], names=["0"]), 0))
+            calls = []
+            for _ in range(2):  # the first runs on DuckDB, the second on the point-read path
+                got = read(db, sql, *values)
+                calls.append(len(duckdb_calls))
+                assert multiset_diff(got, expected) is None, values
+                assert got.schema.remove_metadata() == expected.schema.remove_metadata()
+            assert calls[0] == calls[1], f"{values}: the second execution ran on DuckDB"
+        assert db.sql("SELECT COUNT(*) AS c FROM s WHERE k = 7").column("c")[0].as_py() > point_reads.FEW_ROWS

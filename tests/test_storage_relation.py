@@ -151,3 +151,14 @@ def test_sorted_unique_is_numpys_unique():
         got = sorted_unique(values)
         assert got.dtype == values.dtype
         assert np.array_equal(got, np.unique(values))
+
+
+def test_counting_equal_codes_is_a_second_binary_search():
+    """``_equal_from`` steps over equal codes (a few, then searches): the same as searchsorted(side="right")."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):  # keys repeated 0 to ~20 times, some probes beyond the last code
+        codes = np.sort(rng.integers(0, 40, int(rng.integers(0, 200))).astype(np.uint64))
+        probes = np.unique(rng.integers(0, 45, int(rng.integers(0, 30))).astype(np.uint64))
+        lo = np.searchsorted(codes, probes, side="left")
+        want = np.searchsorted(codes, probes, side="right") - lo
+        assert np.array_equal(relation_module._equal_from(codes, probes, lo), want)

@@ -108,6 +108,35 @@ def test_plain_flight_errors(data, client):
         client.get_flight_info(fl.FlightDescriptor.for_command(protocol.pack("CommandGetXdbcTypeInfo")))
 
 
+def test_a_closed_prepared_statement_is_not_found_though_its_command_was_seen(data, client):
+    """Commands are decoded once per distinct bytes (flight_server.server.unpack): the same bytes must still
+    reach the statement store each time, so closing the statement ends it; malformed bytes fail every time."""
+    from flight_server import protocol
+
+    def prepare(sql: str) -> bytes:
+        body = protocol.pack("ActionCreatePreparedStatementRequest", query=sql)
+        result = list(client.do_action(fl.Action("CreatePreparedStatement", body)))[0].body.to_pybytes()
+        return protocol.unpack(result)[1]["prepared_statement_handle"]
+
+    handle = prepare("SELECT owner FROM accounts WHERE id = 1")
+    command = fl.FlightDescriptor.for_command(protocol.pack("CommandPreparedStatementQuery",
+                                                            prepared_statement_handle=handle))
+    for _ in range(2):  # decoded the first time, found in the cache the second
+        info = client.get_flight_info(command)
+        assert client.do_get(info.endpoints[0].ticket).read_all().to_pylist() == [{"owner": "ann"}]
+    close = protocol.pack("ActionClosePreparedStatementRequest", prepared_statement_handle=handle)
+    list(client.do_action(fl.Action("ClosePreparedStatement", close)))
+    with pytest.raises(KeyError, match="unknown or expired prepared statement"):  # NOT_FOUND
+        client.get_flight_info(command)
+    other = prepare("SELECT owner FROM accounts WHERE id = 2")  # another handle: other bytes, its own fields
+    info = client.get_flight_info(fl.FlightDescriptor.for_command(
+        protocol.pack("CommandPreparedStatementQuery", prepared_statement_handle=other)))
+    assert client.do_get(info.endpoints[0].ticket).read_all().to_pylist() == [{"owner": "bob"}]
+    for _ in range(2):
+        with pytest.raises(pa.ArrowInvalid, match="varint|Any"):
+            client.get_flight_info(fl.FlightDescriptor.for_command(b"\xff\xff"))
+
+
 def test_executemany_insert_is_one_atomic_batch(data, cur):
     before = snapshot(cur)
     with pytest.raises(adbc.ProgrammingError, match="INVALID_ARGUMENT"):

@@ -31,6 +31,20 @@ def test_results_are_taken_once_and_bounded_by_count_age_and_bytes():
         results.take(stale)
 
 
+def test_a_size_given_on_add_is_the_one_counted_and_given_back_on_eviction():
+    results = Bounded("result", limit=10, budget=100, size=lambda t: t.nbytes)
+    small = pa.table({"a": pa.array([1], pa.int64())})  # 8 bytes, counted as given
+    first = results.add(small, 60)
+    results.add(small, 30)
+    assert len(results) == 2  # 90 of 100
+    results.add(small, 20)  # 110: the oldest (60) goes, and only its 60
+    assert len(results) == 2
+    with pytest.raises(NotFound):
+        results.take(first)
+    results.add(small, 50)  # 100 again (30 + 20 + 50): nothing more is evicted
+    assert len(results) == 3
+
+
 def test_lru_keeps_the_recently_used():
     cache: Lru[str, int] = Lru(2)
     cache.put("a", 1)
