@@ -273,7 +273,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1000, help="changed rows per refresh (about)")
     parser.add_argument("--views", default=None, help="comma-separated: q1,q3,... (default: all 22)")
     parser.add_argument("--refreshes", type=int, default=10, help="counted refreshes per scale factor")
-    parser.add_argument("--warmup", type=int, default=1, help="refreshes run first and not counted")
+    parser.add_argument("--warmup", type=int, default=4,
+                        help="refreshes run first and not counted (4: the engine times the first two runs of a "
+                             "program as warm-up and switches a view's path after two votes in a row)")
     parser.add_argument("--out", default="bench/results/tpch", help="directory for the report and plots")
     parser.add_argument("--data", default=None, help="directory caching generated data (default: data/tpch)")
     parser.add_argument("--seed", type=int, default=1)

@@ -23,8 +23,8 @@
 4. after the last refresh, checks every view equals its recompute
    (multisets; floats within 1e-9 relative: tests/oracle/compare.py).
 
-The first ``warmup`` refreshes (programs compile, statements prepare) are run
-and checked but not counted. The Spark recompute (``--spark``) runs each
+The first ``warmup`` refreshes (programs compile, statements prepare, the
+cost model settles each view's path) are run and checked but not counted. The Spark recompute (``--spark``) runs each
 view's SELECT on a local Spark session over Parquet copies of the final
 tables; ivm maintaining on Spark is not available yet (issue 6).
 """
