@@ -14,7 +14,8 @@ the server process's CPU (``/proc/<pid>/stat`` user + system) per lookup.
 ``ingest``: bench/ingest.py's durable database and three views, P producers
 sending 1,000-row batches; reports thread CPU per batch of each phase
 (normalize, convert, log append, wait for the sync, fold of the views,
-checkpoint) and the process's CPU per batch. Phases are timed by wrapping
+checkpoint), the CPU of the maintainer's two threads (folding, converting
+ahead: ivm/ahead.py) and the process's CPU per batch. Phases are timed by wrapping
 the engine's methods in this process only (thread CPU time, so a phase
 waiting for a lock or the disk costs nothing).
 
@@ -115,9 +116,14 @@ def ingest(initial: int, batches: int, producers: int, **options) -> None:
         stream = bench.load(db, initial)
         db.sql("SELECT COUNT(*) FROM per_region")
         cpu.clear()
-        folds = db._engine.maintainer.folds
+        maintainer = db._engine.maintainer
+        threads = {"maintainer thread (all)": maintainer.thread, "convert-ahead thread (all)": maintainer.ahead.thread}
+        before = {label: thread_cpu(t) for label, t in threads.items()}
+        folds, ahead = maintainer.folds, maintainer.ahead.conversions
         result = bench.throughput(db, stream, producers, batches, 1000)
-        folds = db._engine.maintainer.folds - folds
+        folds, ahead = maintainer.folds - folds, maintainer.ahead.conversions - ahead
+        for label, t in threads.items():
+            cpu[label] = thread_cpu(t) - before[label]
         db.close()
     n = result["rows"] / 1000
     for label, seconds in cpu.items():
@@ -125,7 +131,12 @@ def ingest(initial: int, batches: int, producers: int, **options) -> None:
     print(f"{'process (all threads)':40s} {1000 * result['cpu_seconds'] / n:6.2f} ms CPU per batch; "
           f"{result['rows_per_cpu_s']:,.0f} rows per CPU s; {result['rows_per_s']:,.0f} rows/s "
           f"(1-minute load average {os.getloadavg()[0]:.1f})")
-    print(f"{folds} folds for {n:.0f} batches")
+    print(f"{folds} folds for {n:.0f} batches; {ahead} conversions ahead of the fold")
+
+
+def thread_cpu(thread) -> float:
+    """CPU seconds a live thread has used (Linux: its CPU clock)."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def memory_ingest(batches: int, batch: int, producers: list[int]) -> None:

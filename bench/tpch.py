@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
@@ -136,13 +137,36 @@ def generate(scale: float, directory: Path) -> None:
                    check=True, capture_output=True)
 
 
-def reference(directory: Path) -> duckdb.DuckDBPyConnection:
-    """A DuckDB database holding the generated tables with the schema's types and keys."""
-    con = duckdb.connect()
-    for table, columns in SCHEMA.items():
-        con.execute(f"CREATE TABLE {table} ({columns})")
+def reference(directory: Path, database: Path | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB database holding the generated tables with the schema's types and keys.
+
+    In memory by default; with ``database``, a fresh file there (an earlier one
+    is replaced: refreshes change it) whose buffer pool ``memory_limit`` caps,
+    so DuckDB keeps its tables on disk and spills what does not fit beside it
+    (``<database>.tmp``): at SF 10 a native in-memory copy would not fit beside ivm's.
+    """
+    if database is None:
+        con = duckdb.connect()
+    else:
+        for stale in (database, database.with_name(database.name + ".wal")):
+            stale.unlink(missing_ok=True)
+        config = {"temp_directory": str(database.with_name(database.name + ".tmp"))}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        con = duckdb.connect(str(database), config=config)
+        con.execute("SET enable_progress_bar = false")  # a file database shows one on long loads
+    for table in TABLES:
+        con.execute(f"CREATE TABLE {table} ({unkeyed(table)})")
         con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet('{directory / (table + '.parquet')}')")
     return con
+
+
+def unkeyed(table: str) -> str:
+    """The table's columns without its PRIMARY KEY: DuckDB holds a key's index (ART) in memory,
+    outside the buffer pool (SF 10's lineitem key did not fit in 1.5 GB); ``Refresh.apply``
+    replaces rows by key without it."""
+    columns = re.sub(r",\s*PRIMARY KEY \([^)]*\)", "", SCHEMA[table])
+    return columns.replace(" PRIMARY KEY", "")
 
 
 def create_tables(db) -> None:  # noqa: ANN001  (an ivm.Database)
@@ -154,6 +178,49 @@ def load(db, con: duckdb.DuckDBPyConnection) -> None:  # noqa: ANN001
     """Copy every table of the reference into ivm (one insert batch per table)."""
     for table in TABLES:
         db.apply_changes(table, con.sql(f"SELECT * FROM {table}").to_arrow_table())
+
+
+def load_files(db, directory: Path, con: duckdb.DuckDBPyConnection,  # noqa: ANN001
+               loaded: Callable[[str], None] | None = None) -> None:
+    """Load every table's Parquet file into ivm (one insert batch per table), as ``load`` does.
+
+    Each batch is read row group by row group and handed over with one
+    contiguous chunk per column (a stored run holds one chunk per column, and
+    combining a whole chunked table at once would hold it twice): the peak is
+    the table plus one column. The types are the reference's (the files hold
+    string_view where the tables hold strings).
+    """
+    for table in TABLES:
+        schema = con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table().schema
+        batch = read_contiguous(directory / f"{table}.parquet", schema)
+        db.apply_changes(table, batch)
+        del batch
+        pa.default_memory_pool().release_unused()
+        if loaded is not None:
+            loaded(table)
+
+
+def read_contiguous(path: Path, schema: pa.Schema) -> pa.Table:
+    """A Parquet file as a table of ``schema`` with one chunk per column.
+
+    Row groups are read one at a time and cast (new buffers per column), then
+    each column's pieces are concatenated and dropped before the next column's.
+    """
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(path)
+    pieces: list[list[pa.Array]] = [[] for _ in schema]
+    for group in range(file.metadata.num_row_groups):
+        rows = file.read_row_group(group, columns=schema.names)
+        for i, field in enumerate(schema):
+            pieces[i].extend(rows.column(field.name).cast(field.type).chunks)
+        del rows
+    columns = []
+    for i, field in enumerate(schema):
+        chunks, pieces[i] = pieces[i], []
+        columns.append(pa.concat_arrays(chunks) if chunks else pa.array([], field.type))
+        del chunks
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 @dataclass
@@ -226,11 +293,12 @@ class Refresh:
         ops = changes.column("__op").to_pylist()
         assert len(set(ops)) <= 1, "one kind of operation per batch"
         rows = changes.drop_columns(["__op"])  # noqa: F841  (read by DuckDB)
-        if ops and ops[0] == "d":
-            match = " AND ".join(f"r.{k} = {table}.{k}" for k in KEYS[table])
-            self.con.execute(f"DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM rows r WHERE {match})")
-        elif ops:
-            self.con.execute(f"INSERT OR REPLACE INTO {table} SELECT * FROM rows")
+        if not ops:
+            return
+        match = " AND ".join(f"r.{k} = {table}.{k}" for k in KEYS[table])
+        self.con.execute(f"DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM rows r WHERE {match})")
+        if ops[0] != "d":  # inserts and upserts: the row replaces any row of its key
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM rows")
 
 
 def _reorder(rows: pa.Table, table: str) -> pa.Table:

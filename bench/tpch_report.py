@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ivm.maintenance import LEAVE_MARGIN
-from bench.tpch_run import ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
+from bench.tpch_run import Memory, ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
 
 SLOWER = "slower than DuckDB's recompute"
 
@@ -137,6 +137,9 @@ def summary(result: ScaleResult) -> list[str]:
         f"end, peak {result.peak_rss / 2**30:.2f} GiB (the process also holds the DuckDB reference copy); "
         f"tables held by ivm: {result.table_bytes / 2**30:.2f} GiB (Arrow, in memory); view state: "
         f"{sum(v.state_bytes for v in views) / 2**20:.0f} MiB",
+        f"- memory by phase (RSS after it / peak so far, GiB): " + (", ".join(
+            f"{name} {now / 2**30:.2f} / {top / 2**30:.2f}" for name, _, now, top in result.phases) or "not recorded"),
+        f"- DuckDB reference: {result.reference}",
         f"- load of the generated tables into ivm: {result.load_seconds:.1f} s",
         f"- views slower than DuckDB's recompute per refresh: {', '.join(slower) or 'none'}",
         f"- views the engine's cost-based fallback recomputes: {'; '.join(recomputed) or 'none'}",
@@ -145,6 +148,30 @@ def summary(result: ScaleResult) -> list[str]:
         f"- Spark full recompute: {result.spark_note}; ivm on Spark: not available (issue 6)",
     ]
     return out
+
+
+def scaling_table(results: list[ScaleResult]) -> list[str]:
+    """Per view maintained at every scale factor: median ms per refresh, and growth from the first SF to the last."""
+    first, last = results[0], results[-1]
+    common = [n for n in last.views if all(r.views.get(n) and r.views[n].ivm for r in results)]
+    if not common:
+        return [f"## Scaling SF {first.sf:g} -> {last.sf:g}", "", "- no view was maintained at every scale factor"]
+    sfs = [f"{r.sf:g}" for r in results]
+    head = ["view"] + [f"ivm ms SF {s}" for s in sfs] + [f"recompute ms SF {s}" for s in sfs] + [
+        f"ivm growth {sfs[0]} -> {sfs[-1]}", "recompute growth", f"speedup SF {sfs[-1]}"]
+    lines = [f"## Scaling SF {first.sf:g} -> {last.sf:g} ({last.sf / first.sf:g}x the data)", "",
+             "| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 1) + "|"]
+    grow_ivm, grow_rec = [], []
+    for name in common:
+        ivm = [statistics.median(r.views[name].ivm) for r in results]
+        rec = [statistics.median(r.views[name].recompute) for r in results]
+        grow_ivm.append(ivm[-1] / ivm[0])
+        grow_rec.append(rec[-1] / rec[0])
+        lines.append(f"| {name} | " + " | ".join(_ms(x) for x in ivm + rec)
+                     + f" | {grow_ivm[-1]:.2f}x | {grow_rec[-1]:.2f}x | {rec[-1] / ivm[-1]:.1f}x |")
+    lines += ["", f"- median growth over {len(common)} views: ivm **{statistics.median(grow_ivm):.2f}x**, DuckDB recompute "
+              f"**{statistics.median(grow_rec):.2f}x** (wall time per refresh; each scale factor from its own run)"]
+    return lines
 
 
 def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path, started: float,
@@ -161,7 +188,8 @@ def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path
               + (" (report from earlier runs' results.json)" if args.from_json else ""),
               "- ivm: in-memory database, DuckDB compute (1 thread for small deltas, all cores for recomputes "
               "and large batches); recompute: the view's SELECT in DuckDB (all cores) over native tables "
-              "holding the same data, to Arrow, timed after every refresh in the same run",
+              "holding the same data (" + "; ".join(sorted({f"SF {r.sf:g}: {r.reference}" for r in results}))
+              + "), to Arrow, timed after every refresh in the same run",
               "- ivm median etc. = the view's own maintenance time per refresh (" + ("one `apply_changes` call per changed table"
               if getattr(args, "per_table", False) else "one atomic `apply_batch` call over the changed tables") + "); "
               "the shared ingest of the changes into the tables is in the end-to-end line",
@@ -172,6 +200,8 @@ def write_report(results: list[ScaleResult], args: argparse.Namespace, out: Path
             if view.problem:
                 lines.append(f"- {view.label}: {view.problem}")
         lines.append("")
+    if len(results) > 1:
+        lines += scaling_table(results) + [""]
     lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -213,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
         for sf in scales:
             results.append(run_scale(sf, args.batch, args.refreshes, args.warmup, names,
                                      Path(args.data) if args.data else default_data_dir(), progress,
-                                     spark=args.spark, seed=args.seed, per_table=args.per_table))
+                                     spark=args.spark, seed=args.seed, per_table=args.per_table,
+                                     memory=memory(args)))
             write_json(results, out)
     return _write_outputs(results, args, out, started)
 
@@ -232,17 +263,32 @@ def _write_outputs(results: list[ScaleResult], args: argparse.Namespace, out: Pa
     return 1 if any(v.problem for r in results for v in r.views.values()) else 0
 
 
+def memory(args: argparse.Namespace) -> Memory:
+    return Memory(reference_file=not args.reference_in_memory, reference_limit=args.reference_memory or None,
+                  engine_limit=args.engine_memory or None)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sf", default="1", help="scale factor, or several separated by commas (a sweep)")
     parser.add_argument("--batch", type=int, default=1000, help="changed rows per refresh (about)")
     parser.add_argument("--views", default=None, help="comma-separated: q1,q3,... (default: all 22)")
     parser.add_argument("--refreshes", type=int, default=10, help="counted refreshes per scale factor")
-    parser.add_argument("--warmup", type=int, default=1, help="refreshes run first and not counted")
+    parser.add_argument("--warmup", type=int, default=4,
+                        help="refreshes run first and not counted (4: the engine times the first two runs of a "
+                             "program as warm-up and switches a view's path after two votes in a row)")
     parser.add_argument("--out", default="bench/results/tpch", help="directory for the report and plots")
     parser.add_argument("--data", default=None, help="directory caching generated data (default: data/tpch)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--per-table", action="store_true",
                         help="apply each refresh as one apply_changes call per table (default: one apply_batch)")
     parser.add_argument("--spark", action="store_true", help="also time Spark full recompute (local session)")
+    parser.add_argument("--reference-memory", default="4GB",
+                        help="DuckDB buffer pool of the reference database, a file under the data directory "
+                             "(default 4GB; '' for DuckDB's default, 80%% of RAM)")
+    parser.add_argument("--reference-in-memory", action="store_true",
+                        help="keep the reference in memory (native tables) instead of a file")
+    parser.add_argument("--engine-memory", default="",
+                        help="memory_limit of ivm's DuckDB (e.g. 6GB; its queries spill to the data directory "
+                             "beyond it; default: DuckDB's, 80%% of RAM)")
     parser.add_argument("--from-json", nargs="+", metavar="FILE", default=None,
                         help="no run: report and plot the results.json of earlier runs together (a sweep)")

@@ -23,8 +23,8 @@
 4. after the last refresh, checks every view equals its recompute
    (multisets; floats within 1e-9 relative: tests/oracle/compare.py).
 
-The first ``warmup`` refreshes (programs compile, statements prepare) are run
-and checked but not counted. The Spark recompute (``--spark``) runs each
+The first ``warmup`` refreshes (programs compile, statements prepare, the
+cost model settles each view's path) are run and checked but not counted. The Spark recompute (``--spark``) runs each
 view's SELECT on a local Spark session over Parquet copies of the final
 tables; ivm maintaining on Spark is not available yet (issue 6).
 """
@@ -83,6 +83,24 @@ class ScaleResult:
     rss_end: int = 0
     peak_rss: int = 0
     spark_note: str = "not requested"
+    # (phase, seconds since the scale factor's start, RSS after it, peak RSS of the process so far)
+    phases: list[tuple[str, float, int, int]] = field(default_factory=list)
+    reference: str = "in memory"  # where DuckDB's reference tables live
+
+
+class Phases:
+    """RSS after each phase of a run, and the peak so far (``ru_maxrss`` never goes down)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.log: list[tuple[str, float, int, int]] = []
+
+    def __call__(self, phase: str) -> None:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()  # freed Arrow memory back to the system first
+        now = rss()  # the kernel's counters are approximate: the peak is at least the RSS just read
+        self.log.append((phase, time.perf_counter() - self.started, now, max(now, peak_rss())))
 
 
 def rss() -> int:
@@ -93,6 +111,10 @@ def rss() -> int:
 
 
 def peak_rss() -> int:
+    """The process's largest RSS so far: VmHWM (ru_maxrss lags: the kernel updates it lazily)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -143,22 +165,32 @@ def maintained(db) -> dict[str, tuple[dict, dict]]:  # noqa: ANN001
 
 
 def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[str] | None, data_dir: Path,
-              progress: Progress, spark: bool = False, seed: int = 1, per_table: bool = False) -> ScaleResult:
+              progress: Progress, spark: bool = False, seed: int = 1, per_table: bool = False,
+              memory: Memory | None = None) -> ScaleResult:
     import ivm
 
+    memory = memory or Memory()
+    phases = Phases()
     directory = data_dir / f"sf{sf:g}"
     progress(f"SF {sf:g}: generating data (tpchgen-cli, cached)", 0, 1)
     tpch.generate(sf, directory)
-    progress(f"SF {sf:g}: loading", 0, 1)
-    con = tpch.reference(directory)
+    phases("generated")
+    progress(f"SF {sf:g}: loading the DuckDB reference", 0, 1)
+    database = directory / "reference.duckdb" if memory.reference_file else None
+    con = tpch.reference(directory, database, memory.reference_limit)
+    phases("DuckDB reference loaded")
     db = ivm.connect()
     try:
+        memory.limit_engine(db, directory)
+        progress(f"SF {sf:g}: loading ivm's tables", 0, 1)
         started = time.perf_counter()
         tpch.create_tables(db)
-        tpch.load(db, con)
+        tpch.load_files(db, directory, con, lambda table: phases(f"ivm table {table} loaded"))
         result = ScaleResult(sf, batch, refreshes, warmup, time.perf_counter() - started)
+        result.phases, result.reference = phases.log, memory.describe(database)
         result.rss_after_load = rss()
         created, seconds, result.skipped = _create_with_progress(db, names, sf, progress)
+        phases("views created")
         for name, (label, _) in created.items():
             result.views[name] = ViewResult(name, label, seconds[name])
         refresh = tpch.Refresh(con, seed=seed, **refresh_sizes(batch))
@@ -166,8 +198,10 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
         for step in range(total):
             progress(f"SF {sf:g}: refresh {step + 1}/{total}" + (" (warm-up)" if step < warmup else ""), step, total)
             _one_refresh(db, con, refresh, created, result, counted=step >= warmup, per_table_calls=per_table)
+        phases("refreshes done")
         progress(f"SF {sf:g}: checking every view against its recompute", total, total)
         _finish(db, con, created, result)
+        phases("checked")
         if spark:
             from bench.tpch_spark import spark_recompute
 
@@ -177,6 +211,27 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
         con.close()
     result.peak_rss = peak_rss()
     return result
+
+
+@dataclass
+class Memory:
+    """Where the memory goes: DuckDB's reference in a file with a capped buffer pool, and a cap
+    on the ivm engine's DuckDB (its first computations and recomputes spill beyond it)."""
+
+    reference_file: bool = True
+    reference_limit: str | None = "4GB"
+    engine_limit: str | None = None
+
+    def limit_engine(self, db, directory: Path) -> None:  # noqa: ANN001
+        if self.engine_limit:
+            spill = directory / "ivm-spill"
+            db._engine.duck.execute(f"SET memory_limit = '{self.engine_limit}'")
+            db._engine.duck.execute(f"SET temp_directory = '{spill}'")
+
+    def describe(self, database: Path | None) -> str:
+        where = f"a DuckDB file ({database.name}, buffer pool {self.reference_limit or 'DuckDB default'})" \
+            if database else "in memory"
+        return where + (f"; ivm's DuckDB memory_limit {self.engine_limit}" if self.engine_limit else "")
 
 
 def _create_with_progress(db, names, sf, progress):  # noqa: ANN001, ANN202

@@ -36,7 +36,7 @@ from sql_frontend.plan import AggCall, Aggregate, Column
 from sql_frontend.plan_sql import alias, column, lit, quoted, table
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
-from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
+from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
 
 COUNT = "__count"
@@ -302,8 +302,11 @@ class AggregateRule:
             .join(table(old, "o"), on=not_distinct("n", "o", self.keys), join_type="inner")
             .where(exp.and_(exp.LTE(this=column(WEIGHT, "n"), expression=lit(0)), exp.or_(*hits)))
         )
+        # Most batches delete no group's current extreme: the guard sees that
+        # on the driver (deleted values vs the old extremes) and skips the query.
+        guard = Guard(probe=merged, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls))
         rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
-                           note=f"groups whose MIN/MAX({arg}) was deleted")
+                           note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard)
         group_rows = ctx.temp("valgrp")
         ctx.emit(Lookup(out=group_rows, relation=relation, index=self.keys, probe=rescan,
                         probe_columns=self.keys, note=f"all values of {arg} in rescanned groups"))

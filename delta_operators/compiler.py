@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, SemiJoin, SetOp, Source, UnionAll, ViewPlan, walk
 from sql_frontend.plan_sql import alias, column
-from delta_operators.program import IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
+from delta_operators.program import Guard, IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
 from delta_operators.zset import WEIGHT, WEIGHT_TYPE
 
@@ -90,11 +90,12 @@ class Context:
     # --- emitting ---------------------------------------------------------
     def query(
         self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any",
-        transparent: bool = False, pinned: bool = False,
+        transparent: bool = False, pinned: bool = False, guard: Guard | None = None,
     ) -> str:
         out = self.temp(prefix)
         self.program.steps.append(
-            Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent, pinned=pinned)
+            Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent, pinned=pinned,
+                  guard=guard)
         )
         return out
 

@@ -32,6 +32,24 @@ def scan_name(relation: str) -> str:
     return f"__scan__{relation}"
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A cheap driver-side test that a query's result is empty.
+
+    The query returns nothing unless some row of ``probe`` with WEIGHT <= 0
+    has ``column`` equal to a value in one of ``values``' ``value_columns``
+    (a MIN/MAX rescan: only a deleted current extreme needs one). The test
+    ignores the query's other conditions (group keys), so it is a superset:
+    it may let a query run for nothing, never skip one with rows. Engines
+    apply it only to temporaries they hold on the driver.
+    """
+
+    probe: str
+    column: str
+    values: str
+    value_columns: tuple[str, ...]
+
+
 @dataclass
 class Query:
     out: str
@@ -48,6 +66,7 @@ class Query:
     # Always materialized, never inlined into its readers: a step that is
     # skipped unless this temp has rows (its driver) must see it computed.
     pinned: bool = False
+    guard: Guard | None = None  # skip when it proves the result empty
 
 
 @dataclass

@@ -206,6 +206,8 @@ class ChangeApplier:
             if last is not None:
                 batch, codes, unique = batch.take(last), codes[last], True
         existing = relation.lookup(identity, codes, positions=True)
+        if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
+            return _all_inserted(table, batch)
         try:
             if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
                 # An integer key is its own code: no collisions, matched in numpy.
@@ -364,6 +366,25 @@ class ChangeApplier:
         merged = merged.filter(pc.not_equal(change, 0))
         # Only rows whose stored copy changes are deleted and re-inserted.
         return merged
+
+
+def _has_deletes(batch: pa.Table) -> bool:
+    return pc.any(pc.equal(batch.column(OP), "d")).as_py() or False
+
+
+def _all_inserted(table: TableDef, batch: pa.Table) -> ZsetChange:
+    """The change of a batch of distinct new keys without deletes: every row inserted as it is.
+
+    What ``_keyed_once`` returns when no stored row has a key of the batch
+    (a bulk load into an empty table, or new keys only), without its join:
+    the join materialized every row twice in DuckDB (~5 GiB for TPC-H SF 1's
+    6M lineitems) and the filters copied the inserts once more. The delta and
+    the inserts share the batch's buffers.
+    """
+    ones = pa.array(np.ones(batch.num_rows, dtype=np.int64))
+    delta = batch.select(list(table.column_names)).append_column(WEIGHT, ones)
+    none = np.empty(0, dtype=np.int64)
+    return ZsetChange(delta=delta, delete_runs=none, delete_rows=none, inserts=delta, rows=batch.num_rows)
 
 
 def _last_wins(batch: pa.Table, policy: str) -> bool:

@@ -515,7 +515,7 @@ def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     passed through, e.g. {"spark.master": "spark://127.0.0.1:7077"}), spark_rows
     (the "auto" threshold); ingest_nice (in memory, 0-19: batches applied
     on a thread of that OS niceness, so reads in the process get a core first); for durable databases
-    fold_rows, fold_delay, checkpoint_rows, checkpoint_seconds,
+    fold_rows, fold_delay, convert_ahead_rows, checkpoint_rows, checkpoint_seconds,
     log_retention_seconds, segment_bytes.
     """
     return Database(path, **options)

@@ -66,7 +66,8 @@ class DurableEngine(Engine):
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
         self._pending_indexes: dict[str, tuple] = {}
         # Guards the heads and the queued batches not converted yet (ivm/deferred.py):
-        # producers convert under it, and so does the maintainer (it never waits under it).
+        # producers converting a batch now hold it, and so do the maintainer's threads
+        # (ivm/ahead.py; they never wait under it).
         self.convert_lock = threading.RLock()
         # (offset, time, rows, table) of accepted batches past the checkpoint; the
         # lock makes iteration safe against appends from producers.
@@ -77,7 +78,8 @@ class DurableEngine(Engine):
         # The maintainer gets its own single-threaded DuckDB instance: sharing the
         # ingest's would make the two threads contend inside DuckDB.
         self._fold_db = duckdb.connect(config={"threads": 1})
-        self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()))
+        self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()),
+                                     ahead=(Worker(self._fold_db.cursor()), Worker(self.duck.cursor())))
         self.checkpointer = Checkpointer(self, self.path)
         self._pending = Pending()
         self.replayed = 0
@@ -164,11 +166,11 @@ class DurableEngine(Engine):
                                "use apply_changes per table (a fold still maintains them together)")
 
     def _accept_unit(self, tickets: list[Ticket]) -> None:
-        """Convert, log and queue a unit of batches; each gets its offset (not yet durable)."""
-        with self.convert_lock:
-            self._accept_unit_locked(tickets)
+        """Convert, log and queue a unit of batches; each gets its offset (not yet durable).
 
-    def _accept_unit_locked(self, tickets: list[Ticket]) -> None:
+        Only a batch converted now takes ``convert_lock`` (ivm/ingest_group.py): a unit of
+        upserts only never waits for a conversion running ahead of the fold (ivm/ahead.py).
+        The write lock keeps units in offset order in the log and in the queue."""
         self.log.check()
         unit = convert_unit(self, tickets)
         if not unit.tickets:

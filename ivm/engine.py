@@ -71,6 +71,9 @@ class Settings:
     # wait at once): a fold's fixed cost (~20 ms CPU for bench/ingest.py's 3 views) is then
     # shared by more batches; only subscribers see changes up to this much later
     fold_delay: float = 0.05
+    # queued upsert rows from which a second maintainer thread converts them while the
+    # fold runs the views (ivm/ahead.py); fewer: the fold converts them itself
+    convert_ahead_rows: int = 20_000
     checkpoint_rows: int = 1_000_000  # changed rows that trigger a checkpoint ...
     checkpoint_seconds: float = 60.0  # ... or the age of the oldest change not stored
     log_retention_seconds: float | None = 0.0  # keep checkpointed log segments this long (None: forever)
@@ -575,6 +578,12 @@ class Engine:
         or the version a unit being committed has made)."""
         return self.heads.get(table) or self.store.snapshot[table]
 
+    def change_schema(self, table: str) -> pa.Schema:
+        """The columns a batch of ``table`` is normalized to (no weight). Only DDL changes
+        them, so this reads the head without the locks that guard its rows."""
+        relation = Engine.head(self, table)
+        return relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+
     def prepare(self, table: str, data: Any, on_missing_delete: str | None) -> Prepared:
         """Normalize a batch and convert it to a Z-set change of the table (as of every earlier batch)."""
         definition = self.catalog.table(table)
@@ -582,8 +591,7 @@ class Engine:
         data = as_table(data)
         policy = missing_delete_policy(data, on_missing_delete)
         worker = self.worker(data.num_rows)
-        schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
-        batch = worker.normalizer.normalize(definition, schema, data)
+        batch = worker.normalizer.normalize(definition, self.change_schema(table), data)
         return self.convert(definition, batch, policy, relation, worker)
 
     def convert(self, definition: TableDef, batch: pa.Table, policy: str, relation: Relation,

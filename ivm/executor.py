@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from sql_frontend.errors import ExecutionError, InternalError
 from sql_frontend.plan_sql import quoted, render
-from delta_operators.program import Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
+from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.duck import Holder
@@ -64,6 +64,29 @@ class StepState:
 
 def duckdb_message(error: Exception) -> str:
     return str(error).strip().split("\n\nLINE")[0].split("\nLINE")[0].strip()
+
+
+def guard_empty(guard: Guard, probe: pa.Table, values: pa.Table) -> bool:
+    """True when no row of ``probe`` with WEIGHT <= 0 has ``guard.column`` among ``values``' value columns.
+
+    Equality as SQL's ``=`` only where Arrow's ``is_in`` agrees with it: the
+    same type on both sides, not floating point (-0.0 = 0.0 and NaN), else
+    no answer (False: the query runs). NULLs never make it True wrongly:
+    ``is_in`` matches NULL to NULL, where SQL finds nothing.
+    """
+    if probe.num_rows == 0:
+        return True
+    deleted = probe.filter(pc.less_equal(probe.column(WEIGHT), 0)).column(guard.column)
+    if len(deleted) == 0:
+        return True
+    columns = [values.column(c) for c in guard.value_columns]
+    if pa.types.is_floating(deleted.type) or any(c.type != deleted.type for c in columns):
+        return False
+    candidates = pa.chunked_array([chunk for c in columns for chunk in c.chunks], type=deleted.type)
+    try:
+        return not pc.any(pc.is_in(deleted, value_set=candidates.combine_chunks())).as_py()
+    except pa.ArrowNotImplementedError:  # types is_in cannot compare: let the query decide
+        return False
 
 
 class StepRunner:
@@ -174,6 +197,17 @@ class StepRunner:
             return False
         empty = [temps[d].num_rows == 0 for d in drivers]
         return any(empty) if skip == "any" else all(empty)
+
+    def _guarded(self, step: Query, temps: dict[str, pa.Table]) -> bool:
+        """True when the step's guard (program.Guard) proves its result empty."""
+        guard = step.guard
+        if guard is None or not (self._on_driver(guard.probe, temps) and self._on_driver(guard.values, temps)):
+            return False
+        return guard_empty(guard, temps[guard.probe], temps[guard.values])
+
+    def _on_driver(self, name: str, temps: dict[str, pa.Table]) -> bool:
+        """True when ``name``'s rows are at hand (engines holding some temporaries elsewhere say no)."""
+        return name in temps
 
     @staticmethod
     def _data(name: str, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table | None:
@@ -288,7 +322,7 @@ class Executor(StepRunner):
         self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table], label: str
     ) -> pa.Table:
         state = self._state(step)
-        if self._skippable(step.drivers, step.skip, temps) and state.empty is not None:
+        if state.empty is not None and (self._skippable(step.drivers, step.skip, temps) or self._guarded(step, temps)):
             return state.empty.empty_table()
         try:
             result = self._execute(step, temps, snapshot, registered)

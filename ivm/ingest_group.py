@@ -128,8 +128,7 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
     definition = engine.catalog.table(ticket.table)
     data = as_table(ticket.data)
     ticket.policy = missing_delete_policy(data, ticket.on_missing_delete)
-    relation = engine.head(ticket.table)
-    schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+    schema = engine.change_schema(ticket.table)
     ticket.batch = engine.worker(data.num_rows).normalizer.normalize(definition, schema, data)
 
 
@@ -142,7 +141,15 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
             for ticket in group:
                 ticket.delta = None
             return
-        deferred.flush(engine, table)  # the head must hold every earlier batch
+        with engine.convert_lock:  # the heads (ivm/deferred.py): taken only to convert now
+            deferred.flush(engine, table)  # the head must hold every earlier batch
+            _convert_now(engine, table, group, unit)
+        return
+    _convert_now(engine, table, group, unit)
+
+
+def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
+    definition = engine.catalog.table(table)
     # Batches of a watermarked table are converted one by one: each is judged late
     # against the watermark the batches before it left (as replay does).
     if (len(group) > 1 and definition.primary_key and len({t.policy for t in group}) == 1

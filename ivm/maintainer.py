@@ -12,6 +12,11 @@ use, per table, exactly the version that includes the deltas it processes
 and no later one: every entry carries the table version its batch produced,
 and the fold takes the version of the table's last entry it folds.
 
+Upsert batches are queued unconverted (ivm/deferred.py). A second thread
+converts runs of them while this one runs the views (ivm/ahead.py); a fold
+that finds converted entries first folds just those and leaves the rest to
+that thread, unless a reader waits.
+
 Reads wait until the published offset reaches the last durable offset when
 they start (read your writes): the recent-changes buffer of the design is
 these queued deltas, merged into the views before the read rather than
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from ivm.ahead import ConvertAhead
 from ivm.deferred import convert_deferred
 from ivm.ingest_group import zset_sums
 from sql_frontend.errors import InternalError
@@ -39,7 +45,7 @@ from storage.store import Snapshot
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
-    from ivm.engine import Worker
+    from ivm.engine import Prepared, Worker
 
 log = logging.getLogger("ivm.maintainer")
 
@@ -70,7 +76,8 @@ class Entry:
 
 
 class Maintainer:
-    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker"):
+    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker",
+                 ahead: tuple["Worker", "Worker"]):
         self.engine = engine
         self.small, self.large = small, large
         self.queue: deque[Entry] = deque()
@@ -82,16 +89,27 @@ class Maintainer:
         self.demanded = False  # a reader waits for the next fold
         self.folds = 0
         self.thread = threading.Thread(target=self._run, name="ivm-maintainer", daemon=True)
+        # converts queued upserts while a fold runs the views (ivm/ahead.py), with its own workers
+        self.ahead = ConvertAhead(engine, self, lambda rows: ahead[rows > FOLD_LARGE_BATCH])
 
     def start(self) -> None:
         self.thread.start()
+        self.ahead.thread.start()
 
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        if self.thread.is_alive():
-            self.thread.join()
+        for thread in (self.ahead.thread, self.thread):
+            if thread.is_alive():
+                thread.join()
+
+    def fail(self, error: BaseException) -> None:
+        """Maintenance stopped on a bug: reads raise it instead of waiting forever."""
+        log.error("view maintenance stopped", exc_info=error)
+        with self.cond:
+            self.error = self.error or error  # the first: a fold refusing to run after it says less
+            self.cond.notify_all()
 
     # --- producers' side -------------------------------------------------------------
     def enqueue(self, entry: Entry) -> None:
@@ -127,6 +145,20 @@ class Maintainer:
             entry.deltas.setdefault(table, []).append(delta)
             self.queued_rows += entry.rows - before
 
+    def replace(self, run: list[Entry], deltas: dict[str, list[pa.Table]], versions: dict[str, Relation]) -> None:
+        """Queued entries whose batches were converted together (ivm/ahead.py) become one entry,
+        at the last one's offset. They are still in the queue: folds take entries under the
+        convert lock, which the caller holds."""
+        merged = Entry(run[-1].offset, deltas, versions, run[0].timestamp)
+        with self.cond:
+            first = next(i for i, entry in enumerate(self.queue) if entry is run[0])
+            if any(self.queue[first + i] is not entry for i, entry in enumerate(run)):
+                raise InternalError("queued entries converted ahead are no longer in the queue")
+            kept = list(self.queue)
+            kept[first:first + len(run)] = [merged]
+            self.queue = deque(kept)
+            self.queued_rows += merged.rows - sum(entry.rows for entry in run)
+
     # --- readers' side ---------------------------------------------------------------
     def wait_published(self, offset: int) -> None:
         """Block until the published snapshot is at ``offset`` or later."""
@@ -149,38 +181,44 @@ class Maintainer:
         try:
             while True:
                 with self.cond:
-                    while not self.stopping and not self._ready():
+                    while not self.stopping and self.error is None and not self._ready():
                         self.cond.wait(0.5)
-                    if self.stopping and not self._ready():
+                    if self.error is not None or (self.stopping and not self._ready()):
                         return
-                self._gather()
-                self.fold()
+                self.fold(everything=self._gather())
         except BaseException as e:  # a bug: reads must not wait forever
-            log.exception("view maintenance stopped")
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
+            self.fail(e)
 
-    def _gather(self) -> None:
+    def _gather(self) -> bool:
         """Wait up to ``fold_delay`` for more changes, so one fold covers more batches
         (each fold runs every affected view's program once, whatever its size). A
         reader waiting for the fold, ``fold_rows`` queued rows or closing ends the
-        wait at once: the delay never holds up a read."""
+        wait at once: the delay never holds up a read. True when the fold must take
+        every queued batch (a reader waits, or closing)."""
         settings = self.engine.settings
         deadline = time.monotonic() + settings.fold_delay
         with self.cond:
             while (not self.stopping and not self.demanded and self.queued_rows < settings.fold_rows
                    and (remaining := deadline - time.monotonic()) > 0):
                 self.cond.wait(remaining)
+            everything = self.demanded or self.stopping
             self.demanded = False
+            return everything
 
-    def _take(self) -> list[Entry]:
+    def _take(self, everything: bool) -> list[Entry]:
+        """The durable queued entries, up to ``fold_rows``. Unless ``everything``, when the
+        first is converted, the entries not converted yet after it are left to the thread
+        converting ahead (ivm/ahead.py), so the fold does not convert them on its own thread;
+        the next fold takes them if that thread has not converted them by then."""
         with self.cond:
             durable = self.engine.log.durable
             taken: list[Entry] = []
             rows = 0
+            leave = not everything and bool(self.queue) and not self.queue[0].batches
             while self.queue and self.queue[0].offset <= durable:
                 if taken and rows + self.queue[0].rows > self.engine.settings.fold_rows:
+                    break
+                if leave and self.queue[0].batches:
                     break
                 entry = self.queue.popleft()
                 rows += entry.rows
@@ -188,15 +226,13 @@ class Maintainer:
             self.queued_rows -= rows
             return taken
 
-    def fold(self) -> None:
-        """Fold the durable queued entries into the views and publish."""
+    def fold(self, everything: bool = True) -> None:
+        """Fold the durable queued entries into the views and publish (see ``_take``)."""
         with self.fold_lock:
             engine = self.engine
-            with engine.convert_lock:  # the tables' heads: producers convert under it too
-                entries = self._take()
-                if not entries:
-                    return
-                converted = convert_deferred(engine, entries, self._worker)
+            entries, converted = self._take_converted(everything)
+            if not entries:
+                return
             before = snapshot = engine.store.snapshot
             versions: dict[str, Relation] = {}
             parts: dict[str, list[pa.Table]] = {}
@@ -226,6 +262,33 @@ class Maintainer:
                 engine.store.publish(snapshot)
                 self.folds += 1
                 self.cond.notify_all()
+
+    def _take_converted(self, everything: bool) -> tuple[list[Entry], dict[str, "Prepared"]]:
+        """The entries to fold, and the conversion of their batches not converted yet.
+
+        The convert lock guards the tables' heads. While someone else holds it (the
+        thread converting ahead, or a producer converting a batch now) and the queue
+        starts with converted entries, the fold takes just those, without the lock:
+        they need no conversion, and waiting would idle the fold for the whole
+        conversion (the other thread only converts entries after them)."""
+        lock = self.engine.convert_lock
+        if not lock.acquire(blocking=False):
+            with self.cond:
+                ready = bool(self.queue) and not self.queue[0].batches
+            if ready:
+                self._check()
+                return self._take(everything=False), {}
+            lock.acquire()
+        try:
+            self._check()
+            entries = self._take(everything)
+            return entries, convert_deferred(self.engine, entries, self._worker) if entries else {}
+        finally:
+            lock.release()
+
+    def _check(self) -> None:
+        if self.error is not None:  # converting ahead failed (ivm/ahead.py): heads may be wrong
+            raise InternalError(f"view maintenance stopped: {self.error}") from self.error
 
     def _worker(self, rows: int) -> "Worker":
         return self.large if rows > FOLD_LARGE_BATCH else self.small

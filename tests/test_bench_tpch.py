@@ -17,7 +17,8 @@ def test_bench_tpch_writes_report_and_plots(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, "-m", "ivm", "bench", "tpch", "--sf", "0.01,0.02", "--batch", "200", "--views", "q1,q3,q14",
-         "--refreshes", "3", "--warmup", "1", "--out", str(out), "--data", str(tmp_path / "data")],
+         "--refreshes", "3", "--warmup", "1", "--out", str(out), "--data", str(tmp_path / "data"),
+         "--reference-memory", "500MB", "--engine-memory", "1GB"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = (out / "report.md").read_text()
@@ -27,8 +28,18 @@ def test_bench_tpch_writes_report_and_plots(tmp_path):
         assert f"| {view}" in report
     for figure in ("latency_by_view.png", "scaling.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The reference is a DuckDB file with a capped buffer pool; memory is logged per phase.
+    assert "DuckDB reference: a DuckDB file (reference.duckdb, buffer pool 500MB); ivm's DuckDB memory_limit 1GB" in report
+    assert (tmp_path / "data" / "sf0.02" / "reference.duckdb").exists()
     results = json.loads((out / "results.json").read_text())
     assert [r["sf"] for r in results] == [0.01, 0.02]
+    phases = [p[0] for p in results[1]["phases"]]
+    assert phases[:3] == ["generated", "DuckDB reference loaded", "ivm table region loaded"]
+    assert phases[-4:] == ["ivm table lineitem loaded", "views created", "refreshes done", "checked"]
+    assert all(0 < p[2] <= p[3] for p in results[1]["phases"])  # RSS, and the peak so far above it
+    assert "memory by phase (RSS after it / peak so far, GiB): generated" in report
+    assert "## Scaling SF 0.01 -> 0.02 (2x the data)" in report and "| q14 |" in report.split("## Scaling")[1]
+    assert "median growth over 3 views: ivm" in report
     q1 = results[1]["views"]["q01"]
     assert len(q1["ivm"]) == len(q1["recompute"]) == 3 and q1["problem"] is None
 

@@ -4,6 +4,8 @@ converted at the fold; every other batch is still checked (and rejected) at appl
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -100,12 +102,15 @@ def test_unconverted_batches_come_back_after_a_crash(tmp_path):
 OPS = [("u", None), ("r", None), ("d", "ignore"), ("c", None), ("d", None), ("mixed", None)]
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_deferred_and_checked_batches_equal_the_in_memory_database(tmp_path, seed):
     """Random upsert, insert and delete batches (some rejected) on a durable database folding
-    at random moments give the same tables, views and errors as an in-memory database."""
+    at random moments give the same tables, views and errors as an in-memory database.
+    Seeds 4 and 5 also convert upserts ahead of the fold (ivm/ahead.py) from 1 or 10 rows."""
     rng = random.Random(seed)
-    durable = make(tmp_path, fold_delay=60.0 if seed < 3 else 0.0)  # 60: folds only when a read asks
+    ahead = {4: 1, 5: 10}.get(seed, 10**9)
+    durable = make(tmp_path, fold_delay=60.0 if seed not in (3, 5) else 0.0,  # 60: folds only when a read asks
+                   convert_ahead_rows=ahead)
     memory = make()
     for db in (durable, memory):
         db.apply_changes("s", pa.table({"name": ["x", "y", "z"], "g": ["a", "b", "b"]}))
@@ -133,3 +138,98 @@ def test_deferred_and_checked_batches_equal_the_in_memory_database(tmp_path, see
         assert rows(durable, sql) == rows(memory, sql)
     durable.close()
     memory.close()
+
+
+def test_upserts_are_converted_ahead_of_the_fold_into_one_entry(tmp_path):
+    """From ``convert_ahead_rows`` queued upsert rows a second thread converts them (ivm/ahead.py):
+    the queued entries become one, at the last offset, and the fold publishes them all."""
+    db = make(tmp_path, fold_delay=60.0, convert_ahead_rows=5)
+    maintainer = db._engine.maintainer
+    folds = maintainer.folds
+    db.apply_changes("t", batch([1, 2], "u"))  # below the threshold: left for the fold
+    assert unconverted(db) == 2
+    db.apply_changes("t", batch([2, 3], "u", g="b", v=3))
+    assert unconverted(db) == 4
+    db.apply_changes("t", batch([1], "d"), on_missing_delete="ignore")
+    deadline = time.monotonic() + 10
+    while unconverted(db) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert unconverted(db) == 0 and maintainer.ahead.conversions == 1
+    with maintainer.cond:
+        assert [e.offset for e in maintainer.queue] == [db._engine.offset]  # one entry, at the last offset
+    assert db._engine.head("t").num_rows == 2  # the head moved: 2 (b, 3.0) and 3 (b, 3.0)
+    assert maintainer.folds == folds  # nothing published yet
+    assert rows(db, "SELECT k, g, v FROM t") == [{"k": 2, "g": "b", "v": 3.0}, {"k": 3, "g": "b", "v": 3.0}]
+    assert rows(db, "SELECT * FROM by_g") == [{"g": "b", "n": 2, "total": 6.0}]
+    assert maintainer.folds == folds + 1
+    db.close()
+
+
+def test_an_upsert_producer_never_waits_for_a_conversion(tmp_path):
+    """Upserts take no convert lock, so a conversion running ahead of the fold (which holds it)
+    does not hold up their acknowledgement; a checked batch waits for it."""
+    db = make(tmp_path, fold_delay=60.0)
+    done = []
+    with db._engine.convert_lock:  # as a long conversion would
+        upsert = threading.Thread(target=lambda: done.append(db.apply_changes("t", batch([1], "u"))))
+        upsert.start()
+        upsert.join(10)
+        assert done, "an upsert waited for the convert lock"
+        checked = threading.Thread(target=lambda: done.append(db.apply_changes("t", batch([5], "c"))))
+        checked.start()
+        checked.join(0.3)
+        assert len(done) == 1, "a checked batch must wait for the heads"
+    checked.join(10)
+    assert len(done) == 2
+    assert rows(db, "SELECT k FROM t") == [{"k": 1}, {"k": 5}]
+    db.close()
+
+
+def test_a_failed_conversion_ahead_stops_maintenance_and_reads_say_so(tmp_path, monkeypatch):
+    """A conversion cannot fail on validated upserts; if one did (a bug), no fold may publish
+    over the moved heads: maintenance stops and reads raise the error instead of waiting."""
+    from ivm import ahead
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("conversion bug")
+
+    db = make(tmp_path, fold_delay=60.0, convert_ahead_rows=1)
+    folds = db._engine.maintainer.folds
+    monkeypatch.setattr(ahead.deferred, "convert", broken)
+    db.apply_changes("t", batch([1], "u"))
+    with pytest.raises(ivm.InternalError, match="view maintenance stopped: conversion bug"):
+        db.sql("SELECT * FROM by_g")
+    assert db._engine.maintainer.folds == folds
+    monkeypatch.undo()
+    db._engine.maintainer.stop()
+
+
+def test_a_fold_while_a_conversion_holds_the_heads_folds_the_converted_entries_only(tmp_path):
+    """While another thread holds the convert lock (converting ahead, or a producer converting a
+    batch now), a fold takes the converted entries at the head of the queue without waiting and
+    leaves the unconverted ones; a read then folds the rest."""
+    db = make(tmp_path, fold_delay=60.0)
+    maintainer = db._engine.maintainer
+    db.apply_changes("t", batch([1, 2], "c"))  # checked: converted at once
+    checked = db._engine.offset
+    db.apply_changes("t", batch([2, 3], "u", g="b"))  # queued unconverted
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with db._engine.convert_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        maintainer.fold(everything=False)  # must not wait for the lock
+        assert db._engine.store.snapshot.offset == checked
+        assert unconverted(db) == 2
+        assert sorted(r["k"] for r in db._engine.store.snapshot["t"].table().to_pylist()) == [1, 2]
+    finally:
+        release.set()
+        holder.join(10)
+    assert rows(db, "SELECT * FROM by_g") == [{"g": "a", "n": 1, "total": 1.0}, {"g": "b", "n": 2, "total": 2.0}]
+    db.close()

@@ -85,3 +85,40 @@ def test_integer_keys_with_comparable_columns_only():
     assert not keyed_once.applies(("v",), pa.schema([("v", pa.string())]))
     assert not keyed_once.applies(("a", "b"), pa.schema([("a", pa.int64()), ("b", pa.int64())]))
     assert keyed_once.applies(("id",), pa.schema([("id", pa.int16()), ("s", pa.string())]))
+
+
+def test_new_keys_without_deletes_are_inserted_as_they_are():
+    """A batch of distinct keys none of which is stored, without deletes (a bulk load), skips the
+    join: its change is DuckDB's (``_keyed_once``) rows, every row +1, and the inserts share the delta."""
+    rng = random.Random(7)
+    with ivm.connect() as db:
+        db.execute("CREATE TABLE p (a INTEGER, b VARCHAR, x DOUBLE, d DECIMAL(9, 2), PRIMARY KEY (a, b))")
+        engine, worker = db._engine, db._engine.small
+        definition = engine.catalog.table("p")
+        names = list(definition.column_names)
+
+        def batch(keys, ops):
+            return pa.table({"a": pa.array([k[0] for k in keys], pa.int32()), "b": [k[1] for k in keys],
+                             "x": pa.array([rng.choice(XS) for _ in keys], pa.float64()),
+                             "d": pa.array([rng.choice(DS) for _ in keys], pa.decimal128(9, 2)), "__op": ops})
+
+        # Into the empty table, then beside 3,000 stored keys (more than a lookup returns whole).
+        for keys, ops in ((list(zip(range(3000), "ab" * 1500)), ["c"] * 3000),
+                          (list(zip(range(3000, 3010), "b" * 10)), list("curcurcurc"))):
+            relation = engine.store.snapshot["p"]
+            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+            normalized = worker.normalizer.normalize(definition, schema, batch(keys, ops))
+            change = worker.applier.apply(definition, relation, normalized, "error")
+            assert change.inserts is change.delta and len(change.delete_runs) == 0  # no join ran
+            existing = relation.lookup(definition.identity, worker.coder.codes(normalized, definition.identity),
+                                       positions=True)
+            expected = worker.applier._keyed_once(definition, normalized, existing, "error")
+            assert multiset_diff(change.delta, expected.select(names + [WEIGHT]).cast(change.delta.schema)) is None
+            db.apply_changes("p", batch(keys, ops).drop_columns(["__op"]).append_column("__op", pa.array(ops)))
+        assert db.sql("SELECT count(*) AS n FROM p").column("n").to_pylist() == [3010]
+        # A stored key or a delete takes the join: a duplicate insert is still refused, nothing changes.
+        for keys, ops, message in (([(1, "b"), (5002, "a")], ["c", "c"], "duplicate key"),
+                                   ([(5000, "a"), (5001, "a")], ["c", "d"], r"delete \('d'\) from p of missing")):
+            with pytest.raises(ChangeError, match=message):
+                db.apply_changes("p", batch(keys, ops))
+            assert db.sql("SELECT count(*) AS n FROM p").column("n").to_pylist() == [3010]

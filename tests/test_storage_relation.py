@@ -153,6 +153,54 @@ def test_sorted_unique_is_numpys_unique():
         assert np.array_equal(got, np.unique(values))
 
 
+def test_tiered_merges_keep_every_key_findable_and_rewrite_each_row_log_fan_in_times(coder, monkeypatch):
+    """Size-tiered merges (FAN_IN runs of a level into one): after 150 steps of 500-row upserts
+    (80% new keys, 20% rewrites of old ones, some deletes), every live key is found exactly once
+    by a lookup, no deleted one is, the runs' indexes are sorted, and merges rewrote each
+    inserted row at most log_FAN_IN(rows / step) + 2 times (the old halving policy: ~log2)."""
+    merged = [0]
+    merge = relation_module._merge
+
+    def counting(runs, keys):
+        out = merge(runs, keys)
+        merged[0] += out.n_rows
+        return out
+
+    monkeypatch.setattr(relation_module, "_merge", counting)
+    rng = np.random.default_rng(7)
+    rel = Relation.empty("t", SCHEMA, ("k",), (("g",),))
+    live = np.empty(0, np.int64)
+    nxt = inserted = 0
+    for step in range(150):
+        new = np.arange(nxt, nxt + 400)
+        nxt += 400
+        old = rng.choice(live, min(len(live), 100), replace=False) if len(live) else live
+        gone = rng.choice(live, min(len(live), 20 if step % 10 == 0 else 0), replace=False) if len(live) else live
+        gone = np.setdiff1d(gone, old)
+        touched = np.concatenate([old, gone])
+        found = rel.lookup(("k",), coder.codes(pa.table({"k": touched}), ["k"]), positions=True)
+        hit = found.filter(pa.compute.is_in(found.column("k"), value_set=pa.array(touched)))
+        assert sorted(hit.column("k").to_pylist()) == sorted(touched.tolist()), "a live key was not found once"
+        keys = np.concatenate([new, old])
+        inserts = pa.table({"k": keys, "g": pa.compute.cast(keys % 5, pa.string()),
+                            "v": keys / 2, WEIGHT: np.ones(len(keys), np.int64)}, schema=SCHEMA)
+        rel = rel.replace_rows(hit.column(RUN).to_numpy(), hit.column(POS).to_numpy(), inserts, coder)
+        inserted += len(keys)
+        live = np.setdiff1d(np.concatenate([live, new]), gone)
+    for run in rel.runs:
+        for index in run.indexes.values():
+            assert np.all(index.codes[:-1] <= index.codes[1:]), "a run's index is not sorted"
+    assert rel.num_rows == len(live)
+    assert sorted(rel.table().column("k").to_pylist()) == live.tolist()
+    probe = np.concatenate([live, np.setdiff1d(np.arange(nxt), live)])  # every key ever inserted
+    found = rel.lookup(("k",), coder.codes(pa.table({"k": probe}), ["k"]))
+    got = found.filter(pa.compute.is_in(found.column("k"), value_set=pa.array(probe))).column("k").to_numpy()
+    assert np.array_equal(np.sort(got), live), "lookups must find every live key once and no deleted one"
+    levels = np.log(inserted / 500) / np.log(relation_module.FAN_IN)
+    assert merged[0] <= inserted * (levels + 2), (merged[0] / inserted, levels)
+    assert len(rel.runs) <= (relation_module.FAN_IN - 1) * (levels + 2)
+
+
 def test_counting_equal_codes_is_a_second_binary_search():
     """``_equal_from`` steps over equal codes (a few, then searches): the same as searchsorted(side="right")."""
     rng = np.random.default_rng(5)

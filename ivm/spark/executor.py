@@ -3,7 +3,9 @@
     Query   -> spark.sql over temporary views, kept as a lazy DataFrame
                (temps.py): a later query reads it inside its own plan, so a
                chain of queries runs as one job; rows come to the driver only
-               where a step needs them there. Inputs are the change batches
+               where a step needs them there (a small result read by several
+               queries from a one-partition checkpoint that those queries
+               read, so it never crosses back). Inputs are the change batches
                (shipped once per run) and whole stored relations
                (``scan_name(rel)``: cached per run, see frames.py); the tree is
                rendered by dialect.py
@@ -33,7 +35,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, columns_read, readers
+from ivm.spark.temps import Lazy, SparkTemps, columns_read, queried, readers
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -67,12 +69,15 @@ class SparkExecutor(StepRunner):
         self.jobs = 0  # Spark jobs whose rows came to the driver (for stats, tests, bench)
         self._program = None
         self._readers: Counter = Counter()
+        self._queried: set[str] = set()
         self._columns: dict[str, set[str] | None] = {}
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
+        self._cached: list = []  # checkpoints this run made (_cache), dropped by _release
 
     def run(self, program, inputs, snapshot, label="", progress=None):
         if self._program is not program:  # the same program runs every batch: analyse it once
             self._program, self._readers, self._columns = program, readers(program), columns_read(program)
+            self._queried = queried(program)
         return super().run(program, inputs, snapshot, label, progress)
 
     def _temps(self, inputs: dict[str, pa.Table], label: str) -> SparkTemps:
@@ -149,11 +154,14 @@ class SparkExecutor(StepRunner):
         empty = [not temps.lazy(d) and temps[d].num_rows == 0 for d in drivers]
         return any(empty) if skip == "any" else all(empty)
 
+    def _on_driver(self, name: str, temps: SparkTemps) -> bool:
+        return name in temps and not temps.lazy(name)
+
     def _query(self, step: Query, temps: SparkTemps, snapshot: Snapshot,
                registered: dict[str, object], label: str):
         """The step's result as a lazy DataFrame (see temps.py), collected now if several steps read it."""
         text, inputs, empty = self._text(step)
-        if empty is not None and self._skippable(step.drivers, step.skip, temps):
+        if empty is not None and (self._skippable(step.drivers, step.skip, temps) or self._guarded(step, temps)):
             return empty.empty_table()
         for spark_name, name in inputs.items():
             self._register(spark_name, name, temps, snapshot, registered)
@@ -167,13 +175,30 @@ class SparkExecutor(StepRunner):
             self._remember_schema(step, arrow_schema(frame))
         lazy = Lazy(frame, small=all(name in temps and temps.small(name) for name in inputs.values()))
         if self._readers[step.out] > 1:
-            # Read twice: collect it now and give readers its rows (a local
-            # relation Spark plans with exact sizes), not its plan twice.
-            # Caching in Spark was measured slower: a cached plan's size
-            # estimates turn broadcast joins into shuffles.
+            # Read twice: collect it now, not its plan computed by every reader.
+            if lazy.small and step.out in self._queried:
+                lazy = self._cache(lazy)
             dict.__setitem__(temps, step.out, lazy)
             temps[step.out]
         return lazy
+
+    def _cache(self, lazy: Lazy) -> Lazy:
+        """``lazy`` as a one-partition Spark checkpoint: its collect fills it, its Spark readers read it.
+
+        A small plan's result stays in the JVM for its Spark readers instead
+        of crossing to the driver and back (shipping rows costs more than
+        the plan: Arrow decoding, decimals above all). A local checkpoint,
+        not ``cache()``: the cache manager matches readers' plans to cached
+        ones and missed those with CTEs, so readers recomputed the plan. Its
+        physical plan is made now, so under SMALL_PLAN's settings; readers
+        see one partition. Only small plans: for a plan over stored
+        relations, readers planned against a cached size estimate shuffled
+        where they broadcast (session 3). Dropped when the run ends (``_release``).
+        """
+        with self._small(True):
+            frame = lazy.frame.coalesce(1).localCheckpoint(eager=False)
+        self._cached.append(frame)
+        return Lazy(frame, schema=lazy.schema, small=True, cached=True)
 
     def _steps_run(self, steps, temps, snapshot, registered, label) -> None:
         for step in steps:
@@ -199,6 +224,9 @@ class SparkExecutor(StepRunner):
     def _release(self, registered: dict[str, object]) -> None:
         for name in registered:
             self.spark.catalog.dropTempView(name)
+        for frame in self._cached:  # a checkpoint's plan is a LogicalRDD over the persisted rows
+            frame._jdf.logicalPlan().rdd().unpersist(False)
+        self._cached.clear()
 
     def task_progress(self) -> dict[str, int]:
         """Tasks done and in all of the Spark stages running now (Spark's status tracker)."""

@@ -8,6 +8,9 @@ driver where a step needs them there (``temps[name]``, a ``dict`` read): a
 Lookup in a large relation's index, a Stack, a loop's emptiness test, the
 Replace steps, the view's output, and results read by several steps (the
 executor collects those at once rather than have Spark compute them twice).
+A small such result that queries read is collected from a Spark checkpoint
+(``Lazy.cached``): its Spark readers read the checkpoint, not its rows
+shipped back from the driver.
 
 Temporaries on the driver (change batches, lookups, collected results)
 become a DataFrame once per run, however many queries read them.
@@ -36,6 +39,9 @@ class Lazy:
     # Every input of its plan is a small driver table (frames.SMALL_ROWS) or
     # such a Lazy: it runs as one stage with broadcasts off (executor.py).
     small: bool = False
+    # ``frame`` is cached in Spark (one partition): collecting it fills the
+    # cache, and readers read the cache rather than its rows shipped back.
+    cached: bool = False
 
 
 class SparkTemps(dict):
@@ -75,7 +81,7 @@ class SparkTemps(dict):
         """``name`` as a DataFrame: its lazy plan, or its driver rows shipped once per run."""
         value = super().__getitem__(name)
         if isinstance(value, Lazy):
-            if value.arrow is None:
+            if value.arrow is None or value.cached:
                 return value.frame
             # Collected (read by several steps): its rows, which Spark plans
             # with exact sizes, not its plan computed again by every reader.
@@ -144,6 +150,21 @@ def readers(program: Program) -> Counter:
     if program.output is not None:
         counts[program.output] += 1
     return counts
+
+
+def queried(program: Program) -> set[str]:
+    """Temporaries some Query reads (Spark reads them; other readers want driver rows)."""
+    names: set[str] = set()
+
+    def walk(steps: list[Step]) -> None:
+        for step in steps:
+            if isinstance(step, Query):
+                names.update(t.name for t in step.sql.find_all(exp.Table))
+            elif isinstance(step, Loop):
+                walk(step.body)
+
+    walk(program.steps)
+    return names
 
 
 def _count_steps(steps: list[Step], counts: Counter) -> None:
