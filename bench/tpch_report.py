@@ -75,7 +75,7 @@ def why_path(view: ViewResult, inc: float | None, rec: float | None) -> str:
     if view.paths.get("recompute"):
         per_refresh = runs_per_refresh(view)
         if per_refresh <= 1.0:  # one apply_batch per refresh: the engine recomputes once, as DuckDB does
-            return f": {switched(view, inc, rec)}; the engine's recompute reads its Arrow relations, DuckDB its own tables"
+            return f": {switched(view, inc, rec)}; the engine's recompute also keeps its native copies of the tables up to date and computes the view's delta"
         return (f": {switched(view, inc, rec)}; ivm recomputes once per call that changes its sources "
                 f"({per_refresh:.1f} per refresh), DuckDB once per refresh")
     if inc is not None and rec is not None and inc <= LEAVE_MARGIN * rec:
