@@ -32,15 +32,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Callable
 
-import pyarrow as pa
-
 from ivm import deferred
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
     from ivm.engine import Worker
     from ivm.maintainer import Entry, Maintainer
-    from storage.relation import Relation
 
 
 def convertible(queue) -> list["Entry"]:
@@ -55,10 +52,6 @@ def convertible(queue) -> list["Entry"]:
     return run
 
 
-def batch_rows(entries: list["Entry"]) -> int:
-    return sum(b.num_rows for entry in entries for items in entry.batches.values() for b, _ in items)
-
-
 class ConvertAhead:
     def __init__(self, engine: "DurableEngine", maintainer: "Maintainer", worker_for: Callable[[int], "Worker"]):
         self.engine, self.maintainer = engine, maintainer
@@ -68,7 +61,8 @@ class ConvertAhead:
 
     def _due(self) -> bool:
         """(Under the maintainer's cond.) Enough unconverted rows wait."""
-        return batch_rows(convertible(self.maintainer.queue)) >= max(1, self.engine.settings.convert_ahead_rows)
+        rows = sum(entry.rows for entry in convertible(self.maintainer.queue))  # batches only: no deltas in a run
+        return rows >= max(1, self.engine.settings.convert_ahead_rows)
 
     def _run(self) -> None:
         maintainer = self.maintainer
@@ -91,16 +85,8 @@ class ConvertAhead:
             run = convertible(self.maintainer.queue)
         if not run:
             return
-        items: dict[str, list[tuple[pa.Table, str]]] = {}
-        for entry in run:
-            for table, batches in entry.batches.items():
-                items.setdefault(table, []).extend(batches)
-        deltas: dict[str, list[pa.Table]] = {}
-        versions: dict[str, "Relation"] = {}
-        for table, batches in items.items():
-            worker = self.worker_for(sum(b.num_rows for b, _ in batches))
-            prepared = deferred.convert(self.engine, table, batches, worker)
-            deltas[table] = [prepared.change.delta]
-            versions[table] = prepared.updated
+        prepared = deferred.convert_per_table(self.engine, deferred.batches_per_table(run), self.worker_for)
+        deltas = {table: [one.change.delta] for table, one in prepared.items()}
+        versions = {table: one.updated for table, one in prepared.items()}
         self.maintainer.replace(run, deltas, versions)
         self.conversions += 1

@@ -65,6 +65,14 @@ def convert(engine: "DurableEngine", table: str, items: list[tuple[pa.Table, str
 def convert_deferred(engine: "DurableEngine", entries: list["Entry"],
                      worker_for: Callable[[int], "Worker"]) -> dict[str, "Prepared"]:
     """The fold's side: every table's deferred batches in ``entries``, one conversion per table."""
+    items = batches_per_table(entries)
+    for entry in entries:
+        entry.batches = {}
+    return convert_per_table(engine, items, worker_for)
+
+
+def batches_per_table(entries: list["Entry"]) -> dict[str, list[tuple[pa.Table, str]]]:
+    """Each table's unconverted batches in ``entries``, in order (the invariant above is checked)."""
     items: dict[str, list[tuple[pa.Table, str]]] = {}
     for entry in entries:
         for table in entry.versions:
@@ -72,11 +80,14 @@ def convert_deferred(engine: "DurableEngine", entries: list["Entry"],
                 raise InternalError(f"table {table} was converted past batches not converted yet")
         for table, batches in entry.batches.items():
             items.setdefault(table, []).extend(batches)
-        entry.batches = {}
-    out = {}
-    for table, batches in items.items():
-        out[table] = convert(engine, table, batches, worker_for(sum(b.num_rows for b, _ in batches)))
-    return out
+    return items
+
+
+def convert_per_table(engine: "DurableEngine", items: dict[str, list[tuple[pa.Table, str]]],
+                      worker_for: Callable[[int], "Worker"]) -> dict[str, "Prepared"]:
+    """One conversion per table of its batches, in order (the fold and the thread converting ahead)."""
+    return {table: convert(engine, table, batches, worker_for(sum(b.num_rows for b, _ in batches)))
+            for table, batches in items.items()}
 
 
 def flush(engine: "DurableEngine", table: str) -> None:
