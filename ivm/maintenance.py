@@ -76,6 +76,7 @@ state before any incremental step (ivm/checkpoints.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from typing import TYPE_CHECKING
 
 from sql_frontend.errors import CatalogError
@@ -99,12 +100,6 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise CatalogError(f"maintenance must be one of {', '.join(MODES)}, not {mode!r}")
     return mode
-
-
-def _median(values) -> float:  # noqa: ANN001
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _remember(window: list, value) -> list:  # noqa: ANN001
@@ -194,8 +189,8 @@ class CostModel:
             return
         if path == "incremental":
             measured = _remember(self._measured, (seconds, float(rows)))
-            self.incremental = _median(s for s, _ in measured)
-            self.rows = _median(r for _, r in measured)
+            self.incremental = median(s for s, _ in measured)
+            self.rows = median(r for _, r in measured)
         elif path == "recompute":
             self.record_refresh(seconds, source_rows)
             self.spent += seconds
@@ -205,7 +200,7 @@ class CostModel:
             self.spent, self._probe = 0.0, True
 
     def record_refresh(self, seconds: float, source_rows: int) -> None:
-        per_row = _median(_remember(self._refreshes, seconds / max(source_rows, 1)))
+        per_row = median(_remember(self._refreshes, seconds / max(source_rows, 1)))
         self.recompute, self.recompute_rows = per_row * max(source_rows, 1), source_rows
 
     def record_rebuild(self, seconds: float, source_rows: int) -> None:
