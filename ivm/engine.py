@@ -362,7 +362,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - a SELECT that fails here leaves the view incremental (no estimate)
             view.cost.refresh_failed = True
             return
-        view.cost.record_refresh(seconds, source_rows(snapshot, view))
+        view.cost.estimate_refresh(seconds, source_rows(snapshot, view))
 
     def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
         """Start the view's change history with its contents: the delta from empty."""
@@ -703,15 +703,17 @@ class Engine:
             view.cost.record(path, seconds, rows, sizes, warmup)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
-        self._keep_mirrors()
+        self._keep_mirrors(snapshot, deltas, worker)
         return self._drop_closed_windows(deltas, snapshot, worker)
 
-    def _keep_mirrors(self) -> None:
-        """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory."""
+    def _keep_mirrors(self, snapshot: Snapshot, deltas: dict[str, pa.Table], worker: Worker) -> None:
+        """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory;
+        the others follow this batch's deltas."""
         if not self.mirrors.tables:
             return
         self.mirrors.keep(source for view in self.catalog.views.values() if view.cost.last == "recompute"
                           for source in view.sources)
+        self.mirrors.follow(self.catalog, snapshot, self.store.snapshot, deltas, worker.coder)
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
         """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""

@@ -27,11 +27,11 @@ a median, where a moving mean took one 10x batch as a trend and switched):
   (fixed costs dominate small batches, so a smaller batch is not estimated
   cheaper);
 * R, recompute: the median seconds per source row of the refreshes, times
-  the sources' rows now (the first one measured at CREATE by timing the
-  SELECT alone, over freshly loaded, unfragmented tables: at SF 1 it came
-  out at 0.3-0.6x the later refreshes of q16/q22, so a view near parity may
-  leave once, measure its refreshes, and come back; the median of real
-  refreshes then keeps it where it is cheaper);
+  the sources' rows now. Until a refresh ran, R is *provisional*: the SELECT
+  alone timed at CREATE (over the Arrow runs, without keeping the native
+  copies or computing the view's delta: at SF 1 q22's was 0.75x its real
+  refreshes, q02's 2x). The first real refresh replaces it (the window
+  starts with real refreshes only);
 * B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
   from stale state), scaled the same way; not known yet (after a reopen):
   REBUILD_GUESS × R.
@@ -47,7 +47,10 @@ batches:
                               switch cost PROBE_FACTOR × B (a probe: I is
                               re-measured, at most 1/PROBE_FACTOR extra), or when
                               I is not known; else recompute
-    after a rebuild, one incremental batch (the probe's measurement)
+    stale, left on a provisional R: once WINDOW refreshes measured R,
+                  rebuild if I ≤ L·R (the rule that made the view leave no
+                  longer holds: the provisional R was too low), once
+    after a rebuild, PROBE_BATCHES incremental batches, and I from them only
 
 Leaving incremental costs nothing one-off (the state is emptied and left
 stale), so B does not count against it: the view leaves as soon as a
@@ -58,9 +61,23 @@ initial program over every source (0.5-1.6 s for q02/q16/q22): counted as
 B/H against leaving, it kept q02 and q22 incremental at about twice the
 cost of their refresh.
 
-The two thresholds differ (leave above 1.1·R, come back below R/1.5 minus
-the rebuild's share), and the estimates are medians, so noise does not
-flap a view between paths. The choice costs a few multiplications; nothing
+Hysteresis, and why it does not flap. The two thresholds differ (leave
+above 1.1·R, come back below R/1.5 minus the rebuild's share: a band at
+least 1.65x wide), the estimates are medians of five, leaving takes two
+votes, and while stale I is not re-measured, so noise cannot move a view
+across the band. The estimate of the path not taken is refreshed by
+*probes*: a stale view rebuilds once its refreshes have cost PROBE_FACTOR
+rebuilds (at most 1/PROBE_FACTOR extra), and runs PROBE_BATCHES incremental
+batches (a whole window) whose median alone is the new I: the measurements
+from before the rebuild describe state that was thrown away, one probe
+batch among four old ones could never move a median of five (a view whose
+incremental path became cheap needed two or three probes to notice), and
+a probe shorter than the window would let two outliers in a row (a paused
+machine) decide it. A switch made on a provisional R is re-checked once R is
+measured (TPC-H q22 at SF 1, session 6: I 44 ms left on a provisional R of
+~40 ms, its refreshes then measured 53 ms, and the 1.5x band kept it on
+the dearer path for good): that return happens at most once per view, since
+afterwards R is measured and the ordinary band applies. The choice costs a few multiplications; nothing
 else runs for it.
 ``"incremental"`` and ``"recompute"`` force one path (a stale view rebuilds
 first under ``"incremental"``; tests force recompute to prove it against the
@@ -92,6 +109,7 @@ RECOMPUTE_MARGIN = 1.5  # M: a stale view comes back when M x incremental (+ B/H
 AMORTISE_BATCHES = 32  # H: the one-off rebuild counts 1/H per batch against the path that needs it
 PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refreshes costing 8 rebuilds
 SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
+PROBE_BATCHES = WINDOW  # batches a probe measures: a whole window, so its own outliers cannot decide the median
 WARMUP_RUNS = 2  # a delta program's first runs: plain queries, then preparing them (ivm/executor.py)
 REBUILD_GUESS = 10.0  # B unknown (after a reopen): the initial program measured 5-30x the SELECT
 
@@ -126,7 +144,9 @@ class CostModel:
     spent: float = 0.0  # seconds of refreshes since the state went stale (or was last probed)
     ran: dict[int, int] = field(default_factory=dict)  # runs per delta program (id): the first WARMUP_RUNS are warm-up
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
-    _probe: bool = False  # the next batch with fresh state runs incrementally, to measure I
+    provisional: bool = False  # R is the SELECT timed at CREATE, not yet a refresh
+    _probe: int = 0  # batches with fresh state left to run incrementally, to measure I
+    _recheck: bool = False  # left incremental on a provisional R: check the rule again once R is measured
     _votes: int = 0  # consecutive fresh batches where the rule chose recompute
     _measured: list = field(default_factory=list)  # the last WINDOW incremental (seconds, rows)
     _refreshes: list = field(default_factory=list)  # the last WINDOW refreshes' seconds per source row
@@ -158,10 +178,14 @@ class CostModel:
         if stale:
             if incremental is None or recompute is None or self.spent >= PROBE_FACTOR * rebuild:
                 return "rebuild"
+            if self._recheck and len(self._refreshes) >= WINDOW:
+                self._recheck = False
+                if incremental <= LEAVE_MARGIN * recompute:  # measured, R no longer justifies having left
+                    return "rebuild"
             back = RECOMPUTE_MARGIN * incremental + rebuild / AMORTISE_BATCHES < recompute
             return "rebuild" if back else "recompute"
         if self._probe or incremental is None or recompute is None:
-            self._probe = False
+            self._probe = max(self._probe - 1, 0)
             return "incremental"
         if incremental <= LEAVE_MARGIN * recompute:  # leaving is free: B counts only on the way back
             self._votes = 0
@@ -169,7 +193,7 @@ class CostModel:
         self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
         if self._votes < SWITCH_AFTER:
             return "incremental"
-        self._votes, self.spent = 0, 0.0
+        self._votes, self.spent, self._recheck = 0, 0.0, self.provisional
         return "recompute"
 
     def warming_up(self, program: object) -> bool:
@@ -197,11 +221,16 @@ class CostModel:
         else:
             self.rebuilds += 1
             self.record_rebuild(seconds, source_rows)
-            self.spent, self._probe = 0.0, True
+            self.spent, self._probe = 0.0, PROBE_BATCHES
+            self._measured.clear()  # they measured the state the rebuild replaced: the probe measures I anew
+
+    def estimate_refresh(self, seconds: float, source_rows: int) -> None:
+        """The provisional R: the SELECT alone, timed at CREATE (or after a reopen)."""
+        self.recompute, self.recompute_rows, self.provisional = seconds, source_rows, True
 
     def record_refresh(self, seconds: float, source_rows: int) -> None:
         per_row = median(_remember(self._refreshes, seconds / max(source_rows, 1)))
-        self.recompute, self.recompute_rows = per_row * max(source_rows, 1), source_rows
+        self.recompute, self.recompute_rows, self.provisional = per_row * max(source_rows, 1), source_rows, False
 
     def record_rebuild(self, seconds: float, source_rows: int) -> None:
         self.rebuild, self.rebuild_rows = seconds, source_rows

@@ -87,7 +87,7 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
     tree, sql = view.select()
     if deltas is not None and eligible(engine.catalog, view):
-        rows = engine.mirrors.query(engine.catalog, view, sql, new, engine.store.snapshot, deltas)
+        rows = engine.mirrors.query(engine.catalog, view, sql, new, engine.store.snapshot, deltas, worker.coder)
     else:
         rows = engine.reader.query(sql, tree, new, internal=True)
     rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
