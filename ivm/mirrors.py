@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
+from sqlglot import exp
 
 from delta_operators.prune import cancelled_pairs
 from delta_operators.zset import WEIGHT
@@ -90,6 +91,7 @@ class Mirrors:
         self._stamps: dict[str, "Relation | None"] = {}
         self._keys: dict[str, tuple[str, ...]] = {}
         self._columns: dict[str, tuple[str, ...] | None] = {}  # C per mirror (ALL: every column)
+        self._table_names: dict[str, frozenset[str]] = {}  # its table's columns when copied (lower case)
         self._lock = threading.Lock()
         self.rebuilds = 0  # tables copied whole (tests and status: a steady stream should not rebuild)
         self.applied = 0  # deltas applied (also those that cancelled to nothing)
@@ -144,6 +146,7 @@ class Mirrors:
                 self._stamps.pop(table)
                 self._keys.pop(table, None)
                 self._columns.pop(table, None)
+                self._table_names.pop(table, None)
                 self._con.execute(f"DROP TABLE IF EXISTS {quote(table)}")
 
     def close(self) -> None:
@@ -164,7 +167,7 @@ class Mirrors:
         target = snapshot[table]
         stamp = self._stamps.get(table)
         columns = self._columns.get(table, ALL)
-        covered = self._keys.get(table) == key and (columns is ALL or (reads is not ALL and reads <= set(columns)))
+        covered = self._keys.get(table) == key and self._covers(table, reads)
         if stamp is target and covered:
             return
         self._stamps[table] = None  # unstamped while it changes: an error leaves it to be rebuilt
@@ -176,21 +179,29 @@ class Mirrors:
         else:
             started = time.perf_counter()
             if not covered and table in self._columns:  # widen: what the copy held, and what this view reads
-                reads = ALL if reads is ALL or columns is ALL else reads | set(columns)
+                reads = ALL if reads is ALL or columns is ALL else reads | {c.lower() for c in columns}
             self._columns[table] = self._rebuild(con, table, target, key, reads)
             self.copy_seconds += time.perf_counter() - started
             self.rebuilds += 1
         self._keys[table] = key
         self._stamps[table] = target
 
+    def _covers(self, table: str, reads: frozenset[str] | None) -> bool:
+        """Does the copy hold every column of its table that ``reads`` names (lower case)?"""
+        columns = self._columns.get(table, ALL)
+        if columns is ALL:
+            return True
+        return reads is not ALL and reads & self._table_names[table] <= {c.lower() for c in columns}
+
     def _rebuild(self, con: duckdb.DuckDBPyConnection, table: str, relation: "Relation", key: tuple[str, ...],
                  reads: frozenset[str] | None) -> tuple[str, ...] | None:
         """Copy ``relation``'s rows, only the key and ``reads`` (ALL: every column); the columns copied."""
         rows = visible(relation, False)  # keyed: every weight is 1
         names = rows.column_names
+        self._table_names[table] = frozenset(n.lower() for n in names)
         columns = ALL
-        if reads is not ALL and set(reads) <= set(names):
-            columns = tuple(n for n in names if n in reads or n in key)
+        if reads is not ALL:
+            columns = tuple(n for n in names if n.lower() in reads or n in key)
             if len(columns) < len(names):
                 rows = rows.select(list(columns))
             else:
@@ -228,6 +239,27 @@ class Mirrors:
 
 
 def _reads(view: "ViewDef", table: str) -> frozenset[str] | None:
-    """The columns of ``table`` ``view``'s SELECT reads (ALL: maybe every one)."""
+    """The columns of ``table`` ``view``'s SELECT may read (ALL: maybe every one), lower case.
+
+    The plan's read set, plus every column name the text mentions anywhere:
+    a name dropped from a copy then never occurs in the text, so it cannot
+    silently bind to another scope's column of that name (a missed one
+    fails to bind and is caught, see ``Mirrors.query``). A star other than
+    COUNT(*)'s reads every column.
+    """
     reads = view.reads(table)
-    return ALL if reads is None else frozenset(reads)
+    named = _named(*view.select())
+    return ALL if reads is None or named is ALL else frozenset(name.lower() for name in reads) | named
+
+
+_NAMED: dict[str, frozenset[str] | None] = {}  # text -> its column names (a view's text never changes)
+
+
+def _named(tree: exp.Expression, sql: str) -> frozenset[str] | None:
+    """The column names the text mentions (lower case; ALL: it has a star), cached per text."""
+    if sql not in _NAMED:
+        if len(_NAMED) > 1024:
+            _NAMED.clear()
+        stars = any(not isinstance(star.parent, exp.Count) for star in tree.find_all(exp.Star))
+        _NAMED[sql] = ALL if stars else frozenset(column.name.lower() for column in tree.find_all(exp.Column))
+    return _NAMED[sql]

@@ -223,6 +223,12 @@ def test_mirrors_keep_only_the_columns_their_views_read(monkeypatch):
     assert columns() == ["id", "g", "v", "note"] and mirrors.rebuilds == rebuilds + 1
     check("notes", "SELECT note, COUNT(*) AS n FROM t GROUP BY note")
     check("sums", body)
+    # What a copy keeps for a view: the plan's reads and every name its text mentions; a star: every column.
+    views = engine.catalog.views
+    kept = mirrors_module._reads(views["sums"], "t")
+    assert {"g", "v"} <= kept and "note" not in kept
+    db.execute("CREATE MATERIALIZED VIEW starred AS SELECT * FROM t WHERE g = 1")
+    assert mirrors_module._reads(views["starred"], "t") is None
     # The column analysis missing a column the SELECT names: DuckDB's binder says so; every column, same SELECT.
     db.execute("CREATE TABLE u (id BIGINT PRIMARY KEY, w DOUBLE, x INTEGER)")
     db.execute("INSERT INTO u SELECT i, i * 2.0, i % 3 FROM range(10) r(i)")
