@@ -145,7 +145,10 @@ class Mirrors:
                 if (stamp is not None and table in deltas and table in snapshot and table in published
                         and stamp is published[table] and snapshot[table] is not stamp):
                     key = catalog.tables[table].primary_key
-                    self._sync(self._connection(), table, key, frozenset(), snapshot, published, deltas, coder)
+                    try:
+                        self._sync(self._connection(), table, key, frozenset(), snapshot, published, deltas, coder)
+                    except Exception:  # noqa: BLE001 - a copy is a cache: left unstamped, its next use rebuilds it
+                        self._stamps[table] = None
 
     def keep(self, tables: Iterable[str]) -> None:
         """Drop every mirror but those of ``tables``."""
