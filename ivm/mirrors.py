@@ -106,31 +106,22 @@ class Mirrors:
         return self._stamps.get(table)
 
     def query(self, catalog: "Catalog", view: "ViewDef", sql: str, snapshot: "Snapshot", published: "Snapshot",
-              deltas: Mapping[str, pa.Table], coder: "KeyCoder", inputs: Mapping[str, pa.Table] | None = None
-              ) -> pa.Table:
-        """``sql`` (the view's SELECT, or a statement around it) over the synced mirrors and ``inputs``."""
+              deltas: Mapping[str, pa.Table], coder: "KeyCoder") -> pa.Table:
         with self._lock:
             con = self._connection()
             for source in view.sources:
                 self._sync(con, source, catalog.tables[source].primary_key, _reads(view, source), snapshot,
                            published, deltas, coder)
-            for name, table in (inputs or {}).items():
-                con.register(name, table)
             try:
-                try:
-                    return Reader._run(con, sql)  # DuckDB's errors as the reader's (ExecutionError, BindError...)
-                except BindError:
-                    narrowed = [s for s in view.sources if self._columns.get(s, ALL) is not ALL]
-                    if not narrowed:
-                        raise
-                for source in narrowed:  # a column C lacks, maybe: every column, then the same SELECT again
-                    self._stamps[source] = None
-                    self._sync(con, source, catalog.tables[source].primary_key, ALL, snapshot, published, deltas,
-                               coder)
-                return Reader._run(con, sql)
-            finally:
-                for name in inputs or {}:
-                    con.unregister(name)
+                return Reader._run(con, sql)  # DuckDB's errors as the reader's (ExecutionError, BindError...)
+            except BindError:
+                narrowed = [s for s in view.sources if self._columns.get(s, ALL) is not ALL]
+                if not narrowed:
+                    raise
+            for source in narrowed:  # a column C lacks, maybe: every column, then the same SELECT again
+                self._stamps[source] = None
+                self._sync(con, source, catalog.tables[source].primary_key, ALL, snapshot, published, deltas, coder)
+            return Reader._run(con, sql)
 
     def follow(self, catalog: "Catalog", snapshot: "Snapshot", published: "Snapshot", deltas: Mapping[str, pa.Table],
                coder: "KeyCoder") -> None:

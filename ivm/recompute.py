@@ -10,12 +10,6 @@ refresh (the cheap path):
     O'  = DuckDB evaluating V's SELECT (``plan_sql.to_sql`` of its plan)
     ΔV  = O' − O          (multiset difference, consolidated, zeros dropped)
 
-    Over native mirrors of the tables (ivm/mirrors.py) one statement gives
-    both O' (counted) and ΔV (``_counted_and_difference``): a statement's
-    fixed cost is ~1-3 ms, and the rows need not come back to Arrow between;
-    over the Arrow relations, the SELECT, the counting and the difference run
-    as three.
-
     S is not touched, so it is *stale*: its relations are emptied (they would
     only hold memory) and the view is flagged in the snapshot's counters
     (``STALE_PREFIX + V``), which belong to the offset and which checkpoints
@@ -40,7 +34,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from delta_operators.compiler import delta_input
@@ -93,53 +86,21 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     """
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
     tree, sql = view.select()
-    old = _output(engine, view, snapshot, worker)
-    schema = engine.binder.arrow_schema(view.columns)
     if deltas is not None and eligible(engine.catalog, view):
-        both = engine.mirrors.query(engine.catalog, view, _counted_and_difference(view, sql), new,
-                                    engine.store.snapshot, deltas, worker.coder, {OLD_ROWS: old})
-        side = both.column(NEW_SIDE)
-        counted = _weighted(both.filter(side).drop_columns([NEW_SIDE]), schema)
-        difference = _weighted(both.filter(pc.invert(side)).drop_columns([NEW_SIDE]), schema)
+        rows = engine.mirrors.query(engine.catalog, view, sql, new, engine.store.snapshot, deltas, worker.coder)
     else:
         rows = engine.reader.query(sql, tree, new, internal=True)
-        rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names)).cast(schema)
-        counted = _counted(view, rows, worker)
-        difference = _difference(view, old, counted, worker)
+    rows = rows.replace_schema_metadata(None).rename_columns(list(view.column_names))
+    rows = rows.cast(engine.binder.arrow_schema(view.columns))
+    counted = _counted(view, rows, worker)
+    old = _output(engine, view, snapshot, worker)
     relations: dict[str, Relation | None] = {}
     output = snapshot[view.name] if view.name in snapshot else _empty(engine, output_state(view.name, view.columns, output_key(view.plan.root)))
     relations[view.name] = output.replace_all(counted, worker.coder)
     if not is_stale(snapshot, view.name):
         for spec in operator_states(view):  # stale from now on: keep the index keys, not the rows
             relations[spec.name] = _empty(engine, spec, snapshot[spec.name].index_keys, worker)
-    return difference, relations
-
-
-OLD_ROWS, NEW_SIDE = "__refresh_old", "__refresh_new"
-
-
-def _counted_and_difference(view: "ViewDef", sql: str) -> str:
-    """One statement for O' (counted: rows with their multiplicity) and ΔV = O' − O, told apart by NEW_SIDE.
-
-    The view's SELECT runs once (a materialized CTE), its columns named the
-    view's way. They come in the types of the tables' Arrow round trip (the
-    catalog admits only types that round-trip unchanged), as O's do; both
-    halves are cast to the view's Arrow types after (``_weighted``).
-    """
-    names = ", ".join(quote(c) for c in view.column_names)
-    return f"""WITH __refresh_counted AS MATERIALIZED (
-            SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM ({sql}) AS __refresh_view({names}) GROUP BY ALL)
-        SELECT TRUE AS {NEW_SIDE}, {names}, {WEIGHT} FROM __refresh_counted
-        UNION ALL
-        SELECT FALSE, {names}, SUM({WEIGHT})::BIGINT FROM (
-            SELECT {names}, {WEIGHT} FROM __refresh_counted
-            UNION ALL SELECT {names}, -{WEIGHT} FROM {OLD_ROWS})
-        GROUP BY ALL HAVING SUM({WEIGHT}) <> 0"""
-
-
-def _weighted(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Rows and weights in the view's Arrow types."""
-    return rows.replace_schema_metadata(None).cast(schema.append(pa.field(WEIGHT, pa.int64())))
+    return _difference(view, old, counted, worker), relations
 
 
 def rebuild(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
