@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ivm
-from ivm.maintenance import (AMORTISE_BATCHES, LEAVE_MARGIN, PROBE_BATCHES, PROBE_FACTOR, RECOMPUTE_MARGIN, SWITCH_AFTER,
-                             WINDOW, CostModel)
+from ivm.maintenance import (AMORTISE_BATCHES, LEAVE_MARGIN, PROBE_BATCHES, PROBE_FACTOR, RECOMPUTE_MARGIN,
+                             SWITCH_AFTER, WINDOW, CostModel)
 from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
 from tests.oracle.harness import TABLES, Harness, drawn_batches, play
 
