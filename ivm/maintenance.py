@@ -40,8 +40,8 @@ Rule (``Settings.maintenance = "auto"``), with L = LEAVE_MARGIN, M =
 RECOMPUTE_MARGIN and the one-off rebuild amortised over H = AMORTISE_BATCHES
 batches:
 
-    fresh state:  recompute   when I > L·R on SWITCH_AFTER batches in a row,
-                              else incremental
+    fresh state:  recompute   when I > L·R on SWITCH_AFTER batches in a row
+                              (I > M·R while R is provisional), else incremental
     stale state:  rebuild     when M·I + B/H < R (incremental is cheaper again,
                               rebuild included), or when the refreshes since the
                               switch cost PROBE_FACTOR × B (a probe: I is
@@ -73,7 +73,8 @@ from before the rebuild describe state that was thrown away, one probe
 batch among four old ones could never move a median of five (a view whose
 incremental path became cheap needed two or three probes to notice), and
 a probe shorter than the window would let two outliers in a row (a paused
-machine) decide it. A switch made on a provisional R is re-checked once R is
+machine) decide it. Leaving on a provisional R (a single timing, of the SELECT
+alone) takes the wider margin M; such a switch is re-checked once R is
 measured (TPC-H q22 at SF 1, session 6: I 44 ms left on a provisional R of
 ~40 ms, its refreshes then measured 53 ms, and the 1.5x band kept it on
 the dearer path for good): that return happens at most once per view, since
@@ -187,7 +188,9 @@ class CostModel:
         if self._probe or incremental is None or recompute is None:
             self._probe = max(self._probe - 1, 0)
             return "incremental"
-        if incremental <= LEAVE_MARGIN * recompute:  # leaving is free: B counts only on the way back
+        # Leaving is free: B counts only on the way back. A provisional R is one timing of the SELECT alone:
+        # leaving on it takes the wider margin M.
+        if incremental <= (RECOMPUTE_MARGIN if self.provisional else LEAVE_MARGIN) * recompute:
             self._votes = 0
             return "incremental"
         self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
