@@ -61,25 +61,25 @@ initial program over every source (0.5-1.6 s for q02/q16/q22): counted as
 B/H against leaving, it kept q02 and q22 incremental at about twice the
 cost of their refresh.
 
-Hysteresis, and why it does not flap. The two thresholds differ (leave
-above 1.1·R, come back below R/1.5 minus the rebuild's share: a band at
-least 1.65x wide), the estimates are medians of five, leaving takes two
-votes, and while stale I is not re-measured, so noise cannot move a view
-across the band. The estimate of the path not taken is refreshed by
-*probes*: a stale view rebuilds once its refreshes have cost PROBE_FACTOR
-rebuilds (at most 1/PROBE_FACTOR extra), and runs PROBE_BATCHES incremental
-batches (a whole window) whose median alone is the new I: the measurements
-from before the rebuild describe state that was thrown away, one probe
-batch among four old ones could never move a median of five (a view whose
-incremental path became cheap needed two or three probes to notice), and
-a probe shorter than the window would let two outliers in a row (a paused
-machine) decide it. Leaving on a provisional R (a single timing, of the SELECT
-alone) takes the wider margin M; such a switch is re-checked once R is
-measured (TPC-H q22 at SF 1, session 6: I 44 ms left on a provisional R of
-~40 ms, its refreshes then measured 53 ms, and the 1.5x band kept it on
-the dearer path for good): that return happens at most once per view, since
-afterwards R is measured and the ordinary band applies. The choice costs a few multiplications; nothing
-else runs for it.
+Hysteresis, and why it does not flap. The two thresholds differ (leave above
+1.1·R, come back below R/1.5 minus the rebuild's share: a band at least
+1.65x wide), the estimates are medians of five, leaving takes two votes, and
+while stale I is not re-measured, so noise cannot move a view across the
+band. The estimate of the path not taken is refreshed by *probes*: a stale
+view rebuilds once its refreshes have cost PROBE_FACTOR rebuilds (at most
+1/PROBE_FACTOR extra), and runs PROBE_BATCHES incremental batches (a whole
+window) whose median alone is the new I: the measurements from before the
+rebuild describe state that was thrown away, one probe batch among four old
+ones could never move a median of five (a view whose incremental path became
+cheap needed two or three probes to notice), and a probe shorter than the
+window would let two outliers in a row (a paused machine) decide it. Leaving
+on a provisional R (a single timing, of the SELECT alone) takes the wider
+margin M; such a switch is re-checked once R is measured (TPC-H q22 at SF 1,
+session 6: I 44 ms left on a provisional R of ~40 ms, its refreshes then
+measured 53 ms, and the 1.5x band kept it on the dearer path for good): that
+return happens at most once per view, since afterwards R is measured and the
+ordinary band applies. The choice costs a few multiplications; nothing else
+runs for it.
 ``"incremental"`` and ``"recompute"`` force one path (a stale view rebuilds
 first under ``"incremental"``; tests force recompute to prove it against the
 oracle). Views over a RETAIN stream (``Catalog.retained()``) are always
