@@ -98,11 +98,22 @@ def spark_sql(sql: str) -> str:
 
 
 def test_dialect_rewrites_where_the_engines_mean_different_things():
-    assert spark_sql("SELECT CAST(x AS BIGINT) FROM t") == "SELECT CAST(ROUND(x) AS BIGINT) FROM t"
-    assert spark_sql("SELECT CAST(3 AS BIGINT) FROM t") == "SELECT CAST(3 AS BIGINT) FROM t"
+    t = " FROM t AS `__rel_t`"  # every relation gets a reserved alias (dialect.qualify)
+    assert spark_sql("SELECT CAST(x AS BIGINT) FROM t") == "SELECT CAST(ROUND(x) AS BIGINT)" + t
+    assert spark_sql("SELECT CAST(3 AS BIGINT) FROM t") == "SELECT CAST(3 AS BIGINT)" + t
     assert "CAST(x AS DOUBLE) * CAST('inf' AS DOUBLE)" in spark_sql("SELECT x / y FROM t")
-    assert spark_sql("SELECT CAST(x AS HUGEINT) FROM t") == "SELECT CAST(x AS DECIMAL(38, 0)) FROM t"
-    assert spark_sql("SELECT isfinite(x) FROM t") == "SELECT (NOT ISNAN(x) AND ABS(x) <> CAST('inf' AS DOUBLE)) FROM t"
+    assert spark_sql("SELECT CAST(x AS HUGEINT) FROM t") == "SELECT CAST(x AS DECIMAL(38, 0))" + t
+    assert spark_sql("SELECT isfinite(x) FROM t") == "SELECT (NOT ISNAN(x) AND ABS(x) <> CAST('inf' AS DOUBLE))" + t
+
+
+def test_table_aliases_become_names_no_column_can_have():
+    """Spark would read an outer ``g.x`` inside a subquery over a table with a column g as g's field x."""
+    sql = spark_sql('WITH c AS (SELECT 1 AS g) SELECT g.x, c.g FROM t AS g, c '
+                    'WHERE EXISTS (SELECT 1 FROM u AS M WHERE m.g = g.x) AND "G".y = 1')
+    assert sql == ("WITH c AS (SELECT 1 AS g) SELECT `__rel_g`.x, `__rel_c`.g FROM t AS `__rel_g`, c AS `__rel_c` "
+                   "WHERE EXISTS(SELECT 1 FROM u AS `__rel_m` WHERE `__rel_m`.g = `__rel_g`.x) AND (`__rel_g`.y = 1)")
+    # a qualifier that names no relation in the query (a struct column's field) is left alone
+    assert spark_sql("SELECT s.f FROM t") == "SELECT s.f" + " FROM t AS `__rel_t`"
 
 
 @pytest.mark.parametrize("type_name", ["UBIGINT", "UUID", "TIME"])
