@@ -21,8 +21,14 @@ p95 (wall seconds, and CPU seconds of the driver plus the Spark JVM) of
 
 with ``--join-lookups`` the Spark runs look stored rows up with Spark joins
 instead of the driver's index (what a probe set above JOIN_PROBES does).
-The first Spark batch (which ships the tables' runs to Spark) is reported
-apart as the warm-up.
+
+Warm-up, the same for every measurement: the first ``--warmup`` rounds (2 by
+default) of each of the three are run and reported apart, not counted. The
+first Spark batch ships the tables' runs to Spark; after it the JVM still
+compiles (JIT, whole-stage codegen) for a batch or two, and so does the
+recompute. Batches are ``--fraction`` of lineitem's rows, so they grow with
+the scale factor (1% is 60k rows at SF 1, 180k at SF 3), like the data the
+recompute reads.
 """
 
 from __future__ import annotations
@@ -120,10 +126,12 @@ def percentile(values: list[float], p: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--batches", type=int, default=5, help="batches per engine")
+    parser.add_argument("--batches", type=int, default=5, help="batches per engine, counted")
+    parser.add_argument("--warmup", type=int, default=2, help="batches per engine run first and not counted")
     parser.add_argument("--fraction", type=float, default=0.01, help="share of lineitem changed per batch")
     parser.add_argument("--data", default=None, help="directory for the generated Parquet files")
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory (the JVM heap of local Spark)")
     parser.add_argument("--join-lookups", action="store_true", help="Spark joins instead of index lookups")
     args = parser.parse_args()
     directory = Path(args.data or f"/tmp/ivm-bench-tpch-sf{args.scale:g}")
@@ -132,7 +140,7 @@ def main() -> None:
         from ivm.spark import executor
 
         executor.JOIN_PROBES = 0
-    conf = {"spark.master": args.master, "spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "4"}
+    conf = {"spark.master": args.master, "spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "4"}
     timings: dict[str, list[float]] = {"spark incremental": [], "spark recompute": [], "duckdb incremental": []}
     cpu: dict[str, list[float]] = {name: [] for name in timings}  # driver + JVM CPU seconds
     with ivm.connect(engine="duckdb", spark_conf=conf, maintenance="incremental") as db:
@@ -142,9 +150,9 @@ def main() -> None:
         rows = con.sql("SELECT count(*) FROM lineitem").fetchall()[0][0]
         print(f"loaded SF{args.scale:g} ({rows:,} lineitem rows) and created the view in "
               f"{time.perf_counter() - start:.1f} s", flush=True)
-        warmup = None
-        for step in range(2 * args.batches + 1):
+        for step in range(2 * (args.warmup + args.batches)):
             engine = "spark" if step % 2 == 0 else "duckdb"
+            counted = step // 2 >= args.warmup
             changes = batch(con, args.fraction, step)
             db.execute(f"SET ivm.engine = '{engine}'")
             start, cpu_start = time.perf_counter(), time.process_time() + children_cpu()
@@ -153,26 +161,24 @@ def main() -> None:
             used = time.process_time() + children_cpu() - cpu_start
             assert db._engine.engine_used["revenue"] == engine
             assert db._engine.catalog.views["revenue"].cost.last == "incremental"
+            line = f"batch {step} ({changes.num_rows:,} rows) {engine}: {took:.2f} s (cpu {used:.2f} s)"
             if engine == "spark":
                 cpu_start = time.process_time() + children_cpu()
                 recompute, result = spark_recompute(db)
                 recompute_cpu = time.process_time() + children_cpu() - cpu_start
                 assert same(db.sql("SELECT * FROM revenue"), result), "maintained view differs from recompute"
-                if step == 0:
-                    warmup = took
-                    print(f"warm-up spark batch: {took:.2f} s (ships the tables' runs to Spark); "
-                          f"first recompute {recompute:.2f} s", flush=True)
-                    continue
-                timings["spark recompute"].append(recompute)
-                cpu["spark recompute"].append(recompute_cpu)
-            timings[f"{engine} incremental"].append(took)
-            cpu[f"{engine} incremental"].append(used)
-            print(f"batch {step} ({changes.num_rows:,} rows) {engine}: {took:.2f} s (cpu {used:.2f} s)"
-                  + (f", spark recompute {recompute:.2f} s (cpu {recompute_cpu:.2f} s)" if engine == "spark" else ""),
-                  flush=True)
+                line += f", spark recompute {recompute:.2f} s (cpu {recompute_cpu:.2f} s)"
+                if counted:
+                    timings["spark recompute"].append(recompute)
+                    cpu["spark recompute"].append(recompute_cpu)
+            if counted:
+                timings[f"{engine} incremental"].append(took)
+                cpu[f"{engine} incremental"].append(used)
+            print(line + ("" if counted else "  [warm-up, not counted]"), flush=True)
         want = con.sql(VIEW).to_arrow_table()
         assert same(db.sql("SELECT * FROM revenue"), want), "maintained view differs from DuckDB's recompute"
-    print(f"\nTPC-H SF{args.scale:g}, batches of {args.fraction:.0%} of lineitem, spark.master={args.master}"
+    print(f"\nTPC-H SF{args.scale:g}, batches of {args.fraction:.0%} of lineitem, spark.master={args.master}, "
+          f"{args.warmup} warm-up batches per engine not counted"
           + (", lookups as Spark joins" if args.join_lookups else ""))
     for name, values in timings.items():
         print(f"  {name:20s} median {statistics.median(values):7.2f} s  p95 {percentile(values, 95):7.2f} s  "

@@ -304,7 +304,8 @@ class AggregateRule:
         )
         # Most batches delete no group's current extreme: the guard sees that
         # on the driver (deleted values vs the old extremes) and skips the query.
-        guard = Guard(probe=merged, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls))
+        guard = Guard(probe=merged, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
+                      keys=tuple(self.keys))
         rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
                            note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard)
         group_rows = ctx.temp("valgrp")

@@ -38,16 +38,18 @@ class Guard:
 
     The query returns nothing unless some row of ``probe`` with WEIGHT <= 0
     has ``column`` equal to a value in one of ``values``' ``value_columns``
-    (a MIN/MAX rescan: only a deleted current extreme needs one). The test
-    ignores the query's other conditions (group keys), so it is a superset:
-    it may let a query run for nothing, never skip one with rows. Engines
-    apply it only to temporaries they hold on the driver.
+    in a row with the same ``keys`` (NULL-safe; a MIN/MAX rescan: only a
+    deleted current extreme of its own group needs one). The test is a
+    superset: it may let a query run for nothing (where it cannot compare
+    exactly it ignores the keys, or answers nothing), never skip one with
+    rows. Engines apply it only to temporaries they hold on the driver.
     """
 
     probe: str
     column: str
     values: str
     value_columns: tuple[str, ...]
+    keys: tuple[str, ...] = ()  # group key columns, named alike in probe and values
 
 
 @dataclass

@@ -66,27 +66,49 @@ def duckdb_message(error: Exception) -> str:
     return str(error).strip().split("\n\nLINE")[0].split("\nLINE")[0].strip()
 
 
-def guard_empty(guard: Guard, probe: pa.Table, values: pa.Table) -> bool:
-    """True when no row of ``probe`` with WEIGHT <= 0 has ``guard.column`` among ``values``' value columns.
+def guard_empty(guard: Guard, probe: pa.Table, values: pa.Table, coder: KeyCoder | None = None) -> bool:
+    """True when no row of ``probe`` with WEIGHT <= 0 has ``guard.column`` among its group's ``values``.
 
-    Equality as SQL's ``=`` only where Arrow's ``is_in`` agrees with it: the
-    same type on both sides, not floating point (-0.0 = 0.0 and NaN), else
-    no answer (False: the query runs). NULLs never make it True wrongly:
-    ``is_in`` matches NULL to NULL, where SQL finds nothing.
+    Equality as SQL's ``=`` only where Arrow agrees with it: the same type
+    on both sides, not floating point (-0.0 = 0.0 and NaN), else no answer
+    (False: the query runs). Groups match by key codes (``coder``; NULL
+    equals NULL as in the query's NOT DISTINCT join; codes may collide,
+    which only lets the query run); where the keys' types differ between
+    the two sides or are floating point, or without a coder, groups are
+    ignored and any group's extreme counts.
     """
     if probe.num_rows == 0:
         return True
-    deleted = probe.filter(pc.less_equal(probe.column(WEIGHT), 0)).column(guard.column)
-    if len(deleted) == 0:
+    deleted = probe.filter(pc.less_equal(probe.column(WEIGHT), 0))
+    if deleted.num_rows == 0:
         return True
+    value = deleted.column(guard.column)
     columns = [values.column(c) for c in guard.value_columns]
-    if pa.types.is_floating(deleted.type) or any(c.type != deleted.type for c in columns):
+    if pa.types.is_floating(value.type) or any(c.type != value.type for c in columns):
         return False
-    candidates = pa.chunked_array([chunk for c in columns for chunk in c.chunks], type=deleted.type)
     try:
-        return not pc.any(pc.is_in(deleted, value_set=candidates.combine_chunks())).as_py()
-    except pa.ArrowNotImplementedError:  # types is_in cannot compare: let the query decide
+        if coder is not None and _same_key_types(guard.keys, deleted, values):
+            return _no_pair(coder.codes(deleted, guard.keys), value, coder.codes(values, guard.keys), columns)
+        candidates = pa.chunked_array([chunk for c in columns for chunk in c.chunks], type=value.type)
+        # is_in matches NULL to NULL, where SQL finds nothing: a NULL only makes it run
+        return not pc.any(pc.is_in(value, value_set=candidates.combine_chunks())).as_py()
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # types Arrow cannot compare: let the query decide
         return False
+
+
+def _same_key_types(keys: tuple[str, ...], a: pa.Table, b: pa.Table) -> bool:
+    """Both sides' key columns code alike: present, of one type each, not floating point."""
+    if not keys or not all(k in a.column_names and k in b.column_names for k in keys):
+        return False
+    types = [(a.schema.field(k).type, b.schema.field(k).type) for k in keys]
+    return all(x == y and not pa.types.is_floating(x) for x, y in types)
+
+
+def _no_pair(codes: np.ndarray, value: pa.ChunkedArray, value_codes: np.ndarray, columns: list) -> bool:
+    """No (group code, value) of the deleted rows is a (group code, extreme) of ``values`` (NULLs never equal)."""
+    left = pa.table({"k": codes, "v": value})
+    right = pa.concat_tables([pa.table({"k": value_codes, "v": c}) for c in columns])
+    return left.join(right, keys=["k", "v"], join_type="inner").num_rows == 0
 
 
 class StepRunner:
@@ -203,7 +225,7 @@ class StepRunner:
         guard = step.guard
         if guard is None or not (self._on_driver(guard.probe, temps) and self._on_driver(guard.values, temps)):
             return False
-        return guard_empty(guard, temps[guard.probe], temps[guard.values])
+        return guard_empty(guard, temps[guard.probe], temps[guard.values], self.coder)
 
     def _on_driver(self, name: str, temps: dict[str, pa.Table]) -> bool:
         """True when ``name``'s rows are at hand (engines holding some temporaries elsewhere say no)."""

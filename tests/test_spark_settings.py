@@ -98,18 +98,29 @@ def spark_sql(sql: str) -> str:
 
 
 def test_dialect_rewrites_where_the_engines_mean_different_things():
-    assert spark_sql("SELECT CAST(x AS BIGINT) FROM t") == "SELECT CAST(ROUND(x) AS BIGINT) FROM t"
-    assert spark_sql("SELECT CAST(3 AS BIGINT) FROM t") == "SELECT CAST(3 AS BIGINT) FROM t"
+    t = " FROM t AS `__rel_t`"  # every relation gets a reserved alias (dialect.qualify)
+    assert spark_sql("SELECT CAST(x AS BIGINT) FROM t") == "SELECT CAST(ROUND(x) AS BIGINT)" + t
+    assert spark_sql("SELECT CAST(3 AS BIGINT) FROM t") == "SELECT CAST(3 AS BIGINT)" + t
     assert "CAST(x AS DOUBLE) * CAST('inf' AS DOUBLE)" in spark_sql("SELECT x / y FROM t")
-    assert spark_sql("SELECT CAST(x AS HUGEINT) FROM t") == "SELECT CAST(x AS DECIMAL(38, 0)) FROM t"
-    assert spark_sql("SELECT isfinite(x) FROM t") == "SELECT (NOT ISNAN(x) AND ABS(x) <> CAST('inf' AS DOUBLE)) FROM t"
+    assert spark_sql("SELECT CAST(x AS HUGEINT) FROM t") == "SELECT CAST(x AS DECIMAL(38, 0))" + t
+    assert spark_sql("SELECT isfinite(x) FROM t") == "SELECT (NOT ISNAN(x) AND ABS(x) <> CAST('inf' AS DOUBLE))" + t
     # DuckDB's date parts are BIGINT (Spark's INT); its weekdays count from Sunday = 0 (Spark's from 1).
-    assert spark_sql("SELECT EXTRACT(year FROM d) FROM t") == "SELECT CAST(EXTRACT(YEAR FROM d) AS BIGINT) FROM t"
-    assert spark_sql("SELECT dayofweek(d) FROM t") == "SELECT CAST((DAYOFWEEK(d) - 1) AS BIGINT) FROM t"
-    assert spark_sql("SELECT isodow(d) FROM t") == "SELECT CAST(((DAYOFWEEK(d) + 5) % 7 + 1) AS BIGINT) FROM t"
+    assert spark_sql("SELECT EXTRACT(year FROM d) FROM t") == "SELECT CAST(EXTRACT(YEAR FROM d) AS BIGINT)" + t
+    assert spark_sql("SELECT dayofweek(d) FROM t") == "SELECT CAST((DAYOFWEEK(d) - 1) AS BIGINT)" + t
+    assert spark_sql("SELECT isodow(d) FROM t") == "SELECT CAST(((DAYOFWEEK(d) + 5) % 7 + 1) AS BIGINT)" + t
     assert spark_sql("SELECT CAST(EXTRACT(month FROM d) AS INTEGER) FROM t") == \
-        "SELECT CAST(CAST(EXTRACT(MONTH FROM d) AS BIGINT) AS INT) FROM t"
-    assert spark_sql("SELECT EXTRACT(second FROM ts) FROM t") == "SELECT EXTRACT(SECOND FROM ts) FROM t"
+        "SELECT CAST(CAST(EXTRACT(MONTH FROM d) AS BIGINT) AS INT)" + t
+    assert spark_sql("SELECT EXTRACT(second FROM ts) FROM t") == "SELECT EXTRACT(SECOND FROM ts)" + t
+
+
+def test_table_aliases_become_names_no_column_can_have():
+    """Spark would read an outer ``g.x`` inside a subquery over a table with a column g as g's field x."""
+    sql = spark_sql('WITH c AS (SELECT 1 AS g) SELECT g.x, c.g FROM t AS g, c '
+                    'WHERE EXISTS (SELECT 1 FROM u AS M WHERE m.g = g.x) AND "G".y = 1')
+    assert sql == ("WITH c AS (SELECT 1 AS g) SELECT `__rel_g`.x, `__rel_c`.g FROM t AS `__rel_g`, c AS `__rel_c` "
+                   "WHERE EXISTS(SELECT 1 FROM u AS `__rel_m` WHERE `__rel_m`.g = `__rel_g`.x) AND (`__rel_g`.y = 1)")
+    # a qualifier that names no relation in the query (a struct column's field) is left alone
+    assert spark_sql("SELECT s.f FROM t") == "SELECT s.f" + " FROM t AS `__rel_t`"
 
 
 @pytest.mark.parametrize("type_name", ["UBIGINT", "UUID", "TIME"])

@@ -12,6 +12,12 @@ rendering (the ibis order: syntax -> dialect, meaning -> a named rewrite):
 * ``cast_rounds``: DuckDB rounds (half away from zero) when it casts a
   fractional value to an integer type; Spark truncates.
 * ``isfinite``: a DuckDB function Spark lacks (spelled with ISNAN and ±inf).
+* ``qualify``: every table alias and column qualifier is renamed to a name
+  users cannot give a column (``__rel_`` + the alias; table and column names
+  may not start with ``__``). The delta SQL qualifies with one-letter aliases
+  (``g``, ``m``, ``o``...); inside a correlated subquery Spark resolves an
+  outer ``g.x`` as the field ``x`` of an inner column ``g`` when there is one
+  (INVALID_EXTRACT_BASE_FIELD_TYPE), where DuckDB binds the alias.
 * ``date_parts``: DuckDB's EXTRACT / YEAR() / MONTH() ... are BIGINT, Spark's
   INT; a view's column (and the delta rows stacked beside its stored rows)
   must have one type whichever engine computed it.
@@ -26,7 +32,7 @@ turns that into an UnsupportedError naming the function.
 
 >>> import sqlglot
 >>> to_spark(sqlglot.parse_one('SELECT CAST("a" AS INTEGER) AS "x", "a" / 2 AS "h" FROM "t"', dialect="duckdb"))
-"SELECT CAST(ROUND(`a`) AS INT) AS `x`, CASE WHEN CAST(2 AS DOUBLE) = 0 THEN CAST(`a` AS DOUBLE) * CAST('inf' AS DOUBLE) ELSE CAST(`a` AS DOUBLE) / CAST(2 AS DOUBLE) END AS `h` FROM `t`"
+"SELECT CAST(ROUND(`a`) AS INT) AS `x`, CASE WHEN CAST(2 AS DOUBLE) = 0 THEN CAST(`a` AS DOUBLE) * CAST('inf' AS DOUBLE) ELSE CAST(`a` AS DOUBLE) / CAST(2 AS DOUBLE) END AS `h` FROM `t` AS `__rel_t`"
 """
 
 from __future__ import annotations
@@ -152,11 +158,38 @@ def types(node: exp.Expression) -> exp.Expression:
 
 
 REWRITES = (types, isfinite, cast_rounds, date_parts, divide)
+QUALIFIER = "__rel_"
+
+
+def qualify(tree: exp.Expression) -> exp.Expression:
+    """Rename table aliases and the column qualifiers naming them to QUALIFIER + alias (in place).
+
+    One name for one name (case-insensitively, as both engines compare
+    them) over the whole tree keeps every reference bound to the relation it
+    was bound to: the scopes do not change, only the spelling. A table
+    read without an alias (a CTE, typically) gets its own name as alias
+    first, so columns qualified by that name follow. CTE names are table
+    names, not aliases, and keep theirs; a qualifier that names no alias in
+    the tree is left alone.
+    """
+    for table in tree.find_all(exp.Table):
+        if not table.alias and not table.args.get("db"):
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
+    names: set[str] = set()
+    for alias in tree.find_all(exp.TableAlias):
+        if alias.this is not None and not isinstance(alias.parent, exp.CTE):
+            names.add(alias.name.lower())
+            alias.set("this", exp.to_identifier(QUALIFIER + alias.name.lower(), quoted=True))
+    for column in tree.find_all(exp.Column):
+        qualifier = column.args.get("table")
+        if qualifier is not None and not column.args.get("db") and qualifier.name.lower() in names:
+            column.set("table", exp.to_identifier(QUALIFIER + qualifier.name.lower(), quoted=True))
+    return tree
 
 
 def to_spark(tree: exp.Expression) -> str:
     """Spark SQL text of a program's query tree (the tree itself is not changed)."""
-    tree = parenthesize(tree.copy())
+    tree = qualify(parenthesize(tree.copy()))
     for rewrite in REWRITES:
         tree = tree.transform(rewrite, copy=False)
     try:

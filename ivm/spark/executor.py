@@ -35,7 +35,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, columns_read, queried, readers
+from ivm.spark.temps import Lazy, SparkTemps, columns_read, driver_columns, queried, readers
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -52,6 +52,10 @@ SMALL_PLAN = {
     "spark.sql.shuffle.partitions": "1",
     # as one job with several stages (AQE submits a job per stage)
     "spark.sql.adaptive.enabled": "false",
+    # and joins of one-partition inputs stay inside that partition: above this
+    # estimate Spark re-shuffles them "to improve parallelism", and a
+    # checkpoint's (LogicalRDD's) estimate is the default size, i.e. huge
+    "spark.sql.maxSinglePartitionBytes": str(2**62),
 }
 
 
@@ -71,24 +75,31 @@ class SparkExecutor(StepRunner):
         self._readers: Counter = Counter()
         self._queried: set[str] = set()
         self._columns: dict[str, set[str] | None] = {}
+        self._driver: dict[str, set[str] | None] | None = None  # driver_columns(program)
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
         self._cached: list = []  # checkpoints this run made (_cache), dropped by _release
 
     def run(self, program, inputs, snapshot, label="", progress=None):
         if self._program is not program:  # the same program runs every batch: analyse it once
             self._program, self._readers, self._columns = program, readers(program), columns_read(program)
-            self._queried = queried(program)
+            self._queried, self._driver = queried(program), driver_columns(program)
         return super().run(program, inputs, snapshot, label, progress)
 
     def _temps(self, inputs: dict[str, pa.Table], label: str) -> SparkTemps:
         def collect(lazy: Lazy) -> pa.Table:
+            frame = lazy.frame
+            if lazy.columns is not None:  # quoted: temporaries' columns may be named "o.id"
+                frame = frame.select(*[frame["`" + c.replace("`", "``") + "`"] for c in lazy.columns])
             try:
                 with self._small(lazy.small):
-                    rows = lazy.frame.toArrow()
+                    rows = frame.toArrow()
             except Exception as e:  # pyspark raises its own hierarchy; report what Spark said
                 raise spark_error(e, label) from None
             self.jobs += 1
-            return rows if lazy.schema is None else rows.select(lazy.schema.names).cast(lazy.schema)
+            if lazy.schema is None:
+                return rows
+            schema = pa.schema([f for f in lazy.schema if f.name in rows.column_names])
+            return rows.select(schema.names).cast(schema)
 
         return SparkTemps(inputs, self.frames.arrow, collect, self._columns)
 
@@ -177,12 +188,12 @@ class SparkExecutor(StepRunner):
         if self._readers[step.out] > 1:
             # Read twice: collect it now, not its plan computed by every reader.
             if lazy.small and step.out in self._queried:
-                lazy = self._cache(lazy)
+                lazy = self._cache(lazy, step.out)
             dict.__setitem__(temps, step.out, lazy)
             temps[step.out]
         return lazy
 
-    def _cache(self, lazy: Lazy) -> Lazy:
+    def _cache(self, lazy: Lazy, name: str) -> Lazy:
         """``lazy`` as a one-partition Spark checkpoint: its collect fills it, its Spark readers read it.
 
         A small plan's result stays in the JVM for its Spark readers instead
@@ -194,11 +205,19 @@ class SparkExecutor(StepRunner):
         see one partition. Only small plans: for a plan over stored
         relations, readers planned against a cached size estimate shuffled
         where they broadcast (session 3). Dropped when the run ends (``_release``).
+
+        The collect brings only the columns driver steps read (``driver_columns``:
+        a join term's lookups read its 2-3 key columns of 6), at least one (the
+        skip rules count rows); the checkpoint holds all of them.
         """
         with self._small(True):
             frame = lazy.frame.coalesce(1).localCheckpoint(eager=False)
         self._cached.append(frame)
-        return Lazy(frame, schema=lazy.schema, small=True, cached=True)
+        columns = None
+        if self._driver is not None and self._driver.get(name, set()) is not None:
+            wanted = {c.lower() for c in self._driver.get(name, set())}
+            columns = tuple(c for c in frame.columns if c.lower() in wanted) or tuple(frame.columns[:1])
+        return Lazy(frame, schema=lazy.schema, small=True, cached=True, columns=columns)
 
     def _steps_run(self, steps, temps, snapshot, registered, label) -> None:
         for step in steps:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step
+from delta_operators.zset import WEIGHT
 from ivm.spark.frames import SMALL_ROWS
 
 
@@ -42,6 +43,10 @@ class Lazy:
     # ``frame`` is cached in Spark (one partition): collecting it fills the
     # cache, and readers read the cache rather than its rows shipped back.
     cached: bool = False
+    # The columns to bring to the driver (None: all). Only for a cached
+    # frame: its Spark readers read the cache, so the driver's copy needs
+    # only what driver steps read (driver_columns).
+    columns: tuple[str, ...] | None = None
 
 
 class SparkTemps(dict):
@@ -139,6 +144,36 @@ def _starred(tree: exp.Expression) -> set[str]:
                for e in select.expressions):
             starred |= {t.name for t in select.find_all(exp.Table) if t.find_ancestor(exp.Select) is select}
     return starred
+
+
+def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
+    """Columns steps on the driver read of each temporary (None: all; absent: none; None for all: loops).
+
+    Index lookups read their probe columns (and filter), a MIN/MAX guard
+    its probe's value and weight and its values' value columns; a Stack, a
+    Replace, the view's output and loops read whole temporaries. Query
+    steps are not counted: on Spark they read the temporary's DataFrame.
+    Names are as the program spells them (lookups and guards name columns
+    exactly).
+    """
+    if any(isinstance(step, Loop) for step in program.steps):
+        return None  # loop variables take other temporaries' rows: keep everything
+    needed: dict[str, set[str] | None] = {}
+    for step in program.steps:
+        if isinstance(step, Lookup):
+            _need(needed, step.probe, {*step.probe_columns, *([step.probe_filter] if step.probe_filter else [])})
+        elif isinstance(step, Stack):
+            _need(needed, step.source, None)
+        elif isinstance(step, Query) and step.guard is not None:
+            _need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
+            _need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
+    for replace in program.replaces:
+        for name in (replace.deletes, replace.inserts):
+            if name is not None:
+                _need(needed, name, None)
+    if program.output is not None:
+        _need(needed, program.output, None)
+    return needed
 
 
 def readers(program: Program) -> Counter:
