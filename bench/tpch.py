@@ -204,11 +204,11 @@ def load_files(db, directory: Path, con: duckdb.DuckDBPyConnection,  # noqa: ANN
 
 def read_pieces(path: Path, schema: pa.Schema, first_rows: int | None = None) -> Iterator[pa.Table]:
     """A Parquet file as tables of ``schema`` with one chunk per column: one table when
-    ``first_rows`` is None, else pieces of whole row groups: the first of about ``first_rows``
-    rows, each later one of at most 1/(PROBE_COST + 1) of the rows before it (and at least a
-    row group). Smaller later pieces keep the insert's key check a probe of the stored runs:
-    a batch of more than 1/PROBE_COST of a relation's rows reads the whole relation instead
-    (storage/relation.py), which is a copy of it.
+    ``first_rows`` is None, else pieces of whole row groups: the first of at most ``first_rows``
+    rows, each later one of fewer than 1/PROBE_COST of the rows before it (a piece has at least
+    one row group). Smaller later pieces keep the insert's key check a probe of the stored runs:
+    a batch of 1/PROBE_COST or more of a relation's rows reads the whole relation instead
+    (storage/relation.py), a copy of it, and joins it with the batch.
 
     Row groups are read one at a time and cast (new buffers per column); when a piece is
     complete, each column's pieces are concatenated and dropped before the next column's.
@@ -221,15 +221,15 @@ def read_pieces(path: Path, schema: pa.Schema, first_rows: int | None = None) ->
     pieces: list[list[pa.Array]] = [[] for _ in schema]
     held = stored = 0
     for group in range(file.metadata.num_row_groups):
+        limit = first_rows if stored == 0 else (stored - 1) // PROBE_COST
+        if first_rows is not None and held and held + file.metadata.row_group(group).num_rows > limit:
+            yield _contiguous(pieces, schema)
+            stored, held = stored + held, 0
         rows = file.read_row_group(group, columns=schema.names)
         for i, field in enumerate(schema):
             pieces[i].extend(rows.column(field.name).cast(field.type).chunks)
         held += rows.num_rows
         del rows
-        target = first_rows if stored == 0 else stored // (PROBE_COST + 1)
-        if first_rows is not None and held >= target:
-            yield _contiguous(pieces, schema)
-            stored, held = stored + held, 0
     if held or not stored:
         yield _contiguous(pieces, schema)
 
