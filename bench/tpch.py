@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -181,40 +181,60 @@ def load(db, con: duckdb.DuckDBPyConnection) -> None:  # noqa: ANN001
 
 
 def load_files(db, directory: Path, con: duckdb.DuckDBPyConnection,  # noqa: ANN001
-               loaded: Callable[[str], None] | None = None) -> None:
-    """Load every table's Parquet file into ivm (one insert batch per table), as ``load`` does.
+               loaded: Callable[[str], None] | None = None, piece_rows: int | None = None) -> None:
+    """Load every table's Parquet file into ivm, as ``load`` does.
 
     Each batch is read row group by row group and handed over with one
     contiguous chunk per column (a stored run holds one chunk per column, and
-    combining a whole chunked table at once would hold it twice): the peak is
-    the table plus one column. The types are the reference's (the files hold
-    string_view where the tables hold strings).
+    combining a whole chunked table at once would hold it twice). The types
+    are the reference's (the files hold string_view where the tables hold
+    strings). With ``piece_rows``, a table comes in pieces (``read_pieces``)
+    so the load's transient is a piece, not the table (TPC-H SF 10's lineitem
+    is ~10 GB in Arrow); without, in one batch.
     """
     for table in TABLES:
         schema = con.sql(f"SELECT * FROM {table} LIMIT 0").to_arrow_table().schema
-        batch = read_contiguous(directory / f"{table}.parquet", schema)
-        db.apply_changes(table, batch)
-        del batch
-        pa.default_memory_pool().release_unused()
+        for batch in read_pieces(directory / f"{table}.parquet", schema, piece_rows):
+            db.apply_changes(table, batch)
+            del batch
+            pa.default_memory_pool().release_unused()
         if loaded is not None:
             loaded(table)
 
 
-def read_contiguous(path: Path, schema: pa.Schema) -> pa.Table:
-    """A Parquet file as a table of ``schema`` with one chunk per column.
+def read_pieces(path: Path, schema: pa.Schema, first_rows: int | None = None) -> Iterator[pa.Table]:
+    """A Parquet file as tables of ``schema`` with one chunk per column: one table when
+    ``first_rows`` is None, else pieces of whole row groups: the first of at most ``first_rows``
+    rows, each later one of fewer than 1/PROBE_COST of the rows before it (a piece has at least
+    one row group). Smaller later pieces keep the insert's key check a probe of the stored runs:
+    a batch of 1/PROBE_COST or more of a relation's rows reads the whole relation instead
+    (storage/relation.py), a copy of it, and joins it with the batch.
 
-    Row groups are read one at a time and cast (new buffers per column), then
-    each column's pieces are concatenated and dropped before the next column's.
+    Row groups are read one at a time and cast (new buffers per column); when a piece is
+    complete, each column's pieces are concatenated and dropped before the next column's.
     """
     import pyarrow.parquet as pq
 
+    from storage.relation import PROBE_COST
+
     file = pq.ParquetFile(path)
     pieces: list[list[pa.Array]] = [[] for _ in schema]
+    held = stored = 0
     for group in range(file.metadata.num_row_groups):
+        limit = first_rows if stored == 0 else (stored - 1) // PROBE_COST
+        if first_rows is not None and held and held + file.metadata.row_group(group).num_rows > limit:
+            yield _contiguous(pieces, schema)
+            stored, held = stored + held, 0
         rows = file.read_row_group(group, columns=schema.names)
         for i, field in enumerate(schema):
             pieces[i].extend(rows.column(field.name).cast(field.type).chunks)
+        held += rows.num_rows
         del rows
+    if held or not stored:
+        yield _contiguous(pieces, schema)
+
+
+def _contiguous(pieces: list[list[pa.Array]], schema: pa.Schema) -> pa.Table:
     columns = []
     for i, field in enumerate(schema):
         chunks, pieces[i] = pieces[i], []

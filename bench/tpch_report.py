@@ -143,10 +143,13 @@ def summary(result: ScaleResult) -> list[str]:
         f"{_ms(statistics.median(result.call_seconds))} ms, p99 {_ms(percentile(result.call_seconds, 99))} ms",
         f"- memory: RSS {result.rss_after_load / 2**30:.2f} GiB after load, {result.rss_end / 2**30:.2f} GiB at the "
         f"end, peak {result.peak_rss / 2**30:.2f} GiB (the process also holds the DuckDB reference copy); "
-        f"tables held by ivm: {result.table_bytes / 2**30:.2f} GiB (Arrow, in memory); view state: "
-        f"{sum(v.state_bytes for v in views) / 2**20:.0f} MiB",
-        f"- memory by phase (RSS after it / peak so far, GiB): " + (", ".join(
-            f"{name} {now / 2**30:.2f} / {top / 2**30:.2f}" for name, _, now, top in result.phases) or "not recorded"),
+        f"peak anonymous RSS {result.peak_anon / 2**30:.2f} GiB (sampled; RSS less file-backed pages); "
+        f"tables held by ivm: {result.table_bytes / 2**30:.2f} GiB (Arrow); view state: "
+        f"{sum(v.state_bytes for v in views) / 2**20:.0f} MiB; in spilled, memory-mapped runs: "
+        f"{result.spilled_bytes / 2**30:.2f} GiB (spilling: {result.spill})",
+        f"- memory by phase (RSS after it / peak so far [/ anonymous RSS after it / its sampled peak], GiB): "
+        + (", ".join(f"{p[0]} " + " / ".join(f"{b / 2**30:.2f}" for b in p[2:]) for p in result.phases)
+           or "not recorded"),
         f"- DuckDB reference: {result.reference}",
         f"- load of the generated tables into ivm: {result.load_seconds:.1f} s",
         f"- views slower than DuckDB's recompute per refresh: {', '.join(slower) or 'none'}",
@@ -274,7 +277,8 @@ def _write_outputs(results: list[ScaleResult], args: argparse.Namespace, out: Pa
 
 def memory(args: argparse.Namespace) -> Memory:
     return Memory(reference_file=not args.reference_in_memory, reference_limit=args.reference_memory or None,
-                  engine_limit=args.engine_memory or None)
+                  engine_limit=args.engine_memory or None, spill=args.spill, spill_rows=args.spill_rows,
+                  load_rows=args.load_rows or None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -301,5 +305,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-memory", default="",
                         help="memory_limit of ivm's DuckDB (e.g. 6GB; its queries spill to the data directory "
                              "beyond it; default: DuckDB's, 80%% of RAM)")
+    parser.add_argument("--spill", action=argparse.BooleanOptionalAction, default=True,
+                        help="spill ivm's large runs to memory-mapped files under the data directory "
+                             "(ivm.connect(spill_dir=...); default on; --no-spill keeps them in memory)")
+    parser.add_argument("--spill-rows", type=int, default=1_000_000, help="spill runs of at least this many rows")
+    parser.add_argument("--load-rows", type=int, default=4_000_000,
+                        help="rows of the first apply_changes call per table at load; later calls are smaller "
+                             "(0: one call per table)")
     parser.add_argument("--from-json", nargs="+", metavar="FILE", default=None,
                         help="no run: report and plot the results.json of earlier runs together (a sweep)")

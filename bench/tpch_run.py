@@ -37,6 +37,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,29 +88,49 @@ class ScaleResult:
     peak_rss: int = 0
     spark_note: str = "not requested"
     spark_ivm_note: str = "not requested"
-    # (phase, seconds since the scale factor's start, RSS after it, peak RSS of the process so far)
-    phases: list[tuple[str, float, int, int]] = field(default_factory=list)
+    # (phase, seconds since the scale factor's start, RSS after it, peak RSS of the process so far,
+    #  anonymous RSS after it, peak anonymous RSS so far (sampled)); earlier results have the first four
+    phases: list[tuple] = field(default_factory=list)
     reference: str = "in memory"  # where DuckDB's reference tables live
+    peak_anon: int = 0  # largest anonymous RSS sampled (spilled runs are file-backed: not in it)
+    spill: str = "off"  # where ivm's large runs were spilled (storage/spill.py)
+    spilled_bytes: int = 0  # of the tables' and views' bytes, those held in mapped files at the end
 
 
 class Phases:
-    """RSS after each phase of a run, and the peak so far (``ru_maxrss`` never goes down)."""
+    """RSS after each phase of a run and the peak so far (``ru_maxrss`` never goes down), and the
+    anonymous part of both. Spilled runs are file-backed pages, counted in RSS while resident but
+    evictable; anonymous memory is what the OOM killer counts. The kernel keeps no peak of it, so
+    a thread samples it every ``every`` seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: float = 0.2) -> None:
         self.started = time.perf_counter()
-        self.log: list[tuple[str, float, int, int]] = []
+        self.log: list[tuple] = []
+        self.peak_anon = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, args=(every,), name="rss-anon", daemon=True)
+        self._sampler.start()
+
+    def _sample(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.peak_anon = max(self.peak_anon, rss("RssAnon"))
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def __call__(self, phase: str) -> None:
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()  # freed Arrow memory back to the system first
-        now = rss()  # the kernel's counters are approximate: the peak is at least the RSS just read
-        self.log.append((phase, time.perf_counter() - self.started, now, max(now, peak_rss())))
+        now, anon = rss(), rss("RssAnon")  # the kernel's counters are approximate: the peak is at least the RSS just read
+        self.peak_anon = max(self.peak_anon, anon)
+        self.log.append((phase, time.perf_counter() - self.started, now, max(now, peak_rss()), anon, self.peak_anon))
 
 
-def rss() -> int:
+def rss(field_name: str = "VmRSS") -> int:
+    """A /proc/self/status size in bytes: VmRSS (all resident), RssAnon (anonymous), RssFile (file-backed)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field_name + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -183,15 +204,16 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
     database = directory / "reference.duckdb" if memory.reference_file else None
     con = tpch.reference(directory, database, memory.reference_limit)
     phases("DuckDB reference loaded")
-    db = ivm.connect()
+    db = ivm.connect(**memory.spill_options(directory))
     try:
         memory.limit_engine(db, directory)
         progress(f"SF {sf:g}: loading ivm's tables", 0, 1)
         started = time.perf_counter()
         tpch.create_tables(db)
-        tpch.load_files(db, directory, con, lambda table: phases(f"ivm table {table} loaded"))
+        tpch.load_files(db, directory, con, lambda table: phases(f"ivm table {table} loaded"), memory.load_rows)
         result = ScaleResult(sf, batch, refreshes, warmup, time.perf_counter() - started)
         result.phases, result.reference = phases.log, memory.describe(database)
+        result.spill = memory.describe_spill(directory)
         result.rss_after_load = rss()
         created, seconds, result.skipped = _create_with_progress(db, names, sf, progress)
         phases("views created")
@@ -216,9 +238,11 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
 
             result.spark_note = spark_recompute(con, created, result, progress)
     finally:
+        phases.stop()
         db.close()
         con.close()
     result.peak_rss = peak_rss()
+    result.peak_anon = phases.peak_anon
     return result
 
 
@@ -230,12 +254,24 @@ class Memory:
     reference_file: bool = True
     reference_limit: str | None = "4GB"
     engine_limit: str | None = None
+    spill: bool = True  # ivm's runs of at least spill_rows rows in mapped files (ivm.connect(spill_dir=...))
+    spill_rows: int = 1_000_000
+    load_rows: int = 4_000_000  # rows per apply_changes call of the initial load (bounds its transient)
+
+    def spill_options(self, directory: Path) -> dict:
+        return {"spill_dir": str(directory / "ivm-runs") if self.spill else False, "spill_rows": self.spill_rows}
+
+    def describe_spill(self, directory: Path) -> str:
+        return f"runs of >= {self.spill_rows:,} rows in {directory / 'ivm-runs'}" if self.spill else "off"
 
     def limit_engine(self, db, directory: Path) -> None:  # noqa: ANN001
+        """Cap ivm's DuckDB and its mirrors' (native copies of tables that recomputed views read):
+        beyond the cap both spill to files under the data directory."""
         if self.engine_limit:
             spill = directory / "ivm-spill"
             db._engine.duck.execute(f"SET memory_limit = '{self.engine_limit}'")
             db._engine.duck.execute(f"SET temp_directory = '{spill}'")
+            db._engine.mirrors._config.update(memory_limit=self.engine_limit, temp_directory=str(spill / "mirrors"))
 
     def describe(self, database: Path | None) -> str:
         where = f"a DuckDB file ({database.name}, buffer pool {self.reference_limit or 'DuckDB default'})" \
@@ -332,6 +368,7 @@ def _finish(db, con: duckdb.DuckDBPyConnection, created: dict, result: ScaleResu
     for table in tpch.TABLES:
         result.table_rows[table] = snapshot[table].num_rows
         result.table_bytes += snapshot[table].num_bytes
+    result.spilled_bytes = sum(relation.spilled_bytes for relation in snapshot.relations.values())
     result.rss_end = rss()
 
 

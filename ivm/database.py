@@ -516,6 +516,8 @@ def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     (the "auto" threshold); ingest_nice (in memory, 0-19: batches applied
     on a thread of that OS niceness, so reads in the process get a core first); for durable databases
     fold_rows, fold_delay, convert_ahead_rows, checkpoint_rows, checkpoint_seconds,
-    log_retention_seconds, segment_bytes.
+    log_retention_seconds, segment_bytes; spill_dir (runs of at least spill_rows rows,
+    default 1,000,000, live in memory-mapped files there, see storage/spill.py; default
+    ``<path>/spill`` for durable databases, off in memory; False: off).
     """
     return Database(path, **options)

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from ivm.changes import OP, SEQ, q
 from ivm.checkpoints import Checkpointer
-from ivm.engine import Engine, Settings, Worker
+from ivm.engine import Engine, Settings, Worker, spill_of
 from ivm.ingest_group import Pending, Ticket, convert_unit
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
@@ -61,6 +61,8 @@ class DurableEngine(Engine):
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fd = self._lock_directory()
+            if self.spill is None:
+                self.spill = spill_of(self.settings, self.path / "spill")
         except OSError as e:
             raise IvmError(f"cannot use {self.path} as a database directory: {e.strerror or e}") from e
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet

@@ -14,8 +14,10 @@ nothing. Readers never take the lock: they read the published snapshot.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,7 @@ from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_sele
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
 from storage.relation import Relation
+from storage.spill import Spill
 from storage.store import Snapshot, Store
 
 
@@ -87,6 +90,28 @@ class Settings:
     # so reads in the same process get a core first (ivm/group_commit.py). Not for durable
     # databases: there reads wait for the maintainer's folds, which must not be slowed.
     ingest_nice: int = 0
+    # Runs of stored relations with at least spill_rows rows are written to this directory and
+    # memory-mapped (storage/spill.py), so the kernel can evict them instead of running out of
+    # memory. None: <dir>/spill for durable databases, off in memory; False: off.
+    spill_dir: Any = None
+    spill_rows: int = 1_000_000
+
+
+def spill_of(settings: Settings, default_dir) -> Spill | None:
+    """Where large runs spill (see Settings.spill_dir); a clear error for a bad setting."""
+    rows, where = settings.spill_rows, settings.spill_dir
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"spill_rows must be a positive integer, not {rows!r}")
+    if where is None:
+        where = default_dir
+    if where is None or where is False:
+        return None
+    if not isinstance(where, (str, os.PathLike)):
+        raise ValueError(f"spill_dir must be a directory path, None or False, not {where!r}")
+    try:
+        return Spill(Path(where), rows)
+    except OSError as e:
+        raise ValueError(f"cannot spill to {where}: {e.strerror or e}") from e
 
 
 def check_name(name: str, what: str) -> None:
@@ -164,6 +189,7 @@ class Engine:
 
             check_conf(self.settings.spark_conf)
         check_mode(self.settings.maintenance)
+        self.spill = spill_of(self.settings, None)
         config = {"threads": self.settings.threads} if self.settings.threads else {}
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
@@ -230,7 +256,7 @@ class Engine:
 
     def empty_relation(self, name: str, columns: tuple[Column, ...], identity: tuple[str, ...],
                        indexes: tuple[tuple[str, ...], ...] = ()) -> Relation:
-        return Relation.empty(name, self.arrow_schema(columns), identity, indexes)
+        return Relation.empty(name, self.arrow_schema(columns), identity, indexes, self.spill)
 
     # --- tables ---------------------------------------------------------------------
     def create_table(self, stmt: CreateTable, columns: tuple[Column, ...] | None = None) -> bool:

@@ -92,6 +92,10 @@ def engine_status(engine: "Engine") -> dict:
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
              "engine": engine.settings.engine, "backfills": backfills(engine),
+             # large runs in memory-mapped files (storage/spill.py): where, from how many rows, bytes now
+             "spill": {"dir": str(engine.spill.directory) if engine.spill else None,
+                       "rows": engine.spill.rows if engine.spill else None,
+                       "bytes": sum(r.spilled_bytes for r in snapshot.relations.values())},
              "streams": {t.name: engine.watermarks.status(t) for t in catalog.tables.values()
                          if t.event_time is not None}}
     if durable:

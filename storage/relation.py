@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +34,7 @@ import pyarrow as pa
 from delta_operators.zset import POS, RUN
 from sql_frontend.errors import InternalError
 from storage.keys import KeyCoder, sorted_unique
+from storage.spill import Spill
 
 # Below this many live rows a lookup returns the whole relation: one copy is
 # cheaper than probing, and the caller re-checks keys anyway.
@@ -59,7 +60,7 @@ Key = tuple[str, ...]
 @dataclass(frozen=True)
 class RunIndex:
     codes: np.ndarray  # sorted key codes (uint64)
-    rows: np.ndarray  # row position of each code (int64)
+    rows: np.ndarray  # row position of each code (int32 below 2**31 rows, else int64)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Run:
     live: np.ndarray | None  # packed bits (LSB first), 1 = live; None = all live
     n_live: int
     indexes: dict[Key, RunIndex] = field(default_factory=dict)
+    spilled: bool = False  # columns and indexes memory-mapped from unlinked files (storage/spill.py)
 
     @property
     def n_rows(self) -> int:
@@ -88,32 +90,71 @@ class Run:
         """The live rows; zero-copy slices between the dead rows when those are few."""
         if self.live is None:
             return self.table
+        bounds = self._live_bounds()
+        if bounds is not None:
+            return pa.concat_tables([self.table.slice(a, b - a) for a, b in bounds])
+        return self.table.filter(self._live_mask())
+
+    def _live_bounds(self) -> list[tuple[int, int]] | None:
+        """[start, end) of the stretches between dead rows, when those are few (else None)."""
         dead = self.n_rows - self.n_live
-        if dead * SLICE_RATIO <= self.n_rows:
-            bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
-            gone = np.flatnonzero(bits == 0)
-            starts = np.concatenate([[0], gone + 1])
-            ends = np.concatenate([gone, [self.n_rows]])
-            keep = ends > starts
-            return pa.concat_tables([self.table.slice(int(a), int(b - a)) for a, b in zip(starts[keep], ends[keep])])
-        mask = pa.Array.from_buffers(pa.bool_(), self.n_rows, [None, pa.py_buffer(self.live)])
-        return self.table.filter(mask)
+        if dead * SLICE_RATIO > self.n_rows:
+            return None
+        bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
+        gone = np.flatnonzero(bits == 0)
+        starts = np.concatenate([[0], gone + 1])
+        ends = np.concatenate([gone, [self.n_rows]])
+        keep = ends > starts
+        return [(int(a), int(b)) for a, b in zip(starts[keep], ends[keep])]
+
+    def _live_mask(self) -> pa.Array:
+        return pa.Array.from_buffers(pa.bool_(), self.n_rows, [None, pa.py_buffer(self.live)])
+
+    def live_pieces(self) -> Callable[[int], list[pa.Array]]:
+        """Column number -> the live values of that column, as arrays (zero-copy when few are dead)."""
+        if self.live is None:
+            return lambda i: self.table.column(i).chunks
+        bounds = self._live_bounds()
+        if bounds is not None:
+            return lambda i: [self.table.column(i).slice(a, b - a).chunks[0] for a, b in bounds]
+        mask = self._live_mask()
+        return lambda i: self.table.column(i).filter(mask).chunks
+
+
+def _row_positions(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """Index row positions as int32 when they fit: 4 of the 12-16 bytes per row per index."""
+    return rows.astype(np.int32 if n_rows < 2**31 else np.int64, copy=False)
 
 
 def build_index(table: pa.Table, key: Key, coder: KeyCoder) -> RunIndex:
     codes = coder.codes(table, key)
     order = np.argsort(codes, kind="stable")
-    return RunIndex(codes=codes[order], rows=order.astype(np.int64, copy=False))
+    return RunIndex(codes=codes[order], rows=_row_positions(order, table.num_rows))
 
 
-def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder) -> Run:
-    table = table.combine_chunks()
-    return Run(
-        table=table,
-        live=None,
-        n_live=table.num_rows,
-        indexes={key: build_index(table, key, coder) for key in keys if key},
-    )
+def _one_array(pieces: list[pa.Array], type_: pa.DataType) -> pa.Array:
+    if len(pieces) == 1:
+        return pieces[0]
+    return pa.concat_arrays(pieces) if pieces else pa.array([], type=type_)
+
+
+def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
+             indexes: Callable[[pa.Table], dict[Key, RunIndex]], spill: Spill | None) -> Run:
+    """A run of all-live rows from ``columns`` (each made, and spilled, one at a time:
+    a merge of spilled runs holds one column in anonymous memory, not the run)."""
+    spilled = spill is not None and spill.wants(n_rows)
+    arrays = [spill.array(a) if spilled else a for a in columns]
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    built = indexes(table)
+    if spilled:
+        built = {k: RunIndex(codes=spill.numpy(i.codes), rows=spill.numpy(i.rows)) for k, i in built.items()}
+    return Run(table=table, live=None, n_live=n_rows, indexes=built, spilled=spilled)
+
+
+def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill | None = None) -> Run:
+    columns = (_one_array(c.chunks, c.type) for c in table.columns)
+    return _new_run(table.schema, columns, table.num_rows,
+                    lambda t: {key: build_index(t, key, coder) for key in keys if key}, spill)
 
 
 def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
@@ -124,7 +165,7 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
     if total == 0:
         return np.empty(0, dtype=np.int64)
     starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-    rows = index.rows[starts + np.arange(total)]
+    rows = index.rows[starts + np.arange(total)].astype(np.int64, copy=False)
     return rows[run.is_live(rows)]
 
 
@@ -159,13 +200,16 @@ class Relation:
     identity: Key
     runs: tuple[Run, ...] = ()
     index_keys: tuple[Key, ...] = ()
+    # Where runs of many rows are spilled to (None: all in memory); carried to every version.
+    spill: Spill | None = field(default=None, compare=False, repr=False)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _cache_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @staticmethod
-    def empty(name: str, schema: pa.Schema, identity: Key, index_keys: Sequence[Key] = ()) -> "Relation":
+    def empty(name: str, schema: pa.Schema, identity: Key, index_keys: Sequence[Key] = (),
+              spill: Spill | None = None) -> "Relation":
         keys = tuple(dict.fromkeys(k for k in (identity, *index_keys) if k))
-        return Relation(name=name, schema=schema, identity=identity, index_keys=keys)
+        return Relation(name=name, schema=schema, identity=identity, index_keys=keys, spill=spill)
 
     @property
     def num_rows(self) -> int:
@@ -174,6 +218,12 @@ class Relation:
     @property
     def num_bytes(self) -> int:
         return sum(run.table.nbytes for run in self.runs)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of columns and indexes held in memory-mapped files (storage/spill.py)."""
+        return sum(run.table.nbytes + sum(i.codes.nbytes + i.rows.nbytes for i in run.indexes.values())
+                   for run in self.runs if run.spilled)
 
     # --- reads -------------------------------------------------------------
     def table(self) -> pa.Table:
@@ -234,9 +284,15 @@ class Relation:
         if not key or key in self.index_keys:
             return self
         runs = tuple(
-            replace(run, indexes={**run.indexes, key: build_index(run.table, key, coder)}) for run in self.runs
+            replace(run, indexes={**run.indexes, key: self._spilled(run, build_index(run.table, key, coder))})
+            for run in self.runs
         )
         return replace(self, runs=runs, index_keys=self.index_keys + (key,), _cache={}, _cache_lock=threading.Lock())
+
+    def _spilled(self, run: Run, index: RunIndex) -> RunIndex:
+        if not run.spilled or self.spill is None:
+            return index
+        return RunIndex(codes=self.spill.numpy(index.codes), rows=self.spill.numpy(index.rows))
 
     def replace_rows(
         self, delete_runs: np.ndarray, delete_rows: np.ndarray, inserts: pa.Table | None, coder: KeyCoder
@@ -260,14 +316,16 @@ class Relation:
         if inserts is not None and inserts.num_rows:
             if inserts.schema != self.schema:
                 inserts = inserts.select(self.schema.names).cast(self.schema)
-            runs.append(make_run(inserts, self.index_keys, coder))
+            runs.append(make_run(inserts, self.index_keys, coder, self.spill))
         runs = [run for run in runs if run.n_live]
-        runs = _settle(runs, self.index_keys, coder)
+        runs = _settle(runs, self.index_keys, self.spill)
         return replace(self, runs=tuple(runs), _cache={}, _cache_lock=threading.Lock())
 
     def replace_all(self, table: pa.Table, coder: KeyCoder) -> "Relation":
         """A new version holding exactly ``table``."""
-        runs = [make_run(table.select(self.schema.names).cast(self.schema), self.index_keys, coder)] if table.num_rows else []
+        runs = []
+        if table.num_rows:
+            runs = [make_run(table.select(self.schema.names).cast(self.schema), self.index_keys, coder, self.spill)]
         return replace(self, runs=tuple(runs), _cache={}, _cache_lock=threading.Lock())
 
 
@@ -276,16 +334,16 @@ def _level(run: Run) -> int:
     return (max(run.n_live, 1).bit_length() - 1) // LOG2_FAN_IN
 
 
-def _settle(runs: list[Run], keys: tuple[Key, ...], coder: KeyCoder) -> list[Run]:
+def _settle(runs: list[Run], keys: tuple[Key, ...], spill: Spill | None) -> list[Run]:
     """Merge the newest runs until no run is on a lower level than a newer one and no
     level ends the list with FAN_IN runs (size-tiered: oldest and largest first)."""
     # A run that is mostly dead is rewritten on its own first.
-    runs = [_compact(run, keys) if run.n_live * 2 < run.n_rows else run for run in runs]
+    runs = [_merge([run], keys, spill) if run.n_live * 2 < run.n_rows else run for run in runs]
     while True:
         if len(runs) >= 2 and _level(runs[-2]) < _level(runs[-1]):
-            runs[-2:] = [_merge(runs[-2:], keys)]  # a newer run outgrew an older one
+            runs[-2:] = [_merge(runs[-2:], keys, spill)]  # a newer run outgrew an older one
         elif len(runs) >= FAN_IN and len({_level(run) for run in runs[-FAN_IN:]}) == 1:
-            runs[-FAN_IN:] = [_merge(runs[-FAN_IN:], keys)]
+            runs[-FAN_IN:] = [_merge(runs[-FAN_IN:], keys, spill)]
         else:
             return runs
 
@@ -296,7 +354,7 @@ def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:
         return index
     keep = run.is_live(index.rows)
     rows = index.rows[keep]
-    return RunIndex(codes=index.codes[keep], rows=renumber[rows])
+    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live))
 
 
 def _renumbering(run: Run) -> np.ndarray | None:
@@ -306,29 +364,32 @@ def _renumbering(run: Run) -> np.ndarray | None:
     return np.cumsum(bits, dtype=np.int64) - 1
 
 
-def _compact(run: Run, keys: tuple[Key, ...]) -> Run:
-    renumber = _renumbering(run)
-    return Run(
-        table=run.live_table().combine_chunks(),
-        live=None,
-        n_live=run.n_live,
-        indexes={k: _live_index(run, k, renumber) for k in keys if k},
-    )
+def _merge(runs: list[Run], keys: tuple[Key, ...], spill: Spill | None) -> Run:
+    """One run with the live rows of ``runs`` (oldest first; one run: compacted); indexes
+    merged without re-hashing. Columns are combined one at a time, so merging spilled runs
+    holds one column of the result in anonymous memory before it is spilled in turn."""
+    n_rows = sum(run.n_live for run in runs)
+    readers = [run.live_pieces() for run in runs]
+    schema = runs[0].table.schema
+    columns = (_one_array([p for read in readers for p in read(i)], f.type) for i, f in enumerate(schema))
+    return _new_run(schema, columns, n_rows, lambda table: _merged_indexes(runs, keys), spill)
 
 
-def _merge(runs: list[Run], keys: tuple[Key, ...]) -> Run:
-    """One run with the live rows of ``runs`` (oldest first); indexes merged without re-hashing."""
-    table = pa.concat_tables([run.live_table() for run in runs]).combine_chunks()
+def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunIndex]:
     renumbers = [_renumbering(run) for run in runs]
     starts = np.cumsum([0] + [run.n_live for run in runs[:-1]])
+    n_rows = sum(run.n_live for run in runs)
     indexes = {}
     for k in keys:
         if not k:
             continue
         parts = [_live_index(run, k, renumber) for run, renumber in zip(runs, renumbers)]
+        if len(parts) == 1:
+            indexes[k] = parts[0]
+            continue
         codes = np.concatenate([part.codes for part in parts])
-        rows = np.concatenate([part.rows + start for part, start in zip(parts, starts)])
+        rows = np.concatenate([part.rows.astype(np.int64) + start for part, start in zip(parts, starts)])
         # Sorted runs: a stable sort (timsort) merges them in O(n log len(runs)).
         order = np.argsort(codes, kind="stable")
-        indexes[k] = RunIndex(codes=codes[order], rows=rows[order])
-    return Run(table=table, live=None, n_live=table.num_rows, indexes=indexes)
+        indexes[k] = RunIndex(codes=codes[order], rows=_row_positions(rows[order], n_rows))
+    return indexes

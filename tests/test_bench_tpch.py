@@ -18,7 +18,7 @@ def test_bench_tpch_writes_report_and_plots(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "ivm", "bench", "tpch", "--sf", "0.01,0.02", "--batch", "200", "--views", "q1,q3,q14",
          "--refreshes", "3", "--warmup", "1", "--out", str(out), "--data", str(tmp_path / "data"),
-         "--reference-memory", "500MB", "--engine-memory", "1GB"],
+         "--reference-memory", "500MB", "--engine-memory", "1GB", "--spill-rows", "5000", "--load-rows", "20000"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = (out / "report.md").read_text()
@@ -37,7 +37,13 @@ def test_bench_tpch_writes_report_and_plots(tmp_path):
     assert phases[:3] == ["generated", "DuckDB reference loaded", "ivm table region loaded"]
     assert phases[-4:] == ["ivm table lineitem loaded", "views created", "refreshes done", "checked"]
     assert all(0 < p[2] <= p[3] for p in results[1]["phases"])  # RSS, and the peak so far above it
-    assert "memory by phase (RSS after it / peak so far, GiB): generated" in report
+    assert all(0 < p[4] <= p[2] and p[4] <= p[5] for p in results[1]["phases"])  # anonymous part, its peak
+    assert "memory by phase (RSS after it / peak so far [/ anonymous RSS after it / its sampled peak], GiB): " \
+           "generated" in report
+    # Runs of >= 5,000 rows were spilled to mapped files (lineitem was loaded in two pieces), and
+    # the files were unlinked once mapped: the spill directory is empty after the run.
+    assert results[1]["spilled_bytes"] > 0 and "spilling: runs of >= 5,000 rows" in report
+    assert list((tmp_path / "data" / "sf0.02" / "ivm-runs").iterdir()) == []
     assert "## Scaling SF 0.01 -> 0.02 (2x the data)" in report and "| q14 |" in report.split("## Scaling")[1]
     assert "median growth over 3 views: ivm" in report
     q1 = results[1]["views"]["q01"]

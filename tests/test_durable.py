@@ -457,3 +457,36 @@ def test_stale_state_survives_a_checkpoint_and_a_crash(tmp_path):
     db.apply_changes("orders", orders([10, 11], cust=4, amount=6.0))
     assert rows(db, "SELECT * FROM totals") == rows(db, expected) and totals.batches["incremental"] == 1
     db.close()
+
+
+def test_large_runs_spill_to_the_database_directory_or_where_asked(tmp_path):
+    """Durable databases spill runs of >= spill_rows rows to <dir>/spill by default (unlinked files:
+    the directory stays empty), in-memory ones only when asked; bad settings are refused up front."""
+    db = make(tmp_path / "db", spill_rows=50)
+    db.apply_changes("orders", orders(range(200)))
+    assert rows(db, "SELECT cust, total, n FROM totals") == [{"cust": 7, "total": 1900.0, "n": 200}]
+    spill = db.status()["spill"]
+    assert spill["dir"] == str(tmp_path / "db" / "spill") and spill["rows"] == 50 and spill["bytes"] > 0
+    assert list((tmp_path / "db" / "spill").iterdir()) == []
+    db.close()
+    db = ivm.connect(tmp_path / "db", spill_dir=False)  # off; reopening reads the same data
+    assert db.status()["spill"] == {"dir": None, "rows": None, "bytes": 0}
+    assert rows(db, "SELECT count(*) AS n FROM orders") == [{"n": 200}]
+    db.close()
+    memory = ivm.connect()
+    assert memory.status()["spill"]["dir"] is None
+    memory.close()
+    memory = ivm.connect(spill_dir=tmp_path / "mine", spill_rows=1)
+    memory.execute(SCHEMA[0])
+    memory.apply_changes("orders", orders([1, 2]))
+    assert memory.status()["spill"]["bytes"] > 0 and list((tmp_path / "mine").iterdir()) == []
+    memory.close()
+    for bad, message in (({"spill_rows": 0}, "spill_rows must be a positive integer, not 0"),
+                         ({"spill_dir": 3}, "spill_dir must be a directory path, None or False, not 3"),
+                         ({"spill_dir": tmp_path / "a_file"}, r"cannot spill to .*a_file")):
+        (tmp_path / "a_file").write_text("x")
+        with pytest.raises(ValueError, match=message):
+            ivm.connect(**bad)
+        with pytest.raises(ValueError, match=message):
+            ivm.connect(tmp_path / "refused", **bad)
+        assert not (tmp_path / "refused").exists()

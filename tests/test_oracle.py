@@ -17,11 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.oracle.fixtures import VIEW_SETS, half_of, oracle_schema, oracle_views
-from tests.oracle.harness import TABLES, Harness, drawn_batches, play
+from tests.oracle.harness import TABLES, Harness, connect, drawn_batches, play
 
 def run_stream(data, views, batches: int, initial_rows: int) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-    harness = Harness(oracle_schema(), views)
+    # A third of the streams spill every run of 3 or more rows to mapped files (storage/spill.py).
+    spill_rows = data.draw(st.sampled_from([None, None, 3]), label="spill_rows")
+    harness = Harness(oracle_schema(), views, db=connect(spill_rows))
     try:
         play(harness, random.Random(seed), TABLES, batches, initial_rows, drawn_batches(data), f"(seed {seed})")
     finally:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from unittest import mock
 
 import duckdb
@@ -18,6 +21,7 @@ from sql_frontend.errors import InternalError
 from storage import relation as relation_module
 from storage.keys import NULL_CODE, KeyCoder
 from storage.relation import Relation
+from storage.spill import PREFIX, Spill
 
 SCHEMA = pa.schema([("k", pa.int64()), ("g", pa.string()), ("v", pa.float64()), (WEIGHT, pa.int64())])
 
@@ -59,18 +63,25 @@ OPS = st.lists(
 
 
 @settings(max_examples=60)
-@given(OPS, st.booleans())
-def test_relation_matches_model(ops, force_probing):
-    if force_probing:  # below these sizes lookups would return whole relations
-        with mock.patch.object(relation_module, "SMALL_RELATION", 0), mock.patch.object(relation_module, "PROBE_COST", 0):
-            check_against_model(ops)
-    else:
-        check_against_model(ops)
+@given(OPS, st.booleans(), st.sampled_from([None, 1, 3]))
+def test_relation_matches_model(ops, force_probing, spill_rows):
+    """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py)."""
+    with tempfile.TemporaryDirectory() as directory:
+        spill = None if spill_rows is None else Spill(Path(directory), spill_rows)
+        if force_probing:  # below these sizes lookups would return whole relations
+            with mock.patch.object(relation_module, "SMALL_RELATION", 0), \
+                    mock.patch.object(relation_module, "PROBE_COST", 0):
+                rel = check_against_model(ops, spill)
+        else:
+            rel = check_against_model(ops, spill)
+        assert os.listdir(directory) == [], "spilled files are unlinked once mapped"
+        if spill is not None:
+            assert all(run.spilled == (run.n_rows >= spill_rows) for run in rel.runs)
 
 
-def check_against_model(ops):
+def check_against_model(ops, spill=None):
     coder = KeyCoder(duck.Runner(duckdb.connect()).run)
-    rel = Relation.empty("t", SCHEMA, ("k",), (("g",),))
+    rel = Relation.empty("t", SCHEMA, ("k",), (("g",),), spill)
     model: dict[int, tuple] = {}
     for kind, keys in ops:
         if kind == "insert":
@@ -92,9 +103,10 @@ def check_against_model(ops):
             want = {k for k, r in model.items() if r[1] in set(probe.column("g").to_pylist())}
             assert want <= got, "a lookup missed matching rows"
             assert got <= set(model), "a lookup returned a deleted row"
-        assert sorted(rel.table().column("k").to_pylist()) == sorted(model)
+        assert sorted(tuple(r.values())[:3] for r in rel.table().to_pylist()) == sorted(model.values())
         assert rel.num_rows == len(model)
         assert len(rel.runs) <= 2 + int(np.log2(max(2, len(model) + 1))) * 2
+    return rel
 
 
 def test_lookup_probes_instead_of_copying_when_large(coder, monkeypatch):
@@ -161,8 +173,8 @@ def test_tiered_merges_keep_every_key_findable_and_rewrite_each_row_log_fan_in_t
     merged = [0]
     merge = relation_module._merge
 
-    def counting(runs, keys):
-        out = merge(runs, keys)
+    def counting(runs, keys, spill):
+        out = merge(runs, keys, spill)
         merged[0] += out.n_rows
         return out
 
@@ -210,3 +222,61 @@ def test_counting_equal_codes_is_a_second_binary_search():
         lo = np.searchsorted(codes, probes, side="left")
         want = np.searchsorted(codes, probes, side="right") - lo
         assert np.array_equal(relation_module._equal_from(codes, probes, lo), want)
+
+
+def _mapped_deleted_files(directory) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if str(directory) in line and line.rstrip().endswith("(deleted)"))
+
+
+def test_spilled_runs_are_mapped_files_that_answer_like_memory(coder, tmp_path, monkeypatch):
+    """The same changes to a spilling and an in-memory relation (inserts, deletes that leave few and
+    many dead rows, merges, compaction, a new index) give equal tables and lookups; the spilled runs'
+    columns and indexes live in unlinked mapped files, and their row positions are int32."""
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
+    spill = Spill(tmp_path, 500)
+    spilled = Relation.empty("t", SCHEMA, ("k",), spill=spill)
+    memory = Relation.empty("t", SCHEMA, ("k",))
+    rng = np.random.default_rng(11)
+    for step in range(12):
+        rows = rows_table([(k, f"g{k % 9}" if k % 13 else None, k / 4) for k in range(step * 400, step * 400 + 400)])
+        gone = rng.choice(step * 400, min(step * 400, 5 if step % 2 else 300), replace=False)
+        versions = []
+        for rel in (spilled, memory):
+            found = rel.lookup(("k",), coder.codes(pa.table({"k": pa.array(gone, pa.int64())}), ["k"]), positions=True)
+            hit = found.filter(pa.compute.is_in(found.column("k"), value_set=pa.array(gone, pa.int64())))
+            versions.append(rel.replace_rows(hit.column(RUN).to_numpy(), hit.column(POS).to_numpy(), rows, coder))
+        spilled, memory = versions
+        if step == 6:
+            spilled, memory = spilled.with_index(("g",), coder), memory.with_index(("g",), coder)
+        assert spilled.table().sort_by("k").equals(memory.table().sort_by("k").cast(spilled.schema))
+    probe = coder.codes(pa.table({"g": ["g1", "g4", None]}), ["g"])
+    assert spilled.lookup(("g",), probe).sort_by("k").equals(memory.lookup(("g",), probe).sort_by("k"))
+    big = [run for run in spilled.runs if run.n_rows >= 500]
+    assert big and all(run.spilled for run in big) and not any(run.spilled for run in memory.runs)
+    assert spilled.spilled_bytes > 0 and memory.spilled_bytes == 0
+    assert all(i.rows.dtype == np.int32 for run in spilled.runs for i in run.indexes.values())
+    assert os.listdir(tmp_path) == [], "every spilled file is unlinked once it is mapped"
+    assert _mapped_deleted_files(tmp_path) >= len(big) * (len(SCHEMA) + 4)  # columns + 2 indexes x 2 arrays
+    con = duckdb.connect()  # DuckDB scans the mapped columns like any Arrow table
+    con.register("t", spilled.table())
+    want = (pa.compute.sum(memory.table().column("v")).as_py(), memory.num_rows)
+    assert con.execute("SELECT sum(v), count(*) FROM t").fetchone() == pytest.approx(want)
+    con.close()
+    del spilled, big, versions, rel, found, hit
+    import gc
+
+    gc.collect()
+    assert _mapped_deleted_files(tmp_path) == 0, "dropping the runs unmaps their files"
+
+
+def test_spill_removes_files_of_dead_processes_only(tmp_path):
+    dead = tmp_path / f"{PREFIX}999999999-1-0.arrow"  # above Linux's pid_max: no such process
+    mine = tmp_path / f"{PREFIX}{os.getpid()}-1-0.npy"
+    other = tmp_path / "notes.txt"
+    for path in (dead, mine, other):
+        path.write_text("x")
+    Spill(tmp_path, 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
+    with pytest.raises(ValueError, match="spill_rows"):
+        Spill(tmp_path, 0)

@@ -9,7 +9,11 @@ every table must equal the model.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import tempfile
+import weakref
 from typing import Callable, Sequence
 
 import duckdb
@@ -38,9 +42,21 @@ def drawn_batches(data) -> Callable[[int], tuple[str, int]]:
     return next_batch
 
 
+def connect(spill_rows: int | None = None) -> ivm.Database:
+    """An in-memory database; with ``spill_rows`` (or IVM_ORACLE_SPILL_ROWS set, e.g. for a soak), runs of
+    that many rows are spilled to memory-mapped files (storage/spill.py) in a fresh temporary directory."""
+    spill_rows = spill_rows or int(os.environ.get("IVM_ORACLE_SPILL_ROWS", "0"))
+    if not spill_rows:
+        return ivm.connect()
+    directory = tempfile.mkdtemp(prefix="ivm-oracle-spill-")
+    db = ivm.connect(spill_dir=directory, spill_rows=spill_rows)
+    weakref.finalize(db, shutil.rmtree, directory, True)  # empty but for files being written
+    return db
+
+
 class Harness:
     def __init__(self, schema: list[str], views: list[ViewFixture], db: ivm.Database | None = None):
-        self.db = db or ivm.connect()
+        self.db = db or connect()
         self.ref = duckdb.connect()
         self.model = Model()
         self.views = views
