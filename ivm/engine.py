@@ -31,7 +31,7 @@ from sql_frontend.planner import plan_view
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program
-from delta_operators.prune import cancelled_pairs, prune_template
+from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
 from delta_operators.zset import WEIGHT
 from ivm import duck, keyed_once
 from ivm.binder import Binder, quote
@@ -650,7 +650,7 @@ class Engine:
         recomputed: dict[str, Relation | None] = {}
         stale: dict[str, bool] = {}
         stored_new = frozenset(deltas)
-        pruned: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # shared by views reading the same columns
+        pruned: dict[tuple[str, tuple[str, ...] | None], Any] = {}  # shared by views reading the same columns
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
             if isolate and self._skip_failed(view):
@@ -724,7 +724,7 @@ class Engine:
         return snapshot.with_changes(dropped) if dropped else snapshot
 
     def _pruned(self, view: ViewDef, source: str, delta: pa.Table,
-                cache: dict[tuple[str, tuple[str, ...]], pa.Table], worker: Worker) -> pa.Table:
+                cache: dict[tuple[str, tuple[str, ...] | None], Any], worker: Worker) -> pa.Table:
         """``delta`` without the changes ``view`` cannot see (delta_operators/prune.py)."""
         reads = view.reads(source)
         names = delta.schema.names
@@ -739,8 +739,10 @@ class Engine:
             table = self.catalog.tables.get(source)
             if table is not None and table.primary_key and keyed_once.applies(table.primary_key, delta.schema):
                 # An integer key: pairs of one key cancel in numpy, no DuckDB statement.
-                codes = worker.coder.codes(delta, table.primary_key)
-                cache[key] = cancelled_pairs(delta, codes, table.primary_key, columns)
+                pairs = cache.get((source, None))  # shared by every projection of the delta
+                if pairs is None:
+                    pairs = cache[(source, None)] = key_pairs(delta, worker.coder.codes(delta, table.primary_key))
+                cache[key] = without_equal_pairs(delta, pairs, table.primary_key, columns)
             else:
                 cache[key] = worker.runner.run(prune_template(columns), delta=delta)
         return cache[key]
