@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--fold-delay", type=float, default=None,
-                        help="the maintainer's fold_delay in seconds (default: the engine's, 0.05)")
+                        help="the maintainer's fold_delay in seconds (default: the engine's, 0.1)")
     parser.add_argument("--convert-ahead-rows", type=int, default=None,
                         help="the maintainer's convert_ahead_rows (default: the engine's, 20,000)")
     parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
