@@ -24,9 +24,10 @@
    (multisets; floats within 1e-9 relative: tests/oracle/compare.py).
 
 The first ``warmup`` refreshes (programs compile, statements prepare, the
-cost model settles each view's path) are run and checked but not counted. The Spark recompute (``--spark``) runs each
-view's SELECT on a local Spark session over Parquet copies of the final
-tables; ivm maintaining on Spark is not available yet (issue 6).
+cost model settles each view's path) are run and checked but not counted. With ``--spark``, ivm then maintains the
+views on Spark (``SET ivm.engine = 'spark'``) for a few more refreshes, which the final check covers too
+(``bench/tpch_spark.py``), and each view's SELECT is run on a local Spark session over Parquet copies of the final
+tables (Spark full recompute).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class ViewResult:
     estimates: dict[str, float | None] = field(default_factory=dict)
     state_bytes: int = 0
     rows: int = 0
-    spark: list[float] = field(default_factory=list)
+    spark: list[float] = field(default_factory=list)  # Spark full recompute, seconds per run
+    spark_ivm: list[float] = field(default_factory=list)  # ivm maintaining it on Spark, seconds per refresh
+    spark_paths: dict[str, int] = field(default_factory=dict)  # engine/path -> refreshes, on Spark
     problem: str | None = None  # a difference from the recompute at the end, if any
 
 
@@ -83,6 +86,7 @@ class ScaleResult:
     rss_end: int = 0
     peak_rss: int = 0
     spark_note: str = "not requested"
+    spark_ivm_note: str = "not requested"
     # (phase, seconds since the scale factor's start, RSS after it, peak RSS of the process so far)
     phases: list[tuple[str, float, int, int]] = field(default_factory=list)
     reference: str = "in memory"  # where DuckDB's reference tables live
@@ -199,6 +203,11 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
             progress(f"SF {sf:g}: refresh {step + 1}/{total}" + (" (warm-up)" if step < warmup else ""), step, total)
             _one_refresh(db, con, refresh, created, result, counted=step >= warmup, per_table_calls=per_table)
         phases("refreshes done")
+        if spark:  # before the check: the views maintained on Spark are checked too
+            from bench.tpch_spark import spark_maintenance
+
+            result.spark_ivm_note = spark_maintenance(db, con, refresh, created, result, progress, per_table)
+            phases("refreshes on Spark done")
         progress(f"SF {sf:g}: checking every view against its recompute", total, total)
         _finish(db, con, created, result)
         phases("checked")
@@ -248,19 +257,8 @@ def _create_with_progress(db, names, sf, progress):  # noqa: ANN001, ANN202
 
 def _one_refresh(db, con: duckdb.DuckDBPyConnection, refresh: tpch.Refresh, created: dict, result: ScaleResult,  # noqa: ANN001
                  counted: bool, per_table_calls: bool = False) -> None:
-    before = maintained(db)
     batches = refresh.batches()
-    calls = []
-    if per_table_calls:
-        for table, changes in per_table(batches):
-            started = time.perf_counter()
-            db.apply_changes(table, changes)
-            calls.append(time.perf_counter() - started)
-    else:  # one atomic call: every view is maintained once per refresh
-        started = time.perf_counter()
-        db.apply_batch(per_table(batches))
-        calls.append(time.perf_counter() - started)
-    after = maintained(db)
+    calls, spent, paths = maintain(db, batches, per_table_calls)
     for table, changes in batches:
         refresh.apply(table, changes)
     recompute = {}
@@ -274,11 +272,32 @@ def _one_refresh(db, con: duckdb.DuckDBPyConnection, refresh: tpch.Refresh, crea
     result.refresh_seconds.append(sum(calls))
     result.call_seconds.extend(calls)
     for name, view in result.views.items():
-        (spent, calls), (old, old_calls) = after[name], before[name]
-        view.ivm.append(sum(spent[p] - old[p] for p in spent))
+        view.ivm.append(spent[name])
         view.recompute.append(recompute[name])
-        for path in calls:
-            view.paths[path] = view.paths.get(path, 0) + calls[path] - old_calls[path]
+        for path, runs in paths[name].items():
+            view.paths[path] = view.paths.get(path, 0) + runs
+
+
+def maintain(db, batches: list[tuple[str, "pa.Table"]], per_table_calls: bool = False  # noqa: ANN001
+             ) -> tuple[list[float], dict[str, float], dict[str, dict[str, int]]]:
+    """Apply one refresh to ivm: (seconds per call, each view's maintenance seconds, its runs per path)."""
+    before = maintained(db)
+    calls = []
+    if per_table_calls:
+        for table, changes in per_table(batches):
+            started = time.perf_counter()
+            db.apply_changes(table, changes)
+            calls.append(time.perf_counter() - started)
+    else:  # one atomic call: every view is maintained once per refresh
+        started = time.perf_counter()
+        db.apply_batch(per_table(batches))
+        calls.append(time.perf_counter() - started)
+    after = maintained(db)
+    spent, paths = {}, {}
+    for name, ((seconds, runs), (old, old_runs)) in ((n, (after[n], before[n])) for n in after):
+        spent[name] = sum(seconds[p] - old[p] for p in seconds)
+        paths[name] = {p: runs[p] - old_runs[p] for p in runs if runs[p] - old_runs[p]}
+    return calls, spent, paths
 
 
 def per_table(batches: list[tuple[str, "pa.Table"]]) -> list[tuple[str, "pa.Table"]]:

@@ -103,11 +103,30 @@ def inline_queries(program: Program) -> Program:
 
 
 def _with_first(sql: exp.Expression, name: str, body: exp.Expression) -> exp.Expression:
-    """``sql`` with a CTE ``name`` placed before its own CTEs (which may read it)."""
+    """``sql`` with a CTE ``name`` placed before its own CTEs (which may read it).
+
+    ``body``'s own CTEs move up beside it, first: a temporary inlined into two
+    readers that are then both inlined into one query would otherwise be
+    defined twice in it, nested at two levels (Spark rejects the query;
+    DuckDB computes the temporary twice). Temporary names are unique in a
+    program and every copy of a CTE is taken from the one step, so one name
+    is one definition: the first occurrence is kept, and it precedes every
+    CTE that reads it.
+    """
+    hoisted = []
+    inner = body.args.get("with_")
+    if inner is not None and not inner.args.get("recursive"):
+        hoisted = list(inner.expressions)
+        body.set("with_", None)
     combined = sql.with_(name, as_=body)
-    with_ = combined.args.get("with_")
-    if with_ is not None and len(with_.expressions) > 1:
-        with_.set("expressions", [with_.expressions[-1], *with_.expressions[:-1]])
+    with_ = combined.args["with_"]
+    *existing, added = with_.expressions
+    ctes, seen = [], set()
+    for cte in (*hoisted, added, *existing):
+        if cte.alias not in seen:
+            seen.add(cte.alias)
+            ctes.append(cte)
+    with_.set("expressions", ctes)
     return combined
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 
+import duckdb
+
 import pyarrow as pa
 import pytest
 
@@ -140,3 +142,40 @@ def test_results_read_by_two_queries_stay_in_spark(spark_conf, monkeypatch):
             duck.apply_changes("t", changes)
             assert multiset_diff(db.sql("SELECT * FROM m"), duck.sql("SELECT * FROM m")) is None
         assert shipped and not [names for names in shipped if "__keep" in names]
+
+
+def test_date_parts_have_duckdbs_types_and_weekday_numbers_on_spark(spark_conf):
+    """Spark's EXTRACT/YEAR() are INT and its weekdays start at Sunday = 1; DuckDB's are BIGINT from Sunday = 0.
+
+    A view's delta rows are stacked beside its stored rows, so a Spark INT
+    beside a stored BIGINT failed the batch (TPC-H q07); a weekday number
+    off by one would have been silently wrong. Grouping by the parts makes
+    every batch move rows between groups (old value from storage, new one
+    from Spark).
+    """
+    parts = ("EXTRACT(year FROM d)", "month(d)", "dayofweek(d)", "isodow(d)", "EXTRACT(dow FROM d)", "weekday(d)",
+             "date_part('quarter', d)")
+    view = (f"SELECT {', '.join(f'{p} AS p{i}' for i, p in enumerate(parts))}, COUNT(*) AS n, SUM(v) AS s "
+            f"FROM t GROUP BY {', '.join(parts)}")
+    days = [f"2024-02-{day:02d}" for day in range(20, 28)]  # Tuesday .. Tuesday: every weekday once
+    batches = [
+        pa.table({"id": list(range(8)) + [8], "d": days + [None], "v": list(range(9)), "__op": ["c"] * 9}),
+        pa.table({"id": [0, 3, 8], "d": ["2023-12-31", "2025-06-15", "2024-02-24"], "v": [5, 5, 5], "__op": ["u"] * 3}),
+        pa.table({"id": [1, 4], "d": [None, None], "v": [0, 0], "__op": ["d", "d"]}),
+    ]
+    with ivm.connect(engine="spark", spark_conf=spark_conf, maintenance="incremental") as db:
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, d DATE, v INTEGER)")
+        db.execute(f"CREATE MATERIALIZED VIEW parts AS {view}")
+        tables = duckdb.connect()
+        tables.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, d DATE, v INTEGER)")
+        for changes in batches:
+            changes = changes.set_column(1, "d", changes.column("d").cast(pa.date32()))
+            db.apply_changes("t", changes)
+            rows = changes.drop_columns(["__op"])
+            deleted = [i for i, op in zip(changes.column("id").to_pylist(), changes.column("__op").to_pylist()) if op == "d"]
+            tables.execute("INSERT OR REPLACE INTO t SELECT * FROM rows WHERE id NOT IN (SELECT unnest($1))", [deleted])
+            tables.execute("DELETE FROM t WHERE id IN (SELECT unnest($1))", [deleted])
+            got, want = db.sql("SELECT * FROM parts"), tables.sql(view).to_arrow_table()
+            assert got.schema.types == want.schema.types
+            assert multiset_diff(got, want) is None
+        assert set(db._engine.engine_used.values()) == {"spark"}

@@ -103,6 +103,13 @@ def test_dialect_rewrites_where_the_engines_mean_different_things():
     assert "CAST(x AS DOUBLE) * CAST('inf' AS DOUBLE)" in spark_sql("SELECT x / y FROM t")
     assert spark_sql("SELECT CAST(x AS HUGEINT) FROM t") == "SELECT CAST(x AS DECIMAL(38, 0)) FROM t"
     assert spark_sql("SELECT isfinite(x) FROM t") == "SELECT (NOT ISNAN(x) AND ABS(x) <> CAST('inf' AS DOUBLE)) FROM t"
+    # DuckDB's date parts are BIGINT (Spark's INT); its weekdays count from Sunday = 0 (Spark's from 1).
+    assert spark_sql("SELECT EXTRACT(year FROM d) FROM t") == "SELECT CAST(EXTRACT(YEAR FROM d) AS BIGINT) FROM t"
+    assert spark_sql("SELECT dayofweek(d) FROM t") == "SELECT CAST((DAYOFWEEK(d) - 1) AS BIGINT) FROM t"
+    assert spark_sql("SELECT isodow(d) FROM t") == "SELECT CAST(((DAYOFWEEK(d) + 5) % 7 + 1) AS BIGINT) FROM t"
+    assert spark_sql("SELECT CAST(EXTRACT(month FROM d) AS INTEGER) FROM t") == \
+        "SELECT CAST(CAST(EXTRACT(MONTH FROM d) AS BIGINT) AS INT) FROM t"
+    assert spark_sql("SELECT EXTRACT(second FROM ts) FROM t") == "SELECT EXTRACT(SECOND FROM ts) FROM t"
 
 
 @pytest.mark.parametrize("type_name", ["UBIGINT", "UUID", "TIME"])

@@ -12,6 +12,9 @@ rendering (the ibis order: syntax -> dialect, meaning -> a named rewrite):
 * ``cast_rounds``: DuckDB rounds (half away from zero) when it casts a
   fractional value to an integer type; Spark truncates.
 * ``isfinite``: a DuckDB function Spark lacks (spelled with ISNAN and ±inf).
+* ``date_parts``: DuckDB's EXTRACT / YEAR() / MONTH() ... are BIGINT, Spark's
+  INT; a view's column (and the delta rows stacked beside its stored rows)
+  must have one type whichever engine computed it.
 * ``types``: HUGEINT is DECIMAL(38,0) on Spark; unsigned, UUID, JSON, TIME,
   bit, enum and union types have no Spark counterpart and raise
   UnsupportedError naming the type.
@@ -72,7 +75,7 @@ def cast_rounds(node: exp.Expression) -> exp.Expression:
     if not isinstance(node, (exp.Cast, exp.TryCast)) or node.to.this not in INTEGER_TYPES:
         return node
     value = node.this
-    if isinstance(value, exp.Literal) and not value.is_string and "." not in value.name:
+    if isinstance(value, exp.Literal) and not value.is_string and "." not in value.name or is_integer_part(value):
         return node
     node.set("this", exp.Round(this=value))
     return node
@@ -87,6 +90,57 @@ def isfinite(node: exp.Expression) -> exp.Expression:
     return exp.Paren(this=exp.and_(not_nan, not_inf))
 
 
+# Date parts DuckDB returns as BIGINT where Spark returns INT (EXTRACT of a second has a
+# fraction on Spark and is left alone: DuckDB's SECOND is an integer, Spark's is not).
+INTEGER_PARTS = {"year", "quarter", "month", "week", "day", "dayofmonth", "dayofyear", "doy", "hour", "minute",
+                 "dow", "dayofweek", "weekday", "isodow"}
+DATE_PART_FUNCTIONS = (exp.Year, exp.Quarter, exp.Month, exp.Week, exp.Day, exp.DayOfWeek, exp.DayOfWeekIso,
+                       exp.DayOfMonth, exp.DayOfYear)
+# DuckDB numbers weekdays from Sunday = 0 (dow, dayofweek, weekday) or Monday = 1 .. Sunday = 7
+# (isodow); Spark's DAYOFWEEK (and EXTRACT(DOW)) from Sunday = 1.
+SUNDAY_ZERO = {"dow", "dayofweek", "weekday"}
+
+
+def _part(node: exp.Expression) -> tuple[str, exp.Expression] | None:
+    """(DuckDB's name of the date part, its argument) of EXTRACT, DATE_PART or a YEAR()-style call."""
+    if isinstance(node, exp.Extract):
+        return node.name.lower(), node.expression
+    if isinstance(node, exp.Anonymous) and node.expressions:
+        name, args = node.name.lower(), node.expressions
+        if name in ("date_part", "datepart") and len(args) == 2 and isinstance(args[0], exp.Literal) and args[0].is_string:
+            return args[0].name.lower(), args[1]
+        if name == "weekday" and len(args) == 1:
+            return "weekday", args[0]
+        return None
+    if isinstance(node, exp.DayOfWeekIso):
+        return "isodow", node.this
+    if isinstance(node, exp.DayOfWeek):
+        return "dow", node.this
+    return (type(node).__name__.lower(), node.this) if isinstance(node, DATE_PART_FUNCTIONS) else None
+
+
+def is_integer_part(node: exp.Expression) -> bool:
+    part = _part(node)
+    return part is not None and part[0] in INTEGER_PARTS
+
+
+def date_parts(node: exp.Expression) -> exp.Expression:
+    """Integer date parts as BIGINT, DuckDB's type for them; weekdays numbered as DuckDB does."""
+    part = _part(node)
+    if part is None or part[0] not in INTEGER_PARTS:
+        return node
+    name, value = part
+    sunday_one = exp.DayOfWeek(this=value.copy())  # Spark: Sunday = 1 .. Saturday = 7
+    if name in SUNDAY_ZERO:
+        node = exp.Sub(this=sunday_one, expression=exp.Literal.number(1))
+    elif name == "isodow":  # Monday = 1 .. Sunday = 7
+        shifted = exp.Mod(this=exp.Paren(this=exp.Add(this=sunday_one, expression=exp.Literal.number(5))),
+                          expression=exp.Literal.number(7))
+        node = exp.Add(this=shifted, expression=exp.Literal.number(1))
+    return exp.Cast(this=exp.Paren(this=node) if isinstance(node, exp.Binary) else node,
+                    to=exp.DataType.build("BIGINT"))
+
+
 def types(node: exp.Expression) -> exp.Expression:
     if not isinstance(node, exp.DataType):
         return node
@@ -97,7 +151,7 @@ def types(node: exp.Expression) -> exp.Expression:
     return node
 
 
-REWRITES = (types, isfinite, cast_rounds, divide)
+REWRITES = (types, isfinite, cast_rounds, date_parts, divide)
 
 
 def to_spark(tree: exp.Expression) -> str:
