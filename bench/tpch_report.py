@@ -50,7 +50,9 @@ def choice(view: ViewResult) -> str:
         return "-"
     if len(paths) == 1:
         return next(iter(paths))
-    return f"recompute in {paths['recompute']} of {sum(paths.values())} runs"
+    if "recompute" in paths:
+        return f"recompute in {paths['recompute']} of {sum(paths.values())} runs"
+    return ", ".join(f"{path} in {n} of {sum(paths.values())} runs" for path, n in paths.items())
 
 
 def _ms(seconds: float) -> str:
