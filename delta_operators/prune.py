@@ -107,12 +107,20 @@ def prune_template(columns: tuple[str, ...]) -> str:
 
 def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], columns: tuple[str, ...]) -> pa.Table:
     """``delta`` without the -old/+new pairs of one key equal in ``columns`` (see the module doc).
-
     ``codes``: the delta's key codes (equal codes are re-checked on the key columns)."""
-    n = delta.num_rows
-    if n < 2:
-        return delta
-    order = np.argsort(codes, kind="stable")
+    return without_equal_pairs(delta, key_pairs(delta, codes), key, columns)
+
+
+def key_pairs(delta: pa.Table, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate pairs: rows ``first[i]`` and ``second[i]`` are the only two rows of their
+    code, with weights -1 and +1. The same for every projection, so views reading different
+    columns of one delta share them (``Engine._pruned``)."""
+    none = np.empty(0, np.int64)
+    if delta.num_rows < 2:
+        return none, none
+    # Not a stable sort: a pair is symmetric, and numpy's stable sort of 64-bit codes
+    # (timsort) took 2.4x the default one (measured 3.3 vs 1.4 ms for 48,000 codes).
+    order = np.argsort(codes)
     ordered = codes[order]
     same_next = ordered[1:] == ordered[:-1]
     # exactly two rows share the code: i and i+1, with neither neighbour sharing it
@@ -120,11 +128,17 @@ def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], co
     alone_after = np.concatenate((~same_next[1:], [True]))
     starts = np.flatnonzero(same_next & alone_before & alone_after)
     if not len(starts):
-        return delta
+        return none, none
     first, second = order[starts], order[starts + 1]
     weights = delta.column(WEIGHT).to_numpy()
     pair = (weights[first] + weights[second] == 0) & (np.abs(weights[first]) == 1)
-    first, second = first[pair], second[pair]
+    return first[pair], second[pair]
+
+
+def without_equal_pairs(delta: pa.Table, pairs: tuple[np.ndarray, np.ndarray], key: tuple[str, ...],
+                        columns: tuple[str, ...]) -> pa.Table:
+    """``delta`` without the ``pairs`` (``key_pairs``) not distinct in the key and ``columns``."""
+    first, second = pairs
     if not len(first):
         return delta
     equal = np.ones(len(first), dtype=bool)
@@ -133,7 +147,7 @@ def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], co
         equal &= _not_distinct(delta.column(name).take(mine), delta.column(name).take(theirs))
     if not equal.any():
         return delta
-    keep = np.ones(n, dtype=bool)
+    keep = np.ones(delta.num_rows, dtype=bool)
     keep[first[equal]] = keep[second[equal]] = False
     return delta.filter(pa.array(keep))
 

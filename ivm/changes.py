@@ -114,9 +114,12 @@ class ChangeNormalizer:
         if unknown:
             raise ChangeError(f"table {table.name} has no column {', '.join(unknown)}")
         n = data.num_rows
-        ops = self._ops(table, data.column(op_name) if op_name else None, n)
-        is_delete = pc.equal(ops, "d")
-        all_deletes = n > 0 and pc.all(is_delete).as_py()
+        ops, kinds = self._ops(table, data.column(op_name) if op_name else None, n)
+        # Which rows delete, computed only when the batch mixes deletes with other ops (the
+        # kinds of op it holds are known): each Arrow call is a GIL release and re-acquire,
+        # and a producer waits for the GIL behind the maintainer's threads at every one.
+        is_delete = pc.equal(ops, "d") if "d" in kinds and len(kinds) > 1 else None
+        all_deletes = n > 0 and kinds == {"d"}
         key = table.identity
         columns = {}
         for col in table.columns:
@@ -134,19 +137,30 @@ class ChangeNormalizer:
             if nulls:
                 raise ChangeError(f"primary key column {name} of {table.name} is NULL in {nulls} row(s)")
         for name in table.not_null:
-            nulls = pc.and_(pc.is_null(result.column(name)), pc.invert(is_delete))
-            count = pc.sum(nulls).as_py() or 0
+            if all_deletes or not result.column(name).null_count:
+                continue
+            if is_delete is None:
+                count = result.column(name).null_count
+            else:
+                count = pc.sum(pc.and_(pc.is_null(result.column(name)), pc.invert(is_delete))).as_py() or 0
             if count:
                 raise ChangeError(f"column {name} of {table.name} is NOT NULL but {count} row(s) hold NULL")
         result = result.append_column(OP, ops).append_column(SEQ, pa.array(np.arange(n, dtype=np.int64)))
         return result
 
-    def _ops(self, table: TableDef, column: pa.ChunkedArray | None, n: int) -> pa.ChunkedArray:
+    def _ops(self, table: TableDef, column: pa.ChunkedArray | None, n: int) -> tuple[pa.ChunkedArray, set[str]]:
+        """The batch's ops (lower case, checked) and the set of ops it holds."""
         if column is None:
-            return pa.chunked_array([pa.repeat(pa.scalar("c", pa.string()), n)])
+            return pa.chunked_array([pa.repeat(pa.scalar("c", pa.string()), n)]), {"c"} if n else set()
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
                 or pa.types.is_dictionary(column.type) or pa.types.is_string_view(column.type)):
             raise ChangeError(f"column __op must hold strings (c, r, u, d), not {column.type}")
+        if pa.types.is_string(column.type) and not column.null_count:
+            # The usual batch: lower-case ops, checked on its few distinct values (one Arrow call).
+            kinds = set(pc.unique(column).to_pylist())
+            if kinds <= set(OPS):
+                self._check_kinds(table, column, kinds)
+                return column, kinds
         ops = pc.utf8_lower(pc.cast(column, pa.string()))
         if ops.null_count:
             raise ChangeError(f"column __op is NULL in {ops.null_count} row(s)")
@@ -154,13 +168,18 @@ class ChangeNormalizer:
         if pc.any(bad).as_py():
             first = ops.filter(bad)[0].as_py()
             raise ChangeError(f"unknown __op {first!r}: use c (insert), r (insert or replace), u (upsert) or d (delete)")
+        kinds = set(pc.unique(ops).to_pylist())
+        self._check_kinds(table, ops, kinds)
+        return ops, kinds
+
+    @staticmethod
+    def _check_kinds(table: TableDef, ops: pa.ChunkedArray, kinds: set[str]) -> None:
         check_appends(table, ops)
-        if not table.primary_key and pc.any(pc.equal(ops, "u")).as_py():
+        if not table.primary_key and "u" in kinds:
             raise ChangeError(
                 f"table {table.name} has no primary key, so __op 'u' (upsert by key) cannot apply; "
                 "send 'd' of the old row and 'c' of the new one"
             )
-        return ops
 
     def _cast(self, table: TableDef, schema: pa.Schema, columns: dict[str, pa.ChunkedArray], n: int) -> pa.Table:
         """Cast columns to the table's types with DuckDB's casting rules."""
@@ -392,8 +411,8 @@ def _last_wins(batch: pa.Table, policy: str) -> bool:
 
     An insert ('c') or a delete under the 'error' policy is checked against the
     state just before it, which earlier operations on its key in the batch decide."""
-    allowed = ["u", "r"] if policy == "error" else ["u", "r", "d"]
-    return not pc.any(pc.invert(pc.is_in(batch.column(OP), pa.array(allowed)))).as_py()
+    allowed = {"u", "r"} if policy == "error" else {"u", "r", "d"}
+    return set(pc.unique(batch.column(OP)).to_pylist()) <= allowed
 
 
 def _last_per_key(batch: pa.Table, codes: np.ndarray, key: Sequence[str]) -> np.ndarray | None:

@@ -33,7 +33,7 @@ from sql_frontend.planner import plan_view
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program
-from delta_operators.prune import cancelled_pairs, prune_template
+from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
 from delta_operators.zset import WEIGHT
 from ivm import duck, keyed_once
 from ivm.binder import Binder, quote
@@ -72,8 +72,10 @@ class Settings:
     fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
     # seconds the maintainer waits for more changes before folding (a waiting read ends the
     # wait at once): a fold's fixed cost (~20 ms CPU for bench/ingest.py's 3 views) is then
-    # shared by more batches; only subscribers see changes up to this much later
-    fold_delay: float = 0.05
+    # shared by more batches; only subscribers see changes up to this much later. 0.1 s:
+    # sustained 1,000-row upserts at 0.05 s made ~55 folds per 2,000 batches and 0.1 s ~35,
+    # ~10% less process CPU per batch (bench/ingest.py, session 7)
+    fold_delay: float = 0.1
     # queued upsert rows from which a second maintainer thread converts them while the
     # fold runs the views (ivm/ahead.py); fewer: the fold converts them itself
     convert_ahead_rows: int = 20_000
@@ -676,7 +678,7 @@ class Engine:
         recomputed: dict[str, Relation | None] = {}
         stale: dict[str, bool] = {}
         stored_new = frozenset(deltas)
-        pruned: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # shared by views reading the same columns
+        pruned: dict[tuple[str, tuple[str, ...] | None], Any] = {}  # shared by views reading the same columns
         for name in self.catalog.affected_views(deltas):
             view = self.catalog.views[name]
             if isolate and self._skip_failed(view):
@@ -752,7 +754,7 @@ class Engine:
         return snapshot.with_changes(dropped) if dropped else snapshot
 
     def _pruned(self, view: ViewDef, source: str, delta: pa.Table,
-                cache: dict[tuple[str, tuple[str, ...]], pa.Table], worker: Worker) -> pa.Table:
+                cache: dict[tuple[str, tuple[str, ...] | None], Any], worker: Worker) -> pa.Table:
         """``delta`` without the changes ``view`` cannot see (delta_operators/prune.py)."""
         reads = view.reads(source)
         names = delta.schema.names
@@ -767,8 +769,10 @@ class Engine:
             table = self.catalog.tables.get(source)
             if table is not None and table.primary_key and keyed_once.applies(table.primary_key, delta.schema):
                 # An integer key: pairs of one key cancel in numpy, no DuckDB statement.
-                codes = worker.coder.codes(delta, table.primary_key)
-                cache[key] = cancelled_pairs(delta, codes, table.primary_key, columns)
+                pairs = cache.get((source, None))  # shared by every projection of the delta
+                if pairs is None:
+                    pairs = cache[(source, None)] = key_pairs(delta, worker.coder.codes(delta, table.primary_key))
+                cache[key] = without_equal_pairs(delta, pairs, table.primary_key, columns)
             else:
                 cache[key] = worker.runner.run(prune_template(columns), delta=delta)
         return cache[key]

@@ -89,7 +89,7 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
     parts = {table: [d for d in deltas if d.num_rows] for table, deltas in unit.deltas.items()}
     rows = sum(d.num_rows for tables in parts.values() for d in tables)
     worker = engine.worker(rows)
-    deltas = zset_sums(parts, worker)
+    deltas = zset_sums(parts, worker, engine)
     snapshot = engine.store.snapshot.with_changes(unit.versions)
     snapshot = engine._maintain(deltas, snapshot, worker)
     first = engine.offset + 1

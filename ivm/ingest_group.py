@@ -29,7 +29,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from delta_operators.zset import WEIGHT
 from ivm import deferred
@@ -38,7 +40,7 @@ from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
     from ivm.durable import DurableEngine
-    from ivm.engine import Worker
+    from ivm.engine import Engine, Worker
     from storage.relation import Relation
 
 
@@ -184,11 +186,31 @@ def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit:
         ticket.delta = prepared.change.delta
 
 
-def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
-    """One consolidated delta from several of one table (the Z-set sum)."""
+def zset_sum(tables: list[pa.Table], worker: "Worker", key: str | None = None) -> pa.Table:
+    """One consolidated delta from several of one table (the Z-set sum).
+
+    ``key``: the table's integer primary key column, when each delta is one
+    conversion's (consolidated: its rows are distinct). Equal rows have equal
+    keys, so rows whose key is in one delta only are already summed; DuckDB
+    sums just the rows of keys in two deltas or more (often none: a fold of
+    several entries ran a GROUP BY over every column of every row, ~10 ms
+    for 40,000 rows).
+    """
     if len(tables) == 1:
         return tables[0]
     combined = pa.concat_tables(tables)
+    if key is not None:
+        shared = _in_several(tables, key)
+        if not shared.any():
+            return combined
+        if not shared.all():
+            mask = pa.array(shared)
+            return pa.concat_tables([combined.filter(pc.invert(mask)),
+                                     _grouped_sum(combined.filter(mask), worker)])
+    return _grouped_sum(combined, worker)
+
+
+def _grouped_sum(combined: pa.Table, worker: "Worker") -> pa.Table:
     names = [n for n in combined.column_names if n != WEIGHT]
     cols = ", ".join(q(n) for n in names)
     return worker.runner.run(
@@ -197,7 +219,33 @@ def zset_sum(tables: list[pa.Table], worker: "Worker") -> pa.Table:
     )
 
 
-def zset_sums(parts: dict[str, list[pa.Table]], worker: "Worker") -> dict[str, pa.Table]:
-    """Each table's deltas as one (``zset_sum``); tables whose changes cancel out are left out."""
-    deltas = {table: zset_sum(tables, worker) for table, tables in parts.items() if tables}
+def _in_several(tables: list[pa.Table], key: str) -> np.ndarray:
+    """Per row of the concatenated ``tables``: is its key in two of them or more?"""
+    values = [t.column(key).to_numpy() for t in tables]
+    distinct = np.sort(np.concatenate([np.unique(v) for v in values]))
+    several = np.unique(distinct[1:][distinct[1:] == distinct[:-1]])
+    return np.isin(np.concatenate(values), several)
+
+
+def summed_key(engine: "Engine", table: str, delta: pa.Table) -> str | None:
+    """The column ``zset_sum`` may group by first: a keyed table's one integer key column."""
+    definition = engine.catalog.tables.get(table)
+    key = definition.primary_key if definition is not None else ()
+    if len(key) != 1 or key[0] not in delta.schema.names:
+        return None
+    column = delta.schema.field(key[0])
+    return key[0] if pa.types.is_integer(column.type) and not delta.column(key[0]).null_count else None
+
+
+def _key(engine: "Engine | None", table: str, tables: list[pa.Table]) -> str | None:
+    if engine is None or len(tables) < 2:
+        return None
+    keys = {summed_key(engine, table, t) for t in tables}
+    return keys.pop() if len(keys) == 1 else None
+
+
+def zset_sums(parts: dict[str, list[pa.Table]], worker: "Worker", engine: "Engine | None" = None) -> dict[str, pa.Table]:
+    """Each table's deltas as one (``zset_sum``); tables whose changes cancel out are left out.
+    With ``engine``, keyed tables' deltas are summed by key first (``summed_key``)."""
+    deltas = {table: zset_sum(tables, worker, _key(engine, table, tables)) for table, tables in parts.items() if tables}
     return {table: delta for table, delta in deltas.items() if delta.num_rows}

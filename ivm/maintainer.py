@@ -251,7 +251,7 @@ class Maintainer:
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self._worker(rows)
-            deltas = zset_sums(parts, worker)
+            deltas = zset_sums(parts, worker, engine)
             snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
             self._keep_indexes(before.with_changes(versions), snapshot)
             hook("fold.before_publish")

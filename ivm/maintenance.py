@@ -25,7 +25,8 @@ a median, where a moving mean took one 10x batch as a trend and switched):
   2-3x, and an estimate seeded by them switched views that were cheaper
   incrementally), scaled up for a batch with more changed rows than usual
   (fixed costs dominate small batches, so a smaller batch is not estimated
-  cheaper);
+  cheaper; above the usual rows, by I's slope over batches of different
+  sizes when the window holds them, else in proportion: ``_per_row``);
 * R, recompute: the median seconds per source row of the refreshes, times
   the sources' rows now. Until a refresh ran, R is *provisional*: the SELECT
   alone timed at CREATE (over the Arrow runs, without keeping the native
@@ -112,6 +113,8 @@ PROBE_FACTOR = 8  # stale state: rebuild to re-measure incremental after refresh
 SWITCH_AFTER = 2  # consecutive batches the rule must hold before a fresh view leaves incremental
 PROBE_BATCHES = WINDOW  # batches a probe measures: a whole window, so its own outliers cannot decide the median
 WARMUP_RUNS = 2  # a delta program's first runs: plain queries, then preparing them (ivm/executor.py)
+SPREAD = 1.5  # measurements at least this far apart in rows give I's slope (_per_row) ...
+MIN_SLOPE_SHARE = 4.0  # ... never below 1/4 of proportional scaling
 REBUILD_GUESS = 10.0  # B unknown (after a reopen): the initial program measured 5-30x the SELECT
 
 
@@ -156,11 +159,30 @@ class CostModel:
         """(incremental, recompute) seconds estimated for a batch of ``rows`` changed rows."""
         incremental = None
         if self.incremental is not None:
-            incremental = self.incremental * max(1.0, rows / max(self.rows or 1.0, 1.0))
+            incremental = self.incremental + self._per_row() * max(0.0, rows - max(self.rows or 1.0, 1.0))
         recompute = None
         if self.recompute is not None:
             recompute = self.recompute * max(source_rows, 1) / max(self.recompute_rows, 1)
         return incremental, recompute
+
+    def _per_row(self) -> float:
+        """Seconds per changed row beyond the usual batch (I's slope).
+
+        Proportional (I / rows) unless the window holds batches of different
+        sizes: then the median slope between pairs of them (Theil-Sen), kept
+        within [1/MIN_SLOPE_SHARE, 1] x proportional. A batch has a fixed cost
+        (a durable fold of bench/ingest.py's 3 views: ~18 ms CPU, then ~0.6 ms
+        per 1,000 rows), so scaling I in proportion took a fold of 5x the usual
+        rows as 5x dearer, and a view recomputed (and rebuilt: 0.5 s) for it.
+        The floor keeps noisy slopes from making huge batches look free.
+        """
+        proportional = (self.incremental or 0.0) / max(self.rows or 1.0, 1.0)
+        pairs = sorted(self._measured, key=lambda m: m[1])
+        slopes = [(s2 - s1) / (r2 - r1) for i, (s1, r1) in enumerate(pairs) for s2, r2 in pairs[i + 1:]
+                  if r2 >= SPREAD * r1 and r1 > 0]
+        if len(slopes) < 2:
+            return proportional
+        return min(proportional, max(proportional / MIN_SLOPE_SHARE, median(slopes)))
 
     def rebuild_estimate(self, source_rows: int) -> float | None:
         if self.rebuild is not None:

@@ -233,3 +233,43 @@ def test_a_fold_while_a_conversion_holds_the_heads_folds_the_converted_entries_o
         holder.join(10)
     assert rows(db, "SELECT * FROM by_g") == [{"g": "a", "n": 1, "total": 1.0}, {"g": "b", "n": 2, "total": 2.0}]
     db.close()
+
+
+def test_summing_keyed_deltas_by_key_first_equals_grouping_every_row():
+    """ingest_group.zset_sum with a key: only rows whose key is in two deltas or more are
+    grouped in DuckDB. Over random consolidated deltas of a keyed table (per key at most
+    one -old and one +new, distinct), the result equals the GROUP BY over every row, and
+    deltas sharing no key are concatenated without a query."""
+    from ivm import ingest_group
+
+    db = ivm.connect()
+    worker = db._engine.worker(10)
+    rng = random.Random(7)
+
+    def delta(keys):
+        out = []
+        for k in keys:
+            old, new = rng.randint(0, 3), rng.randint(0, 3)
+            if rng.random() < 0.5:
+                out.append((k, old, -1))
+            if rng.random() < 0.7 and not (out and out[-1][0] == k and old == new):
+                out.append((k, new, 1))
+        return pa.table({"k": pa.array([r[0] for r in out], pa.int64()),
+                         "g": pa.array([f"g{r[1]}" for r in out], pa.string()),
+                         "__weight": pa.array([r[2] for r in out], pa.int64())})
+
+    def multiset(table):
+        return sorted(tuple(r.values()) for r in table.to_pylist())
+
+    shared = 0
+    for _ in range(200):
+        parts = [delta(rng.sample(range(30), rng.randint(0, 12))) for _ in range(rng.randint(2, 4))]
+        by_key = ingest_group.zset_sum(parts, worker, "k")
+        assert multiset(by_key) == multiset(ingest_group.zset_sum(parts, worker, None))
+        shared += by_key.num_rows < sum(p.num_rows for p in parts)
+    assert shared > 50  # many trials had keys in several deltas that cancelled or merged
+    runs = []
+    worker.runner.run = lambda *a, **k: runs.append(a)  # no DuckDB query when no key is shared
+    apart = ingest_group.zset_sum([delta(range(0, 10)), delta(range(10, 20))], worker, "k")
+    assert not runs and apart.num_rows > 0
+    db.close()

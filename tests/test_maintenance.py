@@ -295,6 +295,28 @@ def test_choice_follows_the_estimates():
     assert cost.choose("incremental", 1, 1, stale=True) == "rebuild"
 
 
+def test_a_larger_batch_is_estimated_by_the_measured_slope_not_in_proportion():
+    """Batches with a fixed cost (a durable fold: 13 ms + 0.6 ms per 1,000 rows here): a fold of 3x the usual
+    rows is estimated by the slope measured over folds of different sizes, so it does not leave incremental."""
+    cost = CostModel(recompute=0.100, recompute_rows=10**6, rebuild=0.5, rebuild_rows=10**6)
+    for rows in (20_000, 40_000, 80_000, 30_000, 40_000):
+        cost.record("incremental", 0.013 + 0.6e-6 * rows, rows, 10**6)
+    assert cost.rows == 40_000 and cost.incremental == pytest.approx(0.037)
+    assert cost.estimates(128_000, 10**6)[0] == pytest.approx(0.037 + 0.6e-6 * 88_000)  # 90 ms, not 118
+    assert {cost.choose("auto", 128_000, 10**6) for _ in range(2 * SWITCH_AFTER)} == {"incremental"}
+    assert cost.estimates(10_000, 10**6)[0] == pytest.approx(0.037)  # a smaller batch: not cheaper
+    # Same-sized batches say nothing about the slope: in proportion, as before.
+    same = CostModel(recompute=0.100, recompute_rows=10**6)
+    for _ in range(WINDOW):
+        same.record("incremental", 0.037, 40_000, 10**6)
+    assert same.estimates(128_000, 10**6)[0] == pytest.approx(0.037 * 3.2)
+    # Noise that makes larger batches look cheaper: the slope stays at least 1/4 of proportional.
+    noisy = CostModel()
+    for rows, seconds in ((20_000, 0.050), (40_000, 0.037), (80_000, 0.030), (40_000, 0.037), (30_000, 0.040)):
+        noisy.record("incremental", seconds, rows, 10**6)
+    assert noisy.estimates(140_000, 10**6)[0] == pytest.approx(0.037 + 0.037 / 40_000 / 4 * 100_000)
+
+
 def test_stale_state_goes_back_when_incremental_is_cheaper_rebuild_included():
     cost = CostModel(incremental=0.010, rows=1000.0, recompute=0.100, recompute_rows=1000, rebuild=0.320,
                      rebuild_rows=1000)
