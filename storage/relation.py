@@ -147,8 +147,12 @@ def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
     table = pa.Table.from_arrays(arrays, schema=schema)
     built = indexes(table)
     if spilled:
-        built = {k: RunIndex(codes=spill.numpy(i.codes), rows=spill.numpy(i.rows)) for k, i in built.items()}
+        built = {k: _spilled_index(spill, i) for k, i in built.items()}
     return Run(table=table, live=None, n_live=n_rows, indexes=built, spilled=spilled)
+
+
+def _spilled_index(spill: Spill, index: RunIndex) -> RunIndex:
+    return RunIndex(codes=spill.numpy(index.codes), rows=spill.numpy(index.rows))
 
 
 def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill | None = None) -> Run:
@@ -292,7 +296,7 @@ class Relation:
     def _spilled(self, run: Run, index: RunIndex) -> RunIndex:
         if not run.spilled or self.spill is None:
             return index
-        return RunIndex(codes=self.spill.numpy(index.codes), rows=self.spill.numpy(index.rows))
+        return _spilled_index(self.spill, index)
 
     def replace_rows(
         self, delete_runs: np.ndarray, delete_rows: np.ndarray, inserts: pa.Table | None, coder: KeyCoder
