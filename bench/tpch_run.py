@@ -330,7 +330,8 @@ def maintain(db, batches: list[tuple[str, "pa.Table"]], per_table_calls: bool = 
         calls.append(time.perf_counter() - started)
     after = maintained(db)
     spent, paths = {}, {}
-    for name, ((seconds, runs), (old, old_runs)) in ((n, (after[n], before[n])) for n in after):
+    for name, (seconds, runs) in after.items():
+        old, old_runs = before[name]
         spent[name] = sum(seconds[p] - old[p] for p in seconds)
         paths[name] = {p: runs[p] - old_runs[p] for p in runs if runs[p] - old_runs[p]}
     return calls, spent, paths
