@@ -284,9 +284,11 @@ def test_choice_follows_the_estimates():
     # The sources doubled: recompute is estimated twice as dear, incremental again.
     assert cost.estimates(100_000, 2_000_000)[1] == pytest.approx(0.200)
     assert cost.choose("auto", 15_000, 2_000_000) == "incremental"
-    # Within the margin (L x 0.1 s = 0.11 s; the rebuild does not count: leaving is free): stay; past it: switch.
-    assert cost.choose("auto", 10_900, 1_000_000) == "incremental"
-    assert [cost.choose("auto", 11_200, 1_000_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
+    # Within the margin (L x 0.1 s = 0.11 s; the rebuild does not count: leaving is free): stay; past it: switch
+    # (batches of about the size I was measured at: far beyond it, a batch is measured first, the next test).
+    near = CostModel(incremental=0.100, rows=10_000.0, recompute=0.100, recompute_rows=1_000_000)
+    assert near.choose("auto", 10_900, 1_000_000) == "incremental"
+    assert [near.choose("auto", 11_200, 1_000_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
     # One slow batch between fast ones does not switch.
     assert [cost.choose("auto", n, 1_000_000) for n in (100_000, 1000, 100_000)] == ["incremental"] * 3
     # Not measured yet: incremental. Forced modes ignore the estimates; forced incremental rebuilds stale state.
@@ -315,6 +317,31 @@ def test_a_larger_batch_is_estimated_by_the_measured_slope_not_in_proportion():
     for rows, seconds in ((20_000, 0.050), (40_000, 0.037), (80_000, 0.030), (40_000, 0.037), (30_000, 0.040)):
         noisy.record("incremental", seconds, rows, 10**6)
     assert noisy.estimates(140_000, 10**6)[0] == pytest.approx(0.037 + 0.037 / 40_000 / 4 * 100_000)
+
+
+def test_a_batch_beyond_every_measured_size_is_measured_before_it_votes():
+    """Sustained durable ingest (bench/ingest.py): folds grow from 12,000 rows to 150,000+. In proportion they were
+    estimated past recompute and the view left (and rebuilt for 0.5 s) where incremental measured 54 ms for 270,000
+    rows. A batch that large runs incrementally once, is measured, and the measured slope decides the next one."""
+    cost = CostModel(recompute=0.036, recompute_rows=2_400_000, rebuild=0.47, rebuild_rows=2_400_000)
+    for _ in range(WINDOW):
+        cost.record("incremental", 0.0084, 12_000, 2_400_000)
+    # In proportion 146,000 rows cost 102 ms > L x 36 ms; at a quarter of the slope 32 ms: it might be cheaper.
+    assert cost.estimates(146_000, 2_400_000)[0] == pytest.approx(0.0084 * 146 / 12)
+    assert [cost.choose("auto", 146_000, 2_400_000) for _ in range(2 * SWITCH_AFTER)] == ["incremental"] * 4
+    cost.record("incremental", 0.030, 146_000, 2_400_000)  # measured: ~0.16 us per extra row
+    assert cost.estimates(180_000, 2_400_000)[0] < LEAVE_MARGIN * 0.036
+    assert {cost.choose("auto", 180_000, 2_400_000) for _ in range(2 * SWITCH_AFTER)} == {"incremental"}
+    # Measured and still dear at that size: the votes count, and the view leaves.
+    dear = CostModel(recompute=0.036, recompute_rows=2_400_000)
+    for rows, seconds in ((12_000, 0.0084),) * 4 + ((146_000, 0.102),):
+        dear.record("incremental", seconds, rows, 2_400_000)
+    assert [dear.choose("auto", 146_000, 2_400_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
+    # Beyond every measured size but dear even at the least slope allowed: no need to measure, the votes count.
+    huge = CostModel(recompute=0.036, recompute_rows=2_400_000)
+    for _ in range(WINDOW):
+        huge.record("incremental", 0.0084, 12_000, 2_400_000)
+    assert [huge.choose("auto", 1_000_000, 2_400_000) for _ in range(SWITCH_AFTER)][-1] == "recompute"
 
 
 def test_stale_state_goes_back_when_incremental_is_cheaper_rebuild_included():
