@@ -163,11 +163,15 @@ class CostModel:
         """(incremental, recompute) seconds estimated for a batch of ``rows`` changed rows."""
         incremental = None
         if self.incremental is not None:
-            incremental = self.incremental + self._per_row() * max(0.0, rows - max(self.rows or 1.0, 1.0))
+            incremental = self._scaled(rows, self._per_row())
         recompute = None
         if self.recompute is not None:
             recompute = self.recompute * max(source_rows, 1) / max(self.recompute_rows, 1)
         return incremental, recompute
+
+    def _scaled(self, rows: int, per_row: float) -> float:
+        """I for a batch of ``rows`` at ``per_row`` seconds per row beyond the usual one (a smaller is not cheaper)."""
+        return self.incremental + per_row * max(0.0, rows - max(self.rows or 1.0, 1.0))
 
     def _per_row(self) -> float:
         """Seconds per changed row beyond the usual batch (I's slope).
@@ -205,9 +209,8 @@ class CostModel:
         largest = max((r for _, r in self._measured), default=self.rows or 1.0)
         if rows <= SPREAD * largest:
             return False
-        usual = max(self.rows or 1.0, 1.0)
-        optimistic = self.incremental + self.incremental / usual / MIN_SLOPE_SHARE * max(0.0, rows - usual)
-        return optimistic <= limit
+        least_slope = self.incremental / max(self.rows or 1.0, 1.0) / MIN_SLOPE_SHARE
+        return self._scaled(rows, least_slope) <= limit
 
     def rebuild_estimate(self, source_rows: int) -> float | None:
         if self.rebuild is not None:
