@@ -173,6 +173,10 @@ class CostModel:
         """I for a batch of ``rows`` at ``per_row`` seconds per row beyond the usual one (a smaller is not cheaper)."""
         return self.incremental + per_row * max(0.0, rows - max(self.rows or 1.0, 1.0))
 
+    def _proportional(self) -> float:
+        """I / usual rows: the largest slope ``_per_row`` allows (the least is 1/MIN_SLOPE_SHARE of it)."""
+        return (self.incremental or 0.0) / max(self.rows or 1.0, 1.0)
+
     def _per_row(self) -> float:
         """Seconds per changed row beyond the usual batch (I's slope).
 
@@ -184,7 +188,7 @@ class CostModel:
         rows as 5x dearer, and a view recomputed (and rebuilt: 0.5 s) for it.
         The floor keeps noisy slopes from making huge batches look free.
         """
-        proportional = (self.incremental or 0.0) / max(self.rows or 1.0, 1.0)
+        proportional = self._proportional()
         pairs = sorted(self._measured, key=lambda m: m[1])
         slopes = [(s2 - s1) / (r2 - r1) for i, (s1, r1) in enumerate(pairs) for s2, r2 in pairs[i + 1:]
                   if r2 >= SPREAD * r1 and r1 > 0]
@@ -209,8 +213,7 @@ class CostModel:
         largest = max((r for _, r in self._measured), default=self.rows or 1.0)
         if rows <= SPREAD * largest:
             return False
-        least_slope = self.incremental / max(self.rows or 1.0, 1.0) / MIN_SLOPE_SHARE
-        return self._scaled(rows, least_slope) <= limit
+        return self._scaled(rows, self._proportional() / MIN_SLOPE_SHARE) <= limit
 
     def rebuild_estimate(self, source_rows: int) -> float | None:
         if self.rebuild is not None:
