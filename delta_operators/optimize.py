@@ -86,6 +86,10 @@ def inline_queries(program: Program) -> Program:
             pinned.add(step.source)
     for replace in program.replaces:
         pinned.update(n for n in (replace.deletes, replace.inserts) if n)
+    # The tables each query reads, kept up to date as temporaries are inlined (a reader
+    # then reads the inlined query's tables too): walking every query's tree for every
+    # candidate was most of the time DDL spent here.
+    tables = {id(s): _tables(s.sql) for s in program.steps if isinstance(s, Query)}
     changed = True
     while changed:
         changed = False
@@ -93,10 +97,11 @@ def inline_queries(program: Program) -> Program:
             if not isinstance(step, Query) or step.out in pinned:
                 continue
             readers = [s for s in program.steps if s is not step and isinstance(s, Query)
-                       and step.out in _tables(s.sql)]
+                       and step.out in tables[id(s)]]
             for reader in readers:
                 reader.sql = _with_first(reader.sql, step.out, step.sql.copy())
                 reader.drivers = _merged_drivers(reader, step)
+                tables[id(reader)] |= tables[id(step)]
             program.steps.remove(step)
             changed = True
     return program

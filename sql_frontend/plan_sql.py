@@ -44,7 +44,7 @@ def parenthesize(tree: exp.Expression) -> exp.Expression:
 
 def render(tree: exp.Expression, dialect: str = "duckdb") -> str:
     """SQL text of a tree built in code, safe against operator precedence."""
-    return parenthesize(tree.copy()).sql(dialect)
+    return parenthesize(tree.copy()).sql(dialect, copy=False)  # the copy is ours: generating may change it
 
 
 def quoted(name: str) -> exp.Identifier:
