@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,6 +104,7 @@ class Checkpointer:
         self.generation = ""
         self.count = 0
         self.last_duration = 0.0
+        self.durations: deque[float] = deque(maxlen=1000)  # seconds of the latest checkpoints
         self.stored: dict[str, tuple[Relation, StoredVersion]] = {}
         self.outputs: dict[str, tuple[tuple[Relation, ...], StoredVersion]] = {}
         self.error: str | None = None
@@ -131,13 +133,18 @@ class Checkpointer:
                 self._stop.wait(1.0)
 
     # --- writing ---------------------------------------------------------------------------
-    def checkpoint(self, force: bool = False) -> bool:
-        """Store the published snapshot; False when nothing changed since the last one."""
+    def checkpoint(self, force: bool = False, consolidate: bool = False) -> bool:
+        """Store the published snapshot; False when nothing changed since the last one.
+
+        ``consolidate`` (COMPACT): also rewrite whole every relation stored with appended
+        differences, so each is plain files again."""
         engine = self.engine
         with self.lock:
             with engine.maintainer.fold_lock:
                 snapshot = engine.store.snapshot
                 generation = engine.generation
+                if consolidate and any(s.appends for _, s in self.stored.values()):
+                    force = True
                 if not force and snapshot.offset == self.offset and generation == self.generation:
                     return False
                 catalog = describe_catalog(engine.catalog)
@@ -147,7 +154,7 @@ class Checkpointer:
                 computed = [v for v in engine.catalog.views.values()
                             if not v.stored_output and v.name not in failed and v.name not in snapshot]
             start = time.perf_counter()
-            stored = self._write_relations(snapshot, generation)
+            stored = self._write_relations(snapshot, generation, consolidate)
             outputs = self._write_outputs(computed, snapshot, generation)
             write_manifest(self.root, {
                 "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
@@ -161,18 +168,21 @@ class Checkpointer:
             self.offset, self.generation = snapshot.offset, generation
             self.count += 1
             self.last_duration = time.perf_counter() - start
+            self.durations.append(self.last_duration)
             engine.after_checkpoint(snapshot.offset)
             self.files.remove_others({s.dir for _, s in stored.values()} | {s.dir for _, s in outputs.values()})
             return True
 
-    def _write_relations(self, snapshot: Snapshot, generation: str) -> dict[str, tuple[Relation, StoredVersion]]:
+    def _write_relations(self, snapshot: Snapshot, generation: str,
+                         consolidate: bool = False) -> dict[str, tuple[Relation, StoredVersion]]:
         stored = {}
         for name, relation in snapshot.relations.items():
             previous = self.stored.get(name)
-            if previous is not None and previous[0] is relation:
+            if previous is not None and previous[0] is relation and not (consolidate and previous[1].appends):
                 stored[name] = previous
                 continue
-            stored[name] = (relation, self.files.write(name, relation.table(), snapshot.offset, generation))
+            version = self.files.write_relation(name, relation, previous, snapshot.offset, generation, consolidate)
+            stored[name] = (relation, version)
             hook("checkpoint.between_relations")
         return stored
 

@@ -30,8 +30,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN
+from delta_operators.zset import POS, RUN, WEIGHT
 from sql_frontend.errors import InternalError
 from storage.keys import KeyCoder, sorted_unique
 from storage.spill import Spill
@@ -397,3 +398,71 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunInde
         order = np.argsort(codes, kind="stable")
         indexes[k] = RunIndex(codes=codes[order], rows=_row_positions(rows[order], n_rows))
     return indexes
+
+
+# --- the difference between two versions (what a checkpoint appends) ---------------------------
+
+def _bits(run: Run) -> np.ndarray:
+    """The run's liveness as packed bits (LSB first; padding bits 0), all ones when ``live`` is None."""
+    if run.live is not None:
+        return run.live
+    return np.packbits(np.ones(run.n_rows, dtype=bool), bitorder="little")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The Z-set difference ``new - old`` of two versions of one relation, as parts of runs.
+
+    Each part is (run, packed row mask or None for the run's live rows, sign). Found from
+    the runs alone: a run is an immutable table, identified by that table object (both
+    versions are alive, so ``id`` cannot be reused), and only its liveness bits change
+    (deletes clear bits). Runs in both versions give the rows whose bit changed; runs
+    only in ``new`` (inserted or merged) give their live rows, added; runs only in ``old``
+    (merged away or emptied) give the rows live in ``old``, removed. Rows moved by a merge
+    appear twice (removed from the old runs, added in the new one); they cancel when
+    the stored files are summed."""
+
+    schema: pa.Schema
+    parts: tuple[tuple[Run, np.ndarray | None, int], ...]
+    rows: int  # rows of the difference (removed + added)
+
+    def table(self) -> pa.Table:
+        """The difference as rows with signed weights: +w for rows added, -w for rows removed."""
+        weight = self.schema.get_field_index(WEIGHT)
+        tables = []
+        for run, mask, sign in self.parts:
+            if mask is None:
+                t = run.live_table()
+            else:
+                t = run.table.filter(pa.Array.from_buffers(pa.bool_(), run.n_rows, [None, pa.py_buffer(mask)]))
+            if sign < 0:
+                t = t.set_column(weight, self.schema.field(weight), pc.negate(t.column(weight)))
+            tables.append(t)
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
+
+
+def difference(old: Relation, new: Relation) -> Difference:
+    """``new - old`` (see Difference). Both must have the same schema."""
+    if old.schema != new.schema:
+        raise InternalError(f"relation {new.name}: no difference between versions of different schemas")
+    before = {id(run.table): run for run in old.runs}
+    after = {id(run.table) for run in new.runs}
+    parts: list[tuple[Run, np.ndarray | None, int]] = []
+    rows = 0
+    for run in new.runs:
+        previous = before.get(id(run.table))
+        if previous is None:
+            parts.append((run, None, 1))
+            rows += run.n_live
+        elif previous.live is not run.live:
+            was, now = _bits(previous), _bits(run)
+            for mask, sign in ((was & ~now, -1), (now & ~was, 1)):
+                count = int(np.bitwise_count(mask).sum())
+                if count:
+                    parts.append((run, mask, sign))
+                    rows += count
+    for run in old.runs:
+        if id(run.table) not in after and run.n_live:
+            parts.append((run, None, -1))
+            rows += run.n_live
+    return Difference(new.schema, tuple(parts), rows)
