@@ -16,6 +16,8 @@ Measures, on a database in a fresh temporary directory:
   on a shared machine, whatever else runs);
 * read-your-writes wait: a read issued right after an acknowledgement waits
   for the maintainer to fold it: median and p99 of that read;
+* per throughput run, the background checkpoints that ended in it: how
+  many, median, max and total seconds;
 * per throughput run, the issue's two targets read off that one run (one
   operating point: rows/s sustained and the ack median/p99 of the same
   batches), and how many batches each view took incrementally or recomputed;
@@ -167,6 +169,8 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
             acks.extend(local)
 
     threads = [threading.Thread(target=produce, args=(mine,)) for mine in prepared]
+    checkpointer = getattr(db._engine, "checkpointer", None)  # bench-only peek (durable databases)
+    checkpoints = checkpointer.count if checkpointer is not None else 0
     cpu = process_cpu()
     start = time.perf_counter()
     for t in threads:
@@ -178,9 +182,21 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
     folded = time.perf_counter() - start
     cpu = process_cpu() - cpu
     rows = per * producers * size
-    return {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
-            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
-            "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+    result = {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
+              "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
+              "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+    if checkpointer is not None:
+        result.update(checkpoint_stats(checkpointer, checkpoints))
+    return result
+
+
+def checkpoint_stats(checkpointer, before: int) -> dict:
+    """The background checkpoints that ended during a run: how many, their seconds (median,
+    max, sum: the checkpointer's share of the window)."""
+    done = checkpointer.count - before
+    seconds = list(checkpointer.durations)[-done:] if done else []
+    return {"checkpoints": done, "checkpoint_median_s": statistics.median(seconds) if seconds else None,
+            "checkpoint_max_s": max(seconds, default=None), "checkpoint_total_s": sum(seconds)}
 
 
 TARGET_ROWS_PER_S = 500_000  # issue 4, acceptance 4: both at one operating point
