@@ -2,12 +2,26 @@
 
 Every stored relation is one Delta table under ``DIR/relations/<name>/``
 (``deltalake``): Parquet files plus a ``_delta_log`` of atomic commits. A
-relation's rows carry the Z-set weight in the int64 column ``__weight``
-(the number of copies of the row; 1 for every row of a keyed table or a
-set-valued view). Each commit carries, in its commit metadata, the change-log
-offset it reflects (``ivm.offset``), the catalog generation
-(``ivm.generation``), and an app transaction (app id ``ivm``, version = the
+relation's rows carry the Z-set weight in the int64 column ``__weight``.
+Each commit carries, in its commit metadata, the change-log offset it
+reflects (``ivm.offset``), the catalog generation (``ivm.generation``), the
+rows and commits appended since the last overwrite (``ivm.appended``,
+``ivm.appends``) and an app transaction (app id ``ivm``, version = the
 offset), so the offset is committed atomically with the data.
+
+A version's content is the sum of ``__weight`` per distinct row over all its
+files. A commit either overwrites the relation (every row once, positive
+weights: the number of copies) or appends its difference since the
+previous stored version (``storage.relation.difference``: rows added with
++w, rows removed with -w), so a checkpoint writes in proportion to what
+changed, not to what is stored. ``write_relation`` overwrites when it must
+or should: no previous version in this process, a Delta commit after the
+stored version (a crash leftover: appending would count it too), a
+different schema, a small relation (``APPEND_MIN_ROWS``), too many appends
+(``APPEND_MAX_COMMITS``) or appended rows past ``APPEND_SHARE`` of the
+relation, and when asked to consolidate (COMPACT). ``load`` sums the
+weights (``consolidate``) when the version has appends; a negative sum is
+a corrupt store.
 
 Delta Lake lacks a few Arrow types; such columns are stored as the nearest
 type that holds every value (``storable_type``: TIME as int64 microseconds,
@@ -16,12 +30,13 @@ Relations with types it cannot hold at all (INTERVAL) are refused at DDL.
 
 A checkpoint is atomic across relations: first each changed relation gets a
 Delta commit, then ``DIR/checkpoint.json`` (the manifest: offset, catalog,
-each relation's Delta version, producer sequence numbers) is written to a
-temporary file, synced and renamed over the old one. A crash between the
-two leaves the old manifest, which names older versions (Delta time travel
-keeps them). A relation commit left behind by such a crash is reused when
-the same state (same offset, same catalog generation) is checkpointed again,
-so replaying that commit is a no-op.
+each relation's Delta version and append counts, producer sequence numbers)
+is written to a temporary file, synced and renamed over the old one. A
+crash between the two leaves the old manifest, which names older versions
+(Delta time travel keeps them). A relation commit left behind by such a
+crash is reused when the same state (same offset, same catalog generation)
+is checkpointed again, so replaying that commit is a no-op; any other
+state is written whole over it.
 
 deltalake writes without syncing; the files of each commit are synced here.
 """
@@ -29,6 +44,7 @@ deltalake writes without syncing; the files of each commit are synced here.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -46,6 +62,8 @@ from delta_operators.zset import WEIGHT
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
 from storage.relation import Difference, Relation, difference
+
+log = logging.getLogger("ivm.checkpoint")
 
 MANIFEST = "checkpoint.json"
 RELATIONS = "relations"
@@ -166,7 +184,11 @@ class RelationFiles:
             if diff is not None:
                 if diff.rows == 0:  # same rows (say, an index added): the stored version holds them
                     return previous[1]
-                return self._append(path, diff, previous[1], relation.num_rows, offset, generation)
+                try:
+                    return self._append(path, diff, previous[1], relation.num_rows, offset, generation)
+                except Exception:  # deltalake raises its own types (a schema the table refuses, ...)
+                    # An overwrite is right whatever the append left (a commit or none): it replaces all.
+                    log.warning("appending to %s failed; writing it whole", name, exc_info=True)
         return self._overwrite(path, relation.table(), offset, generation)
 
     @staticmethod

@@ -304,3 +304,19 @@ def test_status_lists_checkpoint_durations(tmp_path):
     assert len(status["recent_checkpoint_seconds"]) == min(status["checkpoints"], 10)
     assert status["recent_checkpoint_seconds"][-1] == status["last_checkpoint_seconds"]
     db.close()
+
+
+def test_a_failed_append_falls_back_to_an_overwrite(tmp_path, coder, monkeypatch, appends, caplog):
+    files = RelationFiles(tmp_path)
+    base = Relation.empty("t", SCHEMA, ("k",), (("k",),)).replace_all(rows(range(10)), coder)
+    first = files.write_relation("t", base, None, 1, "g")
+    new = base.replace_rows(*positions(base, [4]), None, coder)
+
+    def refuse(*args, **kwargs):
+        raise OSError("no space left for the append")
+
+    monkeypatch.setattr(RelationFiles, "_append", refuse)
+    version = files.write_relation("t", new, (base, first), 2, "g")
+    assert version.appends == 0 and version.version == first.version + 1
+    assert same(files.load(version, SCHEMA), new.table())
+    assert "appending to t failed" in caplog.text
