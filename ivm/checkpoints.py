@@ -2,7 +2,11 @@
 
 A checkpoint takes one published snapshot (tables and views at offset S),
 commits every relation that changed since the last checkpoint as a new
-Delta version (storage/checkpoint.py), then atomically replaces the
+Delta version (storage/checkpoint.py): its difference from the version this
+process stored last (``self.stored`` keeps that Relation, so the difference
+comes from the two versions' runs) appended, or the whole relation when
+that is required or cheaper; COMPACT rewrites whole every relation with
+appended differences. Then it atomically replaces the
 manifest, which names S, the catalog, each relation's Delta version and the
 producers' sequence numbers up to S. Afterwards the log segments entirely at
 or below S may go (per the retention setting).
@@ -12,7 +16,7 @@ It runs in the background when enough changes are not stored yet
 at every DDL (the catalog is persisted only here, atomically with the offset
 it reflects, so the log holds changes only), on COMPACT and on close.
 
-Views computed on read (no stored output) also get their rows written, to
+Views computed on read (no stored output) also get their rows written whole, to
 ``relations/<view>``, whenever their state changed: outside engines read
 every view the same way. Recovery never reads those; it rebuilds from state.
 """
