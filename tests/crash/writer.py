@@ -22,9 +22,6 @@ from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of
 from tests.oracle.model import generate_batch, ops_to_arrow
 
 OPTIONS = dict(checkpoint_rows=400, checkpoint_seconds=0.3, segment_bytes=64 << 10)
-# The workload's relations are small: let checkpoints append their differences (not only
-# overwrite them), so kills land around appended commits and recovery sums them.
-checkpoint_module.APPEND_MIN_ROWS = 0
 
 
 def main() -> int:
@@ -37,6 +34,9 @@ def main() -> int:
     args = parser.parse_args()
     side = SideFiles(args.side)
     side.repair()
+    # The workload's relations are small: let checkpoints append their differences (not only
+    # overwrite them), so kills land around appended commits and recovery sums them.
+    checkpoint_module.APPEND_MIN_ROWS = 0
     db = ivm.connect(args.db, log_retention_seconds=None if args.retain else 0.0, **OPTIONS)
     for statement in ddl():
         db.execute(statement)
