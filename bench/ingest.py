@@ -17,7 +17,7 @@ Measures, on a database in a fresh temporary directory:
 * read-your-writes wait: a read issued right after an acknowledgement waits
   for the maintainer to fold it: median and p99 of that read;
 * per throughput run, the background checkpoints that ended in it: how
-  many, median, max and total seconds;
+  many, median, max and total seconds, rows appended and rows overwritten;
 * per throughput run, the issue's two targets read off that one run (one
   operating point: rows/s sustained and the ack median/p99 of the same
   batches), and how many batches each view took incrementally or recomputed;
@@ -195,8 +195,11 @@ def checkpoint_stats(checkpointer, before: int) -> dict:
     max, sum: the checkpointer's share of the window)."""
     done = checkpointer.count - before
     seconds = list(checkpointer.durations)[-done:] if done else []
+    written = list(getattr(checkpointer, "written", []))[-done:] if done else []
     return {"checkpoints": done, "checkpoint_median_s": statistics.median(seconds) if seconds else None,
-            "checkpoint_max_s": max(seconds, default=None), "checkpoint_total_s": sum(seconds)}
+            "checkpoint_max_s": max(seconds, default=None), "checkpoint_total_s": sum(seconds),
+            "checkpoint_rows_appended": sum(a for a, _ in written),
+            "checkpoint_rows_overwritten": sum(o for _, o in written)}
 
 
 TARGET_ROWS_PER_S = 500_000  # issue 4, acceptance 4: both at one operating point

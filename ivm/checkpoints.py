@@ -109,9 +109,11 @@ class Checkpointer:
         self.count = 0
         self.last_duration = 0.0
         self.durations: deque[float] = deque(maxlen=1000)  # seconds of the latest checkpoints
+        self.written: deque[tuple[int, int]] = deque(maxlen=1000)  # their (rows appended, rows overwritten)
         self.stored: dict[str, tuple[Relation, StoredVersion]] = {}
         self.outputs: dict[str, tuple[tuple[Relation, ...], StoredVersion]] = {}
         self.error: str | None = None
+        self._appended = self._overwritten = 0  # rows written by the checkpoint in progress
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ivm-checkpointer", daemon=True)
 
@@ -158,6 +160,7 @@ class Checkpointer:
                 computed = [v for v in engine.catalog.views.values()
                             if not v.stored_output and v.name not in failed and v.name not in snapshot]
             start = time.perf_counter()
+            self._appended = self._overwritten = 0
             stored = self._write_relations(snapshot, generation, consolidate)
             outputs = self._write_outputs(computed, snapshot, generation)
             write_manifest(self.root, {
@@ -173,6 +176,7 @@ class Checkpointer:
             self.count += 1
             self.last_duration = time.perf_counter() - start
             self.durations.append(self.last_duration)
+            self.written.append((self._appended, self._overwritten))
             engine.after_checkpoint(snapshot.offset)
             self.files.remove_others({s.dir for _, s in stored.values()} | {s.dir for _, s in outputs.values()})
             return True
@@ -187,6 +191,11 @@ class Checkpointer:
                 continue
             version = self.files.write_relation(name, relation, previous, snapshot.offset, generation, consolidate)
             stored[name] = (relation, version)
+            if previous is None or version != previous[1]:
+                if version.appends:
+                    self._appended += version.appended - (previous[1].appended if previous else 0)
+                else:
+                    self._overwritten += version.rows
             hook("checkpoint.between_relations")
         return stored
 

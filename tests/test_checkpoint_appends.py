@@ -320,3 +320,16 @@ def test_a_failed_append_falls_back_to_an_overwrite(tmp_path, coder, monkeypatch
     assert version.appends == 0 and version.version == first.version + 1
     assert same(files.load(version, SCHEMA), new.table())
     assert "appending to t failed" in caplog.text
+
+
+def test_checkpointer_counts_rows_appended_and_overwritten(tmp_path, appends):
+    db = ivm.connect(tmp_path, checkpoint_seconds=3600)
+    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v DOUBLE)")
+    db.apply_changes("t", pa.table({"id": list(range(100)), "v": [1.0] * 100}))
+    db.checkpoint()
+    checkpointer = db._engine.checkpointer
+    assert checkpointer.written[-1] == (0, 100)
+    db.execute("UPDATE t SET v = 2 WHERE id < 3")
+    db.checkpoint()
+    assert checkpointer.written[-1] == (6, 0)
+    db.close()
