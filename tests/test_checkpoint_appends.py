@@ -23,6 +23,7 @@ from sql_frontend.errors import InternalError
 from storage import checkpoint as checkpoint_module
 from storage.checkpoint import RelationFiles, consolidate
 from storage.keys import KeyCoder
+from storage import relation as relation_module
 from storage.relation import Relation, difference
 from tests.oracle.compare import multiset_diff
 
@@ -109,8 +110,41 @@ def test_difference_after_run_merges_and_multiset_weights(coder):
             diff = difference(old, new)
             assert same(summed(old.table(), diff.table()), new.table())
     merged = difference(versions[3], versions[4])  # the 4th run of level 1 merged the first three
-    assert {id(r.table) for r in versions[4].runs}.isdisjoint({id(r.table) for r in versions[3].runs})
-    assert merged.rows == versions[3].num_rows + versions[4].num_rows
+    assert {r.serial for r in versions[4].runs}.isdisjoint({r.serial for r in versions[3].runs})
+    assert merged.rows == 4, "rows a merge only moved are left out: the 4 inserted rows remain"
+    assert same(summed(versions[3].table(), merged.table()), versions[4].table())
+
+
+def test_difference_leaves_out_moved_rows_across_merges_and_deletes(coder, monkeypatch):
+    """Between two versions: deletes in old runs, inserts, merges of old and new runs (several
+    levels), deletes in merged runs. The difference holds exactly the rows changed."""
+    none = np.empty(0, np.int64)
+    relation = Relation.empty("r", SCHEMA, ("k",), (("k",),))
+    for i in range(5):
+        relation = relation.replace_rows(none, none, rows(range(i * 40, i * 40 + 40)), coder)
+    old = relation
+    changed = 0
+    for i in range(5, 40):
+        gone = [i * 3, i * 3 + 1] if i % 4 == 0 else []
+        runs_, rows_ = positions(relation, gone)
+        relation = relation.replace_rows(runs_, rows_, rows(range(i * 40, i * 40 + 40)), coder)
+        changed += len(gone) + 40
+    new = relation
+    assert {r.serial for r in old.runs} - {r.serial for r in new.runs}, "old runs were merged away"
+    diff = difference(old, new)
+    assert diff.rows == changed
+    assert same(summed(old.table(), diff.table()), new.table())
+    assert same(summed(new.table(), difference(new, old).table()), old.table()), "backwards: falls back"
+    monkeypatch.setattr(relation_module, "ORIGIN_DEPTH", 1)  # origins too short: moved rows appear twice
+    shallow = Relation.empty("r", SCHEMA, ("k",), (("k",),))
+    for i in range(5):
+        shallow = shallow.replace_rows(none, none, rows(range(i * 40, i * 40 + 40)), coder)
+    start = shallow
+    for i in range(5, 40):
+        shallow = shallow.replace_rows(none, none, rows(range(i * 40, i * 40 + 40)), coder)
+    far = difference(start, shallow)
+    assert far.rows > 35 * 40
+    assert same(summed(start.table(), far.table()), shallow.table())
 
 
 def test_difference_of_different_schemas_is_refused(coder):
