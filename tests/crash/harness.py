@@ -14,13 +14,15 @@ lands inside that window), then open the database here and verify:
 
 Checkpoints append differences to relations of any size here (the writer and
 the reopen lower ``APPEND_MIN_ROWS`` to 0), so kills land around appended
-commits and reopens sum them; ``appended_relations`` in the returned status
-counts the relations the manifest named at an appended version.
+commits and reopens sum them. The returned status adds ``appended_relations``
+(relations the manifest named at an appended version when reopened) and
+``append_commits`` (appended commits in the relations' Delta logs so far).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +36,7 @@ import duckdb
 import ivm
 from storage import checkpoint as checkpoint_module
 from storage.checkpoint import read_manifest
+from tests.crash.writer import APPEND_SETTINGS
 from tests.crash.workload import SOURCE, TABLES, SideFiles, model_of, views
 from tests.oracle.compare import multiset_diff
 from tests.oracle.fixtures import oracle_schema
@@ -104,13 +107,19 @@ def verify(db_dir: Path, side_dir: Path) -> dict:
     intents = side.read_intents()
     acks = side.read_acks()
     appended = _appended_relations(db_dir)
-    # Small relations may append here too (APPEND_MIN_ROWS), as in the writer: the first checkpoint
-    # after a kill between a relation's commit and the manifest must then overwrite, not append.
-    small, checkpoint_module.APPEND_MIN_ROWS = checkpoint_module.APPEND_MIN_ROWS, 0
-    db = ivm.connect(db_dir)
+    # Checkpoints append here too, as in the writer: the first one after a kill between a
+    # relation's commit and the manifest must then overwrite, not append.
+    saved = checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE
+    checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = APPEND_SETTINGS
+    try:
+        db = ivm.connect(db_dir)
+    except BaseException:
+        checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = saved
+        raise
     try:
         status = db.status()
         status["appended_relations"] = appended
+        status["append_commits"] = _append_commits(db_dir)
         assert status["checkpoint_error"] is None
         failed = [r for r in status["relations"] if r["status"] != "ok"]
         assert not failed, failed
@@ -132,13 +141,23 @@ def verify(db_dir: Path, side_dir: Path) -> dict:
         try:
             db.close()
         finally:
-            checkpoint_module.APPEND_MIN_ROWS = small
+            checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = saved
 
 
 def _appended_relations(db_dir: Path) -> int:
     """Relations the manifest names at a version with appended differences (what recovery sums)."""
     manifest = read_manifest(db_dir)
     return sum(1 for s in (manifest or {}).get("relations", {}).values() if s.get("appends", 0))
+
+
+def _append_commits(db_dir: Path) -> int:
+    """Appended differences committed so far to the relations' Delta tables (their logs)."""
+    count = 0
+    for commit in (Path(db_dir) / "relations").glob("*/_delta_log/*.json"):
+        for line in commit.read_text().splitlines():
+            if '"ivm.appends"' in line and not re.search(r'"ivm\.appends":\s*"0"', line):
+                count += 1
+    return count
 
 
 def _compare(db: ivm.Database, model) -> None:

@@ -22,6 +22,9 @@ from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of
 from tests.oracle.model import generate_batch, ops_to_arrow
 
 OPTIONS = dict(checkpoint_rows=400, checkpoint_seconds=0.3, segment_bytes=64 << 10)
+# (APPEND_MIN_ROWS, APPEND_SHARE) in the writer and on reopen (harness.verify): append at any size,
+# and up to 4x the relation's rows, so most checkpoints append and stored versions hold several appends.
+APPEND_SETTINGS = (0, 4.0)
 
 
 def main() -> int:
@@ -36,7 +39,7 @@ def main() -> int:
     side.repair()
     # The workload's relations are small: let checkpoints append their differences (not only
     # overwrite them), so kills land around appended commits and recovery sums them.
-    checkpoint_module.APPEND_MIN_ROWS = 0
+    checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = APPEND_SETTINGS
     db = ivm.connect(args.db, log_retention_seconds=None if args.retain else 0.0, **OPTIONS)
     for statement in ddl():
         db.execute(statement)
