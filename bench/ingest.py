@@ -16,6 +16,8 @@ Measures, on a database in a fresh temporary directory:
   on a shared machine, whatever else runs);
 * read-your-writes wait: a read issued right after an acknowledgement waits
   for the maintainer to fold it: median and p99 of that read;
+* per throughput run, the background checkpoints that ended in it: how
+  many, median, max and total seconds, rows appended and rows overwritten;
 * per throughput run, the issue's two targets read off that one run (one
   operating point: rows/s sustained and the ack median/p99 of the same
   batches), and how many batches each view took incrementally or recomputed;
@@ -167,6 +169,8 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
             acks.extend(local)
 
     threads = [threading.Thread(target=produce, args=(mine,)) for mine in prepared]
+    checkpointer = getattr(db._engine, "checkpointer", None)  # bench-only peek (durable databases)
+    checkpoints = checkpointer.count if checkpointer is not None else 0
     cpu = process_cpu()
     start = time.perf_counter()
     for t in threads:
@@ -178,9 +182,24 @@ def throughput(db: ivm.Database, stream: Stream, producers: int, batches: int, s
     folded = time.perf_counter() - start
     cpu = process_cpu() - cpu
     rows = per * producers * size
-    return {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
-            "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
-            "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+    result = {"producers": producers, "rows": rows, "rows_per_s": rows / folded, "acked_rows_per_s": rows / acked,
+              "seconds": folded, "ack_median_ms": statistics.median(acks), "ack_p99_ms": pct(acks, 99),
+              "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+    if checkpointer is not None:
+        result.update(checkpoint_stats(checkpointer, checkpoints))
+    return result
+
+
+def checkpoint_stats(checkpointer, before: int) -> dict:
+    """The background checkpoints that ended during a run: how many, their seconds (median,
+    max, sum: the checkpointer's share of the window)."""
+    done = checkpointer.count - before
+    seconds = list(checkpointer.durations)[-done:] if done else []
+    written = list(getattr(checkpointer, "written", []))[-done:] if done else []
+    return {"checkpoints": done, "checkpoint_median_s": statistics.median(seconds) if seconds else None,
+            "checkpoint_max_s": max(seconds, default=None), "checkpoint_total_s": sum(seconds),
+            "checkpoint_rows_appended": sum(a for a, _ in written),
+            "checkpoint_rows_overwritten": sum(o for _, o in written)}
 
 
 TARGET_ROWS_PER_S = 500_000  # issue 4, acceptance 4: both at one operating point
@@ -252,6 +271,8 @@ def main() -> None:
                         help="the maintainer's convert_ahead_rows (default: the engine's, 20,000)")
     parser.add_argument("--dir", default=None, help="where the temporary database goes (default: the system's temp dir)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the in-memory comparison (long windows: it takes as long again)")
     args = parser.parse_args()
     results: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)", "args": vars(args),
                      "load_average_at_start": os.getloadavg()}
@@ -282,6 +303,11 @@ def main() -> None:
         print("recompute after every batch instead:", json.dumps(results["recompute"]), flush=True)
         results["status"] = {k: v for k, v in db.status().items() if k != "relations"}
         db.close()
+    if args.no_memory:
+        print("load average at start / end:", results["load_average_at_start"], os.getloadavg())
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return
     memory = ivm.connect()
     stream = load(memory, args.initial)
     results["memory_throughput"] = throughput(memory, stream, 1, args.batches, args.batch_size)

@@ -2,7 +2,11 @@
 
 A checkpoint takes one published snapshot (tables and views at offset S),
 commits every relation that changed since the last checkpoint as a new
-Delta version (storage/checkpoint.py), then atomically replaces the
+Delta version (storage/checkpoint.py): its difference from the version this
+process stored last (``self.stored`` keeps that Relation, so the difference
+comes from the two versions' runs) appended, or the whole relation when
+that is required or cheaper; COMPACT rewrites whole every relation with
+appended differences. Then it atomically replaces the
 manifest, which names S, the catalog, each relation's Delta version and the
 producers' sequence numbers up to S. Afterwards the log segments entirely at
 or below S may go (per the retention setting).
@@ -12,7 +16,7 @@ It runs in the background when enough changes are not stored yet
 at every DDL (the catalog is persisted only here, atomically with the offset
 it reflects, so the log holds changes only), on COMPACT and on close.
 
-Views computed on read (no stored output) also get their rows written, to
+Views computed on read (no stored output) also get their rows written whole, to
 ``relations/<view>``, whenever their state changed: outside engines read
 every view the same way. Recovery never reads those; it rebuilds from state.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,9 +108,12 @@ class Checkpointer:
         self.generation = ""
         self.count = 0
         self.last_duration = 0.0
+        self.durations: deque[float] = deque(maxlen=1000)  # seconds of the latest checkpoints
+        self.written: deque[tuple[int, int]] = deque(maxlen=1000)  # their (rows appended, rows overwritten)
         self.stored: dict[str, tuple[Relation, StoredVersion]] = {}
         self.outputs: dict[str, tuple[tuple[Relation, ...], StoredVersion]] = {}
         self.error: str | None = None
+        self._appended = self._overwritten = 0  # rows written by the checkpoint in progress
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ivm-checkpointer", daemon=True)
 
@@ -131,13 +139,18 @@ class Checkpointer:
                 self._stop.wait(1.0)
 
     # --- writing ---------------------------------------------------------------------------
-    def checkpoint(self, force: bool = False) -> bool:
-        """Store the published snapshot; False when nothing changed since the last one."""
+    def checkpoint(self, force: bool = False, consolidate: bool = False) -> bool:
+        """Store the published snapshot; False when nothing changed since the last one.
+
+        ``consolidate`` (COMPACT): also rewrite whole every relation stored with appended
+        differences, so each is plain files again."""
         engine = self.engine
         with self.lock:
             with engine.maintainer.fold_lock:
                 snapshot = engine.store.snapshot
                 generation = engine.generation
+                if consolidate and any(s.appends for _, s in self.stored.values()):
+                    force = True
                 if not force and snapshot.offset == self.offset and generation == self.generation:
                     return False
                 catalog = describe_catalog(engine.catalog)
@@ -147,7 +160,8 @@ class Checkpointer:
                 computed = [v for v in engine.catalog.views.values()
                             if not v.stored_output and v.name not in failed and v.name not in snapshot]
             start = time.perf_counter()
-            stored = self._write_relations(snapshot, generation)
+            self._appended = self._overwritten = 0
+            stored = self._write_relations(snapshot, generation, consolidate)
             outputs = self._write_outputs(computed, snapshot, generation)
             write_manifest(self.root, {
                 "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
@@ -161,18 +175,27 @@ class Checkpointer:
             self.offset, self.generation = snapshot.offset, generation
             self.count += 1
             self.last_duration = time.perf_counter() - start
+            self.durations.append(self.last_duration)
+            self.written.append((self._appended, self._overwritten))
             engine.after_checkpoint(snapshot.offset)
             self.files.remove_others({s.dir for _, s in stored.values()} | {s.dir for _, s in outputs.values()})
             return True
 
-    def _write_relations(self, snapshot: Snapshot, generation: str) -> dict[str, tuple[Relation, StoredVersion]]:
+    def _write_relations(self, snapshot: Snapshot, generation: str,
+                         consolidate: bool = False) -> dict[str, tuple[Relation, StoredVersion]]:
         stored = {}
         for name, relation in snapshot.relations.items():
             previous = self.stored.get(name)
-            if previous is not None and previous[0] is relation:
+            if previous is not None and previous[0] is relation and not (consolidate and previous[1].appends):
                 stored[name] = previous
                 continue
-            stored[name] = (relation, self.files.write(name, relation.table(), snapshot.offset, generation))
+            version = self.files.write_relation(name, relation, previous, snapshot.offset, generation, consolidate)
+            stored[name] = (relation, version)
+            if previous is None or version != previous[1]:
+                if version.appends:
+                    self._appended += version.appended - (previous[1].appended if previous else 0)
+                else:
+                    self._overwritten += version.rows
             hook("checkpoint.between_relations")
         return stored
 

@@ -298,18 +298,20 @@ class DurableEngine(Engine):
         self.log.roll()
         self.log.delete_covered(offset, self.settings.log_retention_seconds)
 
-    def checkpoint(self) -> int:
-        """Fold and store everything acknowledged now; return the stored offset."""
+    def checkpoint(self, consolidate: bool = False) -> int:
+        """Fold and store everything acknowledged now; return the stored offset (``consolidate``:
+        relations stored with appended differences are rewritten whole, see Checkpointer)."""
         with self.write_lock:
             self.log.wait_durable(self.offset)
             self.maintainer.wait_published(self.offset)
-            self.checkpointer.checkpoint()
+            self.checkpointer.checkpoint(consolidate=consolidate)
             return self.checkpointer.offset
 
     def compact(self) -> dict:
-        """COMPACT: checkpoint, keep the latest change per key in the retained log, vacuum Delta files."""
+        """COMPACT: checkpoint (every relation as plain files again), keep the latest change per key
+        in the retained log, vacuum Delta files."""
         with self.write_lock, self.checkpointer.lock:
-            offset = self.checkpoint()
+            offset = self.checkpoint(consolidate=True)
             before, after = self.log.rewrite_covered(offset, self._compact_records)
             relations = self.checkpointer.compact_files()
             return {"offset": offset, "log_records_before": before, "log_records_after": after,

@@ -104,6 +104,7 @@ def engine_status(engine: "Engine") -> dict:
             "log_truncations": list(engine.log.truncations), "recovered_records": engine.replayed,
             "recovery_seconds": round(engine.recovery_seconds, 3), "checkpoints": engine.checkpointer.count,
             "last_checkpoint_seconds": round(engine.checkpointer.last_duration, 3),
+            "recent_checkpoint_seconds": [round(d, 3) for d in list(engine.checkpointer.durations)[-10:]],
             "checkpoint_error": engine.checkpointer.error, "folds": engine.maintainer.folds,
             "producers": {s: {"seq": q, "offset": o} for s, (q, o) in engine.producers.last().items()},
         })

@@ -24,14 +24,16 @@ nothing.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN
+from delta_operators.zset import POS, RUN, WEIGHT
 from sql_frontend.errors import InternalError
 from storage.keys import KeyCoder, sorted_unique
 from storage.spill import Spill
@@ -52,6 +54,19 @@ FAN_IN = 1 << LOG2_FAN_IN
 SLICE_RATIO = 256
 # A lookup steps over at most this many equal codes per probe before it searches for the end.
 EQUAL_STEPS = 4
+# A merged run remembers where its rows came from this many merges back (Run.origin), so
+# the difference of two versions (what a checkpoint appends) leaves out rows a merge only
+# moved. Between two checkpoints a row is merged about once per level it climbs (fold-sized
+# runs of ~20,000 rows to the largest: ~5 levels at 20M rows); rows merged more often are
+# written as removed and added again, which is still right, only larger.
+ORIGIN_DEPTH = 8
+
+_serials = itertools.count()
+
+# Run.origin: one entry per source run, in the order their rows were copied:
+# (source serial, its liveness bits at the merge (None = all live), its n_rows, its origin
+# (None: made from inserted rows, or past ORIGIN_DEPTH)).
+Origin = tuple  # tuple[tuple[int, np.ndarray | None, int, "Origin | None"], ...]
 
 
 Key = tuple[str, ...]
@@ -70,6 +85,9 @@ class Run:
     n_live: int
     indexes: dict[Key, RunIndex] = field(default_factory=dict)
     spilled: bool = False  # columns and indexes memory-mapped from unlinked files (storage/spill.py)
+    # Identifies the run (its table and row positions) across versions; never reused.
+    serial: int = field(default_factory=lambda: next(_serials))
+    origin: Origin | None = None  # the runs a merge copied its rows from (see Origin)
 
     @property
     def n_rows(self) -> int:
@@ -139,7 +157,8 @@ def _one_array(pieces: list[pa.Array], type_: pa.DataType) -> pa.Array:
 
 
 def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
-             indexes: Callable[[pa.Table], dict[Key, RunIndex]], spill: Spill | None) -> Run:
+             indexes: Callable[[pa.Table], dict[Key, RunIndex]], spill: Spill | None,
+             origin: Origin | None = None) -> Run:
     """A run of all-live rows from ``columns`` (each made, and spilled, one at a time:
     a merge of spilled runs holds one column in anonymous memory, not the run)."""
     spilled = spill is not None and spill.wants(n_rows)
@@ -148,7 +167,7 @@ def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
     built = indexes(table)
     if spilled:
         built = {k: _spilled_index(spill, i) for k, i in built.items()}
-    return Run(table=table, live=None, n_live=n_rows, indexes=built, spilled=spilled)
+    return Run(table=table, live=None, n_live=n_rows, indexes=built, spilled=spilled, origin=origin)
 
 
 def _spilled_index(spill: Spill, index: RunIndex) -> RunIndex:
@@ -376,7 +395,14 @@ def _merge(runs: list[Run], keys: tuple[Key, ...], spill: Spill | None) -> Run:
     readers = [run.live_pieces() for run in runs]
     schema = runs[0].table.schema
     columns = (_one_array([p for read in readers for p in read(i)], f.type) for i, f in enumerate(schema))
-    return _new_run(schema, columns, n_rows, lambda table: _merged_indexes(runs, keys), spill)
+    origin = tuple((run.serial, run.live, run.n_rows, _truncated(run.origin, ORIGIN_DEPTH - 1)) for run in runs)
+    return _new_run(schema, columns, n_rows, lambda table: _merged_indexes(runs, keys), spill, origin)
+
+
+def _truncated(origin: Origin | None, depth: int) -> Origin | None:
+    if origin is None or depth <= 0:
+        return None
+    return tuple((serial, live, n, _truncated(sub, depth - 1)) for serial, live, n, sub in origin)
 
 
 def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunIndex]:
@@ -397,3 +423,154 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunInde
         order = np.argsort(codes, kind="stable")
         indexes[k] = RunIndex(codes=codes[order], rows=_row_positions(rows[order], n_rows))
     return indexes
+
+
+# --- the difference between two versions (what a checkpoint appends) ---------------------------
+
+def _bits(run: Run) -> np.ndarray:
+    """The run's liveness as packed bits (LSB first; padding bits 0), all ones when ``live`` is None."""
+    if run.live is not None:
+        return run.live
+    return np.packbits(np.ones(run.n_rows, dtype=bool), bitorder="little")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The Z-set difference ``new - old`` of two versions of one relation, as parts of runs.
+
+    Each part is (run, packed row mask or None for the run's live rows, sign). Found from
+    the runs alone: a run is an immutable table, identified by its serial, and only its
+    liveness bits change (deletes clear bits). Runs in both versions give the rows whose
+    bit changed; runs only in ``new`` (inserted or merged) give their live rows, added;
+    runs only in ``old`` (merged away or emptied) give the rows live in ``old``, removed,
+    except rows a merge only moved: a merged run's ``origin`` maps its rows to the rows
+    of its sources, so a live row copied from a row live in ``old`` is neither added nor
+    removed. Without that map (origins past ORIGIN_DEPTH) a moved row appears twice,
+    removed and added; the two cancel when the stored files are summed."""
+
+    schema: pa.Schema
+    parts: tuple[tuple[Run, np.ndarray | None, int], ...]
+    rows: int  # rows of the difference (removed + added)
+
+    def table(self) -> pa.Table:
+        """The difference as rows with signed weights: +w for rows added, -w for rows removed."""
+        weight = self.schema.get_field_index(WEIGHT)
+        tables = []
+        for run, mask, sign in self.parts:
+            if mask is None:
+                t = run.live_table()
+            else:
+                t = run.table.filter(pa.Array.from_buffers(pa.bool_(), run.n_rows, [None, pa.py_buffer(mask)]))
+            if sign < 0:
+                t = t.set_column(weight, self.schema.field(weight), pc.negate(t.column(weight)))
+            tables.append(t)
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
+
+
+def difference(old: Relation, new: Relation) -> Difference:
+    """``new - old`` (see Difference). Both must have the same schema."""
+    if old.schema != new.schema:
+        raise InternalError(f"relation {new.name}: no difference between versions of different schemas")
+    try:
+        return _difference(old, new, moved=True)
+    except _Tangled:  # origins that do not fit a linear history: leave moved rows in
+        return _difference(old, new, moved=False)
+
+
+class _Tangled(Exception):
+    pass
+
+
+def _live_bool(run: Run) -> np.ndarray:
+    if run.live is None:
+        return np.ones(run.n_rows, dtype=bool)
+    return np.unpackbits(run.live, count=run.n_rows, bitorder="little").astype(bool)
+
+
+def _pack(mask: np.ndarray) -> np.ndarray:
+    return np.packbits(mask, bitorder="little")
+
+
+def _difference(old: Relation, new: Relation, moved: bool) -> Difference:
+    before = {run.serial: run for run in old.runs}
+    now = {run.serial for run in new.runs}
+    gone = {serial: run for serial, run in before.items() if serial not in now}
+    # old runs merged away -> per row: copied (by merges) into a row live in new
+    survived: dict[int, np.ndarray] = {}
+    parts: list[tuple[Run, np.ndarray | None, int]] = []
+    rows = 0
+    for run in new.runs:
+        previous = before.get(run.serial)
+        if previous is not None:
+            if previous.live is run.live:
+                continue
+            was, is_ = _bits(previous), _bits(run)
+            for mask, sign in ((was & ~is_, -1), (is_ & ~was, 1)):
+                count = int(np.bitwise_count(mask).sum())
+                if count:
+                    parts.append((run, mask, sign))
+                    rows += count
+            continue
+        if not run.n_live:
+            continue
+        if moved and run.origin is not None:
+            live = _live_bool(run)
+            added = live & ~_trace(run.origin, live, gone, now, survived)
+            count = int(added.sum())
+            if count:
+                parts.append((run, _pack(added), 1))
+                rows += count
+        else:
+            parts.append((run, None, 1))
+            rows += run.n_live
+    for serial, run in gone.items():
+        if not run.n_live:
+            continue
+        kept = survived.get(serial)
+        if kept is None:
+            parts.append((run, None, -1))
+            rows += run.n_live
+            continue
+        removed = _live_bool(run) & ~kept
+        count = int(removed.sum())
+        if count:
+            parts.append((run, _pack(removed), -1))
+            rows += count
+    return Difference(new.schema, tuple(parts), rows)
+
+
+def _trace(origin: Origin, keep: np.ndarray, gone: dict[int, Run], now: set[int],
+           survived: dict[int, np.ndarray]) -> np.ndarray:
+    """Per row of a run made by a merge from ``origin``: is it a copy of a row live in the old
+    version? ``keep``: its rows live in the new version, whose old originals are marked in
+    ``survived`` (so they are not removed). Runs between the two versions are followed
+    through their own origins; rows from inserted runs (or past ORIGIN_DEPTH) are new."""
+    from_old = np.zeros(len(keep), dtype=bool)
+    start = 0
+    for serial, live, n_rows, sub in origin:
+        if serial in now:
+            raise _Tangled  # a source of a new run is still a run of the new version
+        positions = (np.arange(n_rows) if live is None
+                     else np.flatnonzero(np.unpackbits(live, count=n_rows, bitorder="little")))
+        end = start + len(positions)
+        if end > len(keep):
+            raise _Tangled
+        source = gone.get(serial)
+        if source is not None:
+            if source.n_rows != n_rows:
+                raise _Tangled
+            was = _live_bool(source)[positions]  # a copied row live in old: the same row
+            taken = positions[keep[start:end] & was]
+            mark = survived.setdefault(serial, np.zeros(n_rows, dtype=bool))
+            if mark[taken].any():
+                raise _Tangled  # one old row copied into two live rows
+            mark[taken] = True
+            from_old[start:end] = was
+        elif sub is not None:
+            source_keep = np.zeros(n_rows, dtype=bool)
+            source_keep[positions] = keep[start:end]
+            from_old[start:end] = _trace(sub, source_keep, gone, now, survived)[positions]
+        start = end
+    if start != len(keep):
+        raise _Tangled
+    return from_old

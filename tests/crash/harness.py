@@ -11,11 +11,18 @@ lands inside that window), then open the database here and verify:
   again returns that offset and applies nothing (exactly once);
 * every table equals the model of the applied batches (nothing half-applied,
   nothing lost, nothing twice), and every view equals DuckDB recomputing it.
+
+Checkpoints append differences to relations of any size here (the writer and
+the reopen lower ``APPEND_MIN_ROWS`` to 0), so kills land around appended
+commits and reopens sum them. The returned status adds ``appended_relations``
+(relations the manifest named at an appended version when reopened) and
+``append_commits`` (appended commits in the relations' Delta logs so far).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +34,9 @@ from pathlib import Path
 import duckdb
 
 import ivm
+from storage import checkpoint as checkpoint_module
+from storage.checkpoint import read_manifest
+from tests.crash.writer import APPEND_SETTINGS
 from tests.crash.workload import SOURCE, TABLES, SideFiles, model_of, views
 from tests.oracle.compare import multiset_diff
 from tests.oracle.fixtures import oracle_schema
@@ -96,9 +106,20 @@ def verify(db_dir: Path, side_dir: Path) -> dict:
     side = SideFiles(side_dir)
     intents = side.read_intents()
     acks = side.read_acks()
-    db = ivm.connect(db_dir)
+    appended = _appended_relations(db_dir)
+    # Checkpoints append here too, as in the writer: the first one after a kill between a
+    # relation's commit and the manifest must then overwrite, not append.
+    saved = checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE
+    checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = APPEND_SETTINGS
+    try:
+        db = ivm.connect(db_dir)
+    except BaseException:
+        checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = saved
+        raise
     try:
         status = db.status()
+        status["appended_relations"] = appended
+        status["append_commits"] = _append_commits(db_dir)
         assert status["checkpoint_error"] is None
         failed = [r for r in status["relations"] if r["status"] != "ok"]
         assert not failed, failed
@@ -117,7 +138,26 @@ def verify(db_dir: Path, side_dir: Path) -> dict:
         _compare(db, model)
         return status
     finally:
-        db.close()
+        try:
+            db.close()
+        finally:
+            checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = saved
+
+
+def _appended_relations(db_dir: Path) -> int:
+    """Relations the manifest names at a version with appended differences (what recovery sums)."""
+    manifest = read_manifest(db_dir)
+    return sum(1 for s in (manifest or {}).get("relations", {}).values() if s.get("appends", 0))
+
+
+def _append_commits(db_dir: Path) -> int:
+    """Appended differences committed so far to the relations' Delta tables (their logs)."""
+    count = 0
+    for commit in (Path(db_dir) / "relations").glob("*/_delta_log/*.json"):
+        for line in commit.read_text().splitlines():
+            if '"ivm.appends"' in line and not re.search(r'"ivm\.appends":\s*"0"', line):
+                count += 1
+    return count
 
 
 def _compare(db: ivm.Database, model) -> None:

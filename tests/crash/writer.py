@@ -17,10 +17,14 @@ import random
 import sys
 
 import ivm
+from storage import checkpoint as checkpoint_module
 from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of
 from tests.oracle.model import generate_batch, ops_to_arrow
 
 OPTIONS = dict(checkpoint_rows=400, checkpoint_seconds=0.3, segment_bytes=64 << 10)
+# (APPEND_MIN_ROWS, APPEND_SHARE) in the writer and on reopen (harness.verify): append at any size,
+# and up to 4x the relation's rows, so most checkpoints append and stored versions hold several appends.
+APPEND_SETTINGS = (0, 4.0)
 
 
 def main() -> int:
@@ -33,6 +37,9 @@ def main() -> int:
     args = parser.parse_args()
     side = SideFiles(args.side)
     side.repair()
+    # The workload's relations are small: let checkpoints append their differences (not only
+    # overwrite them), so kills land around appended commits and recovery sums them.
+    checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = APPEND_SETTINGS
     db = ivm.connect(args.db, log_retention_seconds=None if args.retain else 0.0, **OPTIONS)
     for statement in ddl():
         db.execute(statement)
