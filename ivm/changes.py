@@ -224,7 +224,10 @@ class ChangeApplier:
             last = _last_per_key(batch, codes, table.primary_key)
             if last is not None:
                 batch, codes, unique = batch.take(last), codes[last], True
-        existing = relation.lookup(identity, codes, positions=True)
+        # The index, never the whole table: matching sorts what the lookup returns, so a
+        # large batch (a fold's backlog of 3.4M upserts into 16M rows) paid a sort of the
+        # whole table (4.3 s of a 6.9 s conversion) where probing finds the ~20% that exist.
+        existing = relation.lookup(identity, codes, positions=True, scan=False)
         if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
             return _all_inserted(table, batch)
         try:

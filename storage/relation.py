@@ -279,11 +279,14 @@ class Relation:
     def all_rows(self, positions: bool = False) -> pa.Table:
         return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions)
 
-    def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False) -> pa.Table:
+    def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False, scan: bool = True) -> pa.Table:
         """Live rows whose ``key`` code is among ``probe_codes``, maybe more.
 
         Callers must re-check keys: collisions, and small relations returned
-        whole, add rows that do not match.
+        whole, add rows that do not match. ``scan=False``: probe the index
+        however many probes there are (only a small relation is returned
+        whole), for callers whose own work grows faster than linearly with
+        the rows they get (a sort of them).
         """
         if not key:
             return self.all_rows(positions)
@@ -293,7 +296,7 @@ class Relation:
         if len(probes) == 0:
             return self._with_positions([], positions)
         live = self.num_rows
-        if live <= SMALL_RELATION or len(probes) * PROBE_COST >= live:
+        if live <= SMALL_RELATION or (scan and len(probes) * PROBE_COST >= live):
             return self.all_rows(positions)
         parts = []
         for r, run in enumerate(self.runs):

@@ -119,6 +119,20 @@ def test_lookup_probes_instead_of_copying_when_large(coder, monkeypatch):
     assert set(found.column_names) >= {RUN, POS}
 
 
+def test_many_probes_return_the_whole_relation_unless_scanning_is_off(coder, monkeypatch):
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64),
+                           rows_table([(k, "g", float(k)) for k in range(1000)]), coder)
+    # 300 probes x PROBE_COST (8) >= 1,000 rows: a copy of the relation is cheaper than probing ...
+    probes = coder.codes(pa.table({"k": pa.array(list(range(0, 3000, 10)), pa.int64())}), ["k"])
+    assert rel.lookup(("k",), probes).num_rows == 1000
+    # ... unless the caller's work grows faster than the rows it gets (the upsert conversion sorts them)
+    found = rel.lookup(("k",), probes, positions=True, scan=False)
+    assert sorted(found.column("k").to_pylist()) == list(range(0, 1000, 10))
+    assert set(found.column_names) >= {RUN, POS}
+
+
 def test_versions_are_immutable(coder):
     rel = Relation.empty("t", SCHEMA, ("k",))
     v1 = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), rows_table([(1, "a", 1.0), (2, "b", 2.0)]), coder)
