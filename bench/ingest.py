@@ -195,7 +195,7 @@ def checkpoint_stats(checkpointer, before: int) -> dict:
     max, sum: the checkpointer's share of the window)."""
     done = checkpointer.count - before
     seconds = list(checkpointer.durations)[-done:] if done else []
-    written = list(getattr(checkpointer, "written", []))[-done:] if done else []
+    written = list(checkpointer.written)[-done:] if done else []
     return {"checkpoints": done, "checkpoint_median_s": statistics.median(seconds) if seconds else None,
             "checkpoint_max_s": max(seconds, default=None), "checkpoint_total_s": sum(seconds),
             "checkpoint_rows_appended": sum(a for a, _ in written),

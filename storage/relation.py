@@ -78,6 +78,13 @@ class RunIndex:
     rows: np.ndarray  # row position of each code (int32 below 2**31 rows, else int64)
 
 
+def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:
+    """Packed liveness bits (LSB first; None = all live) as one bool per row."""
+    if live is None:
+        return np.ones(n_rows, dtype=bool)
+    return np.unpackbits(live, count=n_rows, bitorder="little").view(bool)
+
+
 @dataclass(frozen=True)
 class Run:
     table: pa.Table  # one chunk per column; includes the weight column
@@ -96,8 +103,13 @@ class Run:
     def live_rows(self) -> np.ndarray:
         if self.live is None:
             return np.arange(self.n_rows, dtype=np.int64)
-        bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
-        return np.flatnonzero(bits)
+        return np.flatnonzero(unpack_live(self.live, self.n_rows))
+
+    def packed_live(self) -> np.ndarray:
+        """The liveness as packed bits (LSB first; padding bits 0), all ones when ``live`` is None."""
+        if self.live is not None:
+            return self.live
+        return np.packbits(np.ones(self.n_rows, dtype=bool), bitorder="little")
 
     def is_live(self, rows: np.ndarray) -> np.ndarray:
         if self.live is None:
@@ -118,8 +130,7 @@ class Run:
         dead = self.n_rows - self.n_live
         if dead * SLICE_RATIO > self.n_rows:
             return None
-        bits = np.unpackbits(self.live, count=self.n_rows, bitorder="little")
-        gone = np.flatnonzero(bits == 0)
+        gone = np.flatnonzero(~unpack_live(self.live, self.n_rows))
         starts = np.concatenate([[0], gone + 1])
         ends = np.concatenate([gone, [self.n_rows]])
         keep = ends > starts
@@ -331,11 +342,7 @@ class Relation:
                 rows = sorted_unique(delete_rows[delete_runs == r])
                 if not run.is_live(rows).all():
                     raise InternalError(f"relation {self.name}: a row was deleted twice")
-                live = (
-                    run.live.copy()
-                    if run.live is not None
-                    else np.packbits(np.ones(run.n_rows, dtype=bool), bitorder="little")
-                )
+                live = run.packed_live().copy()
                 clear = ~(np.left_shift(1, (rows & 7)).astype(np.uint8))
                 np.bitwise_and.at(live, rows >> 3, clear)
                 runs[int(r)] = replace(run, live=live, n_live=run.n_live - len(rows))
@@ -430,13 +437,6 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunInde
 
 # --- the difference between two versions (what a checkpoint appends) ---------------------------
 
-def _bits(run: Run) -> np.ndarray:
-    """The run's liveness as packed bits (LSB first; padding bits 0), all ones when ``live`` is None."""
-    if run.live is not None:
-        return run.live
-    return np.packbits(np.ones(run.n_rows, dtype=bool), bitorder="little")
-
-
 @dataclass(frozen=True)
 class Difference:
     """The Z-set difference ``new - old`` of two versions of one relation, as parts of runs.
@@ -484,12 +484,6 @@ class _Tangled(Exception):
     pass
 
 
-def _live_bool(run: Run) -> np.ndarray:
-    if run.live is None:
-        return np.ones(run.n_rows, dtype=bool)
-    return np.unpackbits(run.live, count=run.n_rows, bitorder="little").astype(bool)
-
-
 def _pack(mask: np.ndarray) -> np.ndarray:
     return np.packbits(mask, bitorder="little")
 
@@ -507,7 +501,7 @@ def _difference(old: Relation, new: Relation, moved: bool) -> Difference:
         if previous is not None:
             if previous.live is run.live:
                 continue
-            was, is_ = _bits(previous), _bits(run)
+            was, is_ = previous.packed_live(), run.packed_live()
             for mask, sign in ((was & ~is_, -1), (is_ & ~was, 1)):
                 count = int(np.bitwise_count(mask).sum())
                 if count:
@@ -517,7 +511,7 @@ def _difference(old: Relation, new: Relation, moved: bool) -> Difference:
         if not run.n_live:
             continue
         if moved and run.origin is not None:
-            live = _live_bool(run)
+            live = unpack_live(run.live, run.n_rows)
             added = live & ~_trace(run.origin, live, gone, now, survived)
             count = int(added.sum())
             if count:
@@ -534,7 +528,7 @@ def _difference(old: Relation, new: Relation, moved: bool) -> Difference:
             parts.append((run, None, -1))
             rows += run.n_live
             continue
-        removed = _live_bool(run) & ~kept
+        removed = unpack_live(run.live, run.n_rows) & ~kept
         count = int(removed.sum())
         if count:
             parts.append((run, _pack(removed), -1))
@@ -553,8 +547,7 @@ def _trace(origin: Origin, keep: np.ndarray, gone: dict[int, Run], now: set[int]
     for serial, live, n_rows, sub in origin:
         if serial in now:
             raise _Tangled  # a source of a new run is still a run of the new version
-        positions = (np.arange(n_rows) if live is None
-                     else np.flatnonzero(np.unpackbits(live, count=n_rows, bitorder="little")))
+        positions = np.flatnonzero(unpack_live(live, n_rows))
         end = start + len(positions)
         if end > len(keep):
             raise _Tangled
@@ -562,7 +555,7 @@ def _trace(origin: Origin, keep: np.ndarray, gone: dict[int, Run], now: set[int]
         if source is not None:
             if source.n_rows != n_rows:
                 raise _Tangled
-            was = _live_bool(source)[positions]  # a copied row live in old: the same row
+            was = unpack_live(source.live, source.n_rows)[positions]  # a copied row live in old: the same row
             taken = positions[keep[start:end] & was]
             mark = survived.setdefault(serial, np.zeros(n_rows, dtype=bool))
             if mark[taken].any():

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from delta_operators.zset import POS, RUN
-from storage.relation import Relation
+from storage.relation import Relation, unpack_live
 
 # Runs and inputs at least this large are cached in Spark's memory (columnar);
 # smaller ones are re-read from the Arrow batches Spark already holds.
@@ -64,8 +64,7 @@ class Frames:
                 continue
             frame = self._run_frame(run.table)
             if run.live is not None:
-                bits = np.unpackbits(run.live, count=run.n_rows, bitorder="little")
-                dead = pa.table({POS: pa.array(np.flatnonzero(bits == 0).astype(np.int64))})
+                dead = pa.table({POS: pa.array(np.flatnonzero(~unpack_live(run.live, run.n_rows)).astype(np.int64))})
                 frame = frame.join(F.broadcast(self.spark.createDataFrame(dead)), on=POS, how="left_anti")
             if positions:
                 frame = frame.withColumn(RUN, F.lit(r).cast("int"))
