@@ -22,6 +22,12 @@ re-scanned, through V's index on the group key. DISTINCT aggregates use V's
 presence changes [V_new(g,v) > 0] - [V_old(g,v) > 0] as their input.
 
 The node's delta is -old_row(g) + new_row(g) for every touched group.
+
+The per-group change (the partial aggregate of δX, and δV) is computed apart
+from the merges S_old + change and V_old + δV and the rescan test, which
+read only it, the state rows looked up by key and each other
+(``beside_state``): Spark computes the change over the large inputs and
+merges it on the driver, where the state lives.
 """
 
 from __future__ import annotations
@@ -194,7 +200,7 @@ class AggregateRule:
         # computation must run even when the input is empty.
         always = self.is_global and ctx.options.initial
         partial = ctx.query("aggd", self._partial_sql(delta_in), drivers=() if always else (delta_in,),
-                            note="per-group change of counts and sums", transparent=True)
+                            note="per-group change of counts and sums", transparent=True, pinned=True)
         old = ctx.temp("aggold")
         ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.keys, probe=partial,
                         probe_columns=self.keys, positions=True, note="state of touched groups"))
@@ -208,7 +214,7 @@ class AggregateRule:
             if any(c.arg == arg and c.distinct and c.func not in ("min", "max") for c in self.node.aggregates):
                 presence_of[arg] = self._presence(ctx, arg, merged)
         wide = ctx.query("aggnew", self._wide_sql(partial, old, extreme, presence_of), drivers=(partial,),
-                         note="new state and old/new output row of touched groups")
+                         note="new state and old/new output row of touched groups", beside_state=True)
         ctx.replace(Replace(relation=self.state(ctx), deletes=wide, inserts=wide, keep=KEEP))
         names = self.node.column_names
         out = ctx.temp("agg")
@@ -267,7 +273,8 @@ class AggregateRule:
         select = self._group_by(select, "d", [x.copy()]).having(
             exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
         )
-        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True)
+        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True,
+                            pinned=True)
         old = ctx.temp("valold")
         ctx.emit(Lookup(out=old, relation=relation, index=names, probe=changes, probe_columns=names,
                         positions=True, note=f"stored multiplicities of {arg}"))
@@ -285,7 +292,8 @@ class AggregateRule:
             .from_(table(changes, "d"))
             .join(table(old, "o"), on=not_distinct("d", "o", names), join_type="left")
         )
-        merged = ctx.query("valnew", merged_sql, drivers=(changes,), note=f"new multiplicities of {arg}")
+        merged = ctx.query("valnew", merged_sql, drivers=(changes,), note=f"new multiplicities of {arg}",
+                           beside_state=True)
         ctx.replace(Replace(relation=relation, deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
         return merged
 
@@ -307,7 +315,7 @@ class AggregateRule:
         guard = Guard(probe=merged, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
                       keys=tuple(self.keys))
         rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
-                           note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard)
+                           note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard, beside_state=True)
         group_rows = ctx.temp("valgrp")
         ctx.emit(Lookup(out=group_rows, relation=relation, index=self.keys, probe=rescan,
                         probe_columns=self.keys, note=f"all values of {arg} in rescanned groups"))

@@ -90,12 +90,12 @@ class Context:
     # --- emitting ---------------------------------------------------------
     def query(
         self, prefix: str, sql: exp.Expression, drivers: tuple[str, ...], note: str = "", skip: str = "any",
-        transparent: bool = False, pinned: bool = False, guard: Guard | None = None,
+        transparent: bool = False, pinned: bool = False, guard: Guard | None = None, beside_state: bool = False,
     ) -> str:
         out = self.temp(prefix)
         self.program.steps.append(
             Query(out=out, sql=sql, drivers=drivers, note=note, skip=skip, transparent=transparent, pinned=pinned,
-                  guard=guard)
+                  guard=guard, beside_state=beside_state)
         )
         return out
 

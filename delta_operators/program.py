@@ -69,6 +69,13 @@ class Query:
     # skipped unless this temp has rows (its driver) must see it computed.
     pinned: bool = False
     guard: Guard | None = None  # skip when it proves the result empty
+    # Works on stored state: it reads rows of stored relations looked up by
+    # key, results of other such steps, and a change computed apart (a
+    # pinned query, never inlined here), and has a row per touched key (the
+    # merge of a change into state, a test of the merged rows). An engine
+    # that computes deltas away from where the relations live (Spark; they
+    # live on the driver) may run it beside the state instead.
+    beside_state: bool = False
 
 
 @dataclass

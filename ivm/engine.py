@@ -174,7 +174,7 @@ class Worker:
             from ivm.spark.executor import SparkExecutor
             from ivm.spark.session import session
 
-            self._spark = SparkExecutor(session(conf), self.coder)
+            self._spark = SparkExecutor(session(conf), self.coder, driver=self.executor)
         return self._spark
 
     def close(self) -> None:

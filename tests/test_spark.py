@@ -115,14 +115,21 @@ def test_spark_longer_streams(spark_conf, seed):
     stream(views, spark_conf, seed=seed, batches=6, sizes=(1, 12, 200, 1000))
 
 
-def test_results_read_by_two_queries_stay_in_spark(spark_conf, monkeypatch):
-    """MAX's new multiplicities (read by the rescan and the new state) are not shipped back from the driver.
+@pytest.mark.parametrize("join_lookups", [False, True], ids=["index-lookups", "join-lookups"])
+def test_state_merges_run_beside_the_state_and_rows_cross_once(spark_conf, monkeypatch, join_lookups):
+    """Where MAX's new multiplicities (read by the rescan, the new state and the Replace) are computed.
 
-    They are collected once (the Replace needs them) from a Spark checkpoint
-    that their readers read; the rows never cross to the JVM a second time.
+    With the state looked up in the driver's index, the merges of the state
+    with the change, and the MAX rescan test, run on the driver (the change
+    collected from Spark): neither the looked-up rows nor the merged ones
+    (``__keep``) are shipped to Spark. With lookups as Spark joins, the state
+    rows are in Spark and so are those steps.
     """
+    from ivm.spark import executor
     from ivm.spark.frames import Frames
 
+    if join_lookups:
+        monkeypatch.setattr(executor, "JOIN_PROBES", 0)
     shipped = []
     arrow = Frames.arrow
     monkeypatch.setattr(Frames, "arrow", lambda self, table: shipped.append(table.column_names) or arrow(self, table))
@@ -136,12 +143,18 @@ def test_results_read_by_two_queries_stay_in_spark(spark_conf, monkeypatch):
             pa.table({"id": [2, 3, 5], "grp": ["a", "a", "b"], "x": [2, 8, 7], "__op": ["u", "u", "c"]}),
             pa.table({"id": [3, 4], "grp": ["a", None], "x": [8, 3], "__op": ["d", "d"]}),
         ]
+        spark = db._engine.small.spark(spark_conf)
+        merges = spark.driver_steps
         for changes in batches:
             shipped.clear()
             db.apply_changes("t", changes)
             duck.apply_changes("t", changes)
             assert multiset_diff(db.sql("SELECT * FROM m"), duck.sql("SELECT * FROM m")) is None
-        assert shipped and not [names for names in shipped if "__keep" in names]
+        assert db._engine.engine_used["m"] == "spark"
+        if not join_lookups:
+            assert shipped and not [names for names in shipped if "__keep" in names or "__run" in names]
+        # per batch: the merges of the value multiset and of the groups' state, the MAX rescan test
+        assert spark.driver_steps - merges == (0 if join_lookups else 3 * len(batches))
 
 
 # Column names equal to the one-letter table aliases of the delta SQL (aggregate.py's g/m/n/o/v, spj's

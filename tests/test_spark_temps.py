@@ -82,8 +82,17 @@ def test_the_driver_copy_of_a_join_term_holds_its_lookups_columns_only():
     for replace in program.replaces:  # Replace steps and the output take whole temporaries
         assert all(driver[n] is None for n in (replace.deletes, replace.inserts) if n is not None)
     assert driver[program.output] is None
+    # steps on stored state may run on the driver (executor._run_beside_state): every column of what they read
+    merges = [s for s in program.steps if isinstance(s, Query) and s.beside_state]
+    assert {s.out.rstrip("0123456789") for s in merges} == {"aggnew", "valnew", "rescan"}
+    for merge in merges:
+        assert all(driver[t.name] is None for t in merge.sql.find_all(sqlglot.exp.Table))
+    # a MIN/MAX guard on the driver: its probe's value, weight and keys, its values' extremes and keys
     guard = next(s.guard for s in program.steps if isinstance(s, Query) and s.guard is not None)
-    assert guard.keys and driver[guard.values] == {*guard.value_columns, *guard.keys}
+    assert guard.keys
+    guarded = Program(steps=[Query("r", sqlglot.parse_one("SELECT n.k FROM n"), ("n",), guard=guard)])
+    assert driver_columns(guarded) == {guard.probe: {guard.column, "__weight", *guard.keys},
+                                       guard.values: {*guard.value_columns, *guard.keys}}
     loop = Loop(init=(("x", "a"),), body=[query("b", "SELECT x.k FROM x")], next=(("x", "b"),), until="b")
     assert driver_columns(Program(steps=[query("a", "SELECT t.k FROM t"), loop])) is None
 

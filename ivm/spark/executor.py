@@ -16,6 +16,15 @@
                codes; the whole relation (no index): its DataFrame, lazily
     Stack, Loop, Replace -> shared with the DuckDB executor (ivm/executor.py),
                on driver rows
+    Steps on stored state (``Query.beside_state``: merging a change into
+               state looked up by key, testing the merged rows) -> on the
+               driver, by the DuckDB executor, when their lookups ran
+               there: the change is computed on Spark and collected, the
+               state rows are already on the driver, and the result is
+               needed there (the Replace). On Spark a merge cost shipping
+               the looked-up rows over and its result back, a job and a
+               checkpoint. With lookups as Spark joins (above JOIN_PROBES)
+               the state rows are in Spark, and so are these steps.
 
 The skip rules use the sizes known without a job (driver temporaries); the
 Replace steps and the view's output come to the driver, so the engine commits
@@ -62,8 +71,11 @@ SMALL_PLAN = {
 class SparkExecutor(StepRunner):
     engine = "spark"
 
-    def __init__(self, spark, coder: KeyCoder, join_probes: int | None = None):
+    def __init__(self, spark, coder: KeyCoder, join_probes: int | None = None, driver: StepRunner | None = None):
         super().__init__(coder)
+        # Runs state merges on the driver (the worker's DuckDB executor); None: all queries on Spark.
+        self.driver = driver
+        self.driver_steps = 0  # steps on stored state run on the driver (for stats, tests, bench)
         # A session of our own: temporary views are per session, so programs of
         # other executors (threads, databases) never see ours.
         self.spark = spark.newSession()
@@ -172,6 +184,8 @@ class SparkExecutor(StepRunner):
                registered: dict[str, object], label: str):
         """The step's result as a lazy DataFrame (see temps.py), collected now if several steps read it."""
         text, inputs, empty = self._text(step)
+        if step.beside_state and self._beside_state(inputs.values(), temps):
+            return self._run_beside_state(step, temps, snapshot, label)
         if empty is not None and (self._skippable(step.drivers, step.skip, temps) or self._guarded(step, temps)):
             return empty.empty_table()
         for spark_name, name in inputs.items():
@@ -192,6 +206,23 @@ class SparkExecutor(StepRunner):
             dict.__setitem__(temps, step.out, lazy)
             temps[step.out]
         return lazy
+
+    def _beside_state(self, names, temps: SparkTemps) -> bool:
+        """True when a step on stored state reading ``names`` runs on the driver: none is stored rows in Spark."""
+        if self.driver is None:
+            return False
+        return all(name in temps and not (temps.lazy(name) and dict.__getitem__(temps, name).stored)
+                   for name in names)
+
+    def _run_beside_state(self, step: Query, temps: SparkTemps, snapshot: Snapshot, label: str) -> pa.Table:
+        """Run a step on stored state with the driver's executor, collecting the change it reads from Spark."""
+        registered: dict[str, pa.Table] = {}
+        try:
+            result = self.driver._query(step, temps, snapshot, registered, label)
+        finally:
+            self.driver._release(registered)
+        self.driver_steps += 1
+        return result
 
     def _cache(self, lazy: Lazy, name: str) -> Lazy:
         """``lazy`` as a one-partition Spark checkpoint: its collect fills it, its Spark readers read it.
@@ -270,7 +301,8 @@ class SparkExecutor(StepRunner):
         relation = snapshot[step.relation]
         probe = temps[step.probe]
         if not step.index and probe.num_rows:
-            return Lazy(self.frames.relation(relation, step.positions), schema=_schema(relation, step.positions))
+            return Lazy(self.frames.relation(relation, step.positions), schema=_schema(relation, step.positions),
+                        stored=True)
         if not step.index or probe.num_rows <= self.join_probes:
             return super()._lookup(step, temps, snapshot)
         return self._join_lookup(step, temps.frame(step.probe), relation)
@@ -288,7 +320,8 @@ class SparkExecutor(StepRunner):
         for column, key in zip(step.index, keys):
             equal = stored[column].eqNullSafe(probe_keys[key])
             condition = equal if condition is None else condition & equal
-        return Lazy(stored.join(probe_keys, condition, "left_semi"), schema=_schema(relation, step.positions))
+        return Lazy(stored.join(probe_keys, condition, "left_semi"), schema=_schema(relation, step.positions),
+                    stored=True)
 
 
 def _schema(relation, positions: bool) -> pa.Schema:

@@ -47,6 +47,9 @@ class Lazy:
     # frame: its Spark readers read the cache, so the driver's copy needs
     # only what driver steps read (driver_columns).
     columns: tuple[str, ...] | None = None
+    # Rows of a stored relation (its whole DataFrame, or a Spark join
+    # lookup): as large as the relation, so steps reading it stay on Spark.
+    stored: bool = False
 
 
 class SparkTemps(dict):
@@ -151,8 +154,10 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
 
     Index lookups read their probe columns (and filter), a MIN/MAX guard
     its probe's value and weight and its values' value columns; a Stack, a
-    Replace, the view's output and loops read whole temporaries. Query
-    steps are not counted: on Spark they read the temporary's DataFrame.
+    Replace, the view's output and loops read whole temporaries, and so do
+    steps on stored state (``Query.beside_state``), which run on the driver
+    when their lookups did. Other Query steps are not counted: on Spark they read the
+    temporary's DataFrame.
     Names are as the program spells them (lookups and guards name columns
     exactly).
     """
@@ -164,9 +169,13 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
             _need(needed, step.probe, {*step.probe_columns, *([step.probe_filter] if step.probe_filter else [])})
         elif isinstance(step, Stack):
             _need(needed, step.source, None)
-        elif isinstance(step, Query) and step.guard is not None:
-            _need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
-            _need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
+        elif isinstance(step, Query):
+            if step.guard is not None:
+                _need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
+                _need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
+            if step.beside_state:
+                for table in step.sql.find_all(exp.Table):
+                    _need(needed, table.name, None)
     for replace in program.replaces:
         for name in (replace.deletes, replace.inserts):
             if name is not None:
