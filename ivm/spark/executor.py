@@ -73,7 +73,7 @@ class SparkExecutor(StepRunner):
 
     def __init__(self, spark, coder: KeyCoder, join_probes: int | None = None, driver: StepRunner | None = None):
         super().__init__(coder)
-        # Runs state merges on the driver (the worker's DuckDB executor); None: all queries on Spark.
+        # Runs steps on stored state on the driver (the worker's DuckDB executor); None: all queries on Spark.
         self.driver = driver
         self.driver_steps = 0  # steps on stored state run on the driver (for stats, tests, bench)
         # A session of our own: temporary views are per session, so programs of
