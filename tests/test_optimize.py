@@ -43,3 +43,73 @@ def test_a_temporary_read_through_two_inlined_readers_is_defined_once():
     assert Counter(names) == {"a": 1, "b": 1}
     assert [cte.alias for cte in tree.args["with_"].expressions] == ["a", "b"]
     assert run(optimized, d) == run(program(), d) == [(2, 8, 4), (2, 8, 4), (3, 6, 6)]
+
+
+# --- fuse_renames: a query renaming a Stack's columns becomes that Stack ---------------------
+
+def stacked(term_sql: str, extra: list | None = None, output: str = "t") -> Program:
+    """An aggregate's -old/+new Stack of ``w`` and a query over it (TPC-H's top projections)."""
+    from delta_operators.program import Stack
+
+    return Program(steps=[
+        Stack(out="agg", source="w", parts=(
+            ("__emit_old", -1, (("k", "__o_k"), ("agg0", "__o_agg0"), ("agg1", "__o_agg1"))),
+            ("__emit_new", 1, (("k", "__n_k"), ("agg0", "__n_agg0"), ("agg1", "__n_agg1"))),
+        )),
+        Query("t", parse_one(term_sql), ("agg",)),
+        *(extra or []),
+    ], output=output)
+
+
+WIDE = pa.table({
+    "__o_k": ["a", "b", None], "__o_agg0": [1, 2, 3], "__o_agg1": [1.5, None, 2.0],
+    "__n_k": ["a", "b", None], "__n_agg0": [4, 2, None], "__n_agg1": [1.5, 7.0, None],
+    "__emit_old": [True, False, True], "__emit_new": [True, True, False],
+})
+
+
+def run_steps(program: Program) -> pa.Table:
+    """The program's output over WIDE, Stacks on the driver and queries in DuckDB (ivm's executor)."""
+    from ivm.executor import Executor
+    from storage.keys import KeyCoder
+
+    con = duckdb.connect()
+    executor = Executor(con, KeyCoder(lambda template, **inputs: None))
+    temps, _ = executor.run(program, {"w": WIDE}, snapshot=None)
+    return temps[program.output]
+
+
+def test_a_query_renaming_a_stacks_columns_becomes_the_stack():
+    sql = 'SELECT "s"."k" AS "key", "s"."agg1" AS "avg_x", "s"."agg0" AS "n", "s"."__weight" AS "__weight" FROM agg AS s'
+    fused = optimize(stacked(sql))
+    assert [type(s).__name__ for s in fused.steps] == ["Stack"]
+    stack = fused.steps[0]
+    assert stack.out == "t" and stack.source == "w"
+    assert stack.parts[0] == ("__emit_old", -1, (("key", "__o_k"), ("avg_x", "__o_agg1"), ("n", "__o_agg0")))
+    got, want = run_steps(fused), run_steps(stacked(sql))
+    assert got.equals(want.cast(got.schema)) and got.schema.names == want.schema.names
+    assert sorted(got.to_pylist(), key=str) == sorted([
+        {"key": "a", "avg_x": 1.5, "n": 1, "__weight": -1}, {"key": None, "avg_x": 2.0, "n": 3, "__weight": -1},
+        {"key": "a", "avg_x": 1.5, "n": 4, "__weight": 1}, {"key": "b", "avg_x": 7.0, "n": 2, "__weight": 1},
+    ], key=str)
+
+
+def test_queries_that_compute_filter_or_share_the_stack_stay_queries():
+    from delta_operators.program import Replace
+
+    keep = 'SELECT s.k AS k, s.agg0 AS n, s.__weight AS __weight FROM agg AS s'
+    cases = {
+        "computes": 'SELECT s.k AS k, s.agg0 / s.agg1 AS r, s.__weight AS __weight FROM agg AS s',
+        "filters": keep.replace(" FROM agg AS s", " FROM agg AS s WHERE s.agg0 > 1"),
+        "drops the weight": 'SELECT s.k AS k FROM agg AS s',
+        "renames the weight": 'SELECT s.k AS k, s.__weight AS w FROM agg AS s',
+        "a column the stack lacks": 'SELECT s.k AS k, s.other AS o, s.__weight AS __weight FROM agg AS s',
+    }
+    for why, sql in cases.items():
+        assert [type(s).__name__ for s in optimize(stacked(sql)).steps] == ["Stack", "Query"], why
+    # another step reads the Stack's rows too
+    shared = stacked(keep, extra=[Query("u", parse_one("SELECT k FROM agg"), ("agg",), pinned=True)])
+    assert [type(s).__name__ for s in optimize(shared).steps] == ["Stack", "Query", "Query"]
+    replaced = stacked(keep)
+    replaced.replaces.append(Replace(relation="r", deletes=None, inserts="agg"))
+    assert [type(s).__name__ for s in optimize(replaced).steps] == ["Stack", "Query"]
