@@ -10,9 +10,12 @@ is small, so fixed costs are most of the work):
   it is private, so it is used only where present.
 * Most statements run once per batch with the same text and new data.
   ``Runner`` prepares each text once over *holders*, objects registered once
-  whose Arrow data is swapped before each execution, which skips parsing,
-  binding and optimizing (measured: 2.4 ms -> 1.0 ms for a join with GROUP
-  BY over 1,400 rows).
+  whose Arrow data is swapped before each execution. Under DuckDB 1.x that
+  skips parsing, binding and optimizing (measured: 2.4 ms -> 1.0 ms for a
+  join with GROUP BY over 1,400 rows). DuckDB 2.0 binds and optimizes a
+  prepared statement again on every EXECUTE (duckdb#20885), so there it
+  saves the parse only: TPC-H q01's state merge over 620 rows, 7.4 ms
+  plain and 5.8 ms prepared, of which 0.4 ms is execution (session 10).
 """
 
 from __future__ import annotations
