@@ -36,8 +36,12 @@ SEQ = "__seq"
 
 def applies(key: tuple[str, ...], schema: pa.Schema) -> bool:
     """True when the Arrow path handles this table (one integer key, comparable columns)."""
-    return len(key) == 1 and pa.types.is_integer(schema.field(key[0]).type) and all(
-        _comparable(field.type) for field in schema)
+    return len(key) == 1 and pa.types.is_integer(schema.field(key[0]).type) and comparable(schema, schema.names)
+
+
+def comparable(schema: pa.Schema, names) -> bool:  # noqa: ANN001
+    """True when Arrow compares these columns as DuckDB does (IS NOT DISTINCT FROM)."""
+    return all(_comparable(schema.field(name).type) for name in names)
 
 
 def _comparable(t: pa.DataType) -> bool:
