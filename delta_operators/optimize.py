@@ -2,7 +2,7 @@
 
 Every query sent to the engine pays a fixed cost (planning, scheduling,
 Arrow hand-off: ~1-3 ms in DuckDB) that dwarfs the work on a small delta, so
-the compiler's many small steps are merged. Two passes, run in order:
+the compiler's many small steps are merged. Three passes, run in order:
 
 1. ``push_probes``: a lookup whose probe columns are plain copies of columns
    of an earlier temporary probes that temporary instead. Probing more keys
@@ -164,8 +164,9 @@ def _merged_drivers(reader: Query, inlined: Query) -> tuple[str, ...]:
 def fuse_renames(program: Program) -> Program:
     """A query ``SELECT s.a AS x, s.b AS y, s.__weight AS __weight FROM s``
     over a Stack's result ``s`` that nothing else reads becomes that Stack,
-    its parts' columns renamed: the rows, weights and column types are the
-    same, and one engine statement (a Spark job on Spark) less runs.
+    its parts' columns renamed: the rows, weights, column types and order
+    (a Stack puts the weight last) are the same, and one engine statement
+    (a Spark job on Spark) less runs.
     """
     stacks = {s.out: s for s in program.steps if isinstance(s, Stack)}
     for step in list(program.steps):
@@ -193,7 +194,8 @@ def fuse_renames(program: Program) -> Program:
 
 
 def _renames(sql: exp.Expression) -> tuple[str, list[tuple[str, str]]] | None:
-    """(table, [(output, column)] without the weight) when ``sql`` only renames the table's columns and keeps its weight."""
+    """(table, [(output, column)] without the weight) when ``sql`` only renames the table's columns and keeps
+    its weight, last."""
     if not isinstance(sql, exp.Select) or any(
         sql.args.get(arg) for arg in ("with_", "joins", "where", "group", "having", "order", "limit", "distinct",
                                       "qualify", "laterals")
@@ -215,7 +217,7 @@ def _renames(sql: exp.Expression) -> tuple[str, list[tuple[str, str]]] | None:
             weight = True
         else:
             columns.append((out, inner.name))
-    return (table.name, columns) if weight else None
+    return (table.name, columns) if weight and sql.expressions[-1].alias_or_name == WEIGHT else None
 
 
 def _readers(program: Program, name: str) -> int:

@@ -103,6 +103,7 @@ def test_queries_that_compute_filter_or_share_the_stack_stay_queries():
         "filters": keep.replace(" FROM agg AS s", " FROM agg AS s WHERE s.agg0 > 1"),
         "drops the weight": 'SELECT s.k AS k FROM agg AS s',
         "renames the weight": 'SELECT s.k AS k, s.__weight AS w FROM agg AS s',
+        "puts the weight first": 'SELECT s.__weight AS __weight, s.k AS k FROM agg AS s',
         "a column the stack lacks": 'SELECT s.k AS k, s.other AS o, s.__weight AS __weight FROM agg AS s',
     }
     for why, sql in cases.items():
