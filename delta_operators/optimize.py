@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Loop, Program, Query, Stack
+from delta_operators.program import Lookup, Loop, Program, Query, Stack, readers
 from delta_operators.zset import WEIGHT
 
 
@@ -169,6 +169,7 @@ def fuse_renames(program: Program) -> Program:
     (a Spark job on Spark) less runs.
     """
     stacks = {s.out: s for s in program.steps if isinstance(s, Stack)}
+    counts = readers(program)  # a fusion moves a Stack's one reader into it: no other count changes
     for step in list(program.steps):
         if not isinstance(step, Query) or step.guard is not None or step.beside_state:
             continue
@@ -177,7 +178,7 @@ def fuse_renames(program: Program) -> Program:
             continue
         source, columns = renamed
         stack = stacks[source]
-        if _readers(program, source) != 1:
+        if counts[source] != 1:
             continue
         parts = []
         for filter_column, weight, mapping in stack.parts:
@@ -218,21 +219,6 @@ def _renames(sql: exp.Expression) -> tuple[str, list[tuple[str, str]]] | None:
         else:
             columns.append((out, inner.name))
     return (table.name, columns) if weight and sql.expressions[-1].alias_or_name == WEIGHT else None
-
-
-def _readers(program: Program, name: str) -> int:
-    """How many steps, replaces and the output read ``name`` (loops count as many)."""
-    count = int(program.output == name) + int(name in program.inputs)
-    for replace in program.replaces:
-        count += sum(n == name for n in (replace.deletes, replace.inserts))
-    for step in program.steps:
-        if isinstance(step, Query):
-            count += name in _tables(step.sql)
-        elif isinstance(step, (Lookup, Stack)):
-            count += step.drivers == (name,)
-        elif isinstance(step, Loop):
-            count += 2 * (name in step.reads())
-    return count
 
 
 RULES = (push_probes, inline_queries, fuse_renames)

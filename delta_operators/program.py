@@ -20,6 +20,7 @@ sqlglot trees and rendered per engine dialect.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sqlglot import exp
@@ -219,3 +220,30 @@ def describe_steps(steps: list[Step], indent: str = "") -> list[str]:
             lines.append(f"{indent}repeat until {step.until} is empty (at most {step.max_rounds} rounds): {step.note}")
             lines.extend(describe_steps(step.body, indent + "    "))
     return lines
+
+
+def readers(program: Program) -> Counter:
+    """How many steps (and Replace/output uses) read each temporary."""
+    counts: Counter = Counter()
+    _count_steps(program.steps, counts)
+    for replace in program.replaces:
+        counts.update(n for n in (replace.deletes, replace.inserts) if n is not None)
+    if program.output is not None:
+        counts[program.output] += 1
+    return counts
+
+
+def _count_steps(steps: list[Step], counts: Counter) -> None:
+    for step in steps:
+        if isinstance(step, Query):
+            counts.update({t.name for t in step.sql.find_all(exp.Table)})
+        elif isinstance(step, Lookup):
+            counts[step.probe] += 1
+        elif isinstance(step, Stack):
+            counts[step.source] += 1
+        elif isinstance(step, Loop):
+            # Loop variables are re-read every round: count them as shared.
+            for _, source in (*step.init, *step.next, *step.collect):
+                counts[source] += 2
+            counts[step.until] += 2
+            _count_steps(step.body, counts)

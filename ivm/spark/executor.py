@@ -39,12 +39,12 @@ from contextlib import contextmanager
 import pyarrow as pa
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Query, scan_name
+from delta_operators.program import Lookup, Query, readers, scan_name
 from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, columns_read, driver_columns, queried, readers
+from ivm.spark.temps import Lazy, SparkTemps, columns_read, driver_columns, queried
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -211,8 +211,7 @@ class SparkExecutor(StepRunner):
         """True when a step on stored state reading ``names`` runs on the driver: none is stored rows in Spark."""
         if self.driver is None:
             return False
-        return all(name in temps and not (temps.lazy(name) and dict.__getitem__(temps, name).stored)
-                   for name in names)
+        return all(name in temps and not temps.stored(name) for name in names)
 
     def _run_beside_state(self, step: Query, temps: SparkTemps, snapshot: Snapshot, label: str) -> pa.Table:
         """Run a step on stored state with the driver's executor, collecting the change it reads from Spark."""

@@ -18,7 +18,6 @@ become a DataFrame once per run, however many queries read them.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,6 +74,11 @@ class SparkTemps(dict):
         """True while ``name`` has not been brought to the driver (reading it costs a job)."""
         value = super().__getitem__(name)
         return isinstance(value, Lazy) and value.arrow is None
+
+    def stored(self, name: str) -> bool:
+        """True when ``name`` is rows of a stored relation still in Spark (Lazy.stored)."""
+        value = super().__getitem__(name)
+        return isinstance(value, Lazy) and value.arrow is None and value.stored
 
     def small(self, name: str) -> bool:
         """True when ``name``'s plan reads only small driver tables (one partition each)."""
@@ -185,17 +189,6 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
     return needed
 
 
-def readers(program: Program) -> Counter:
-    """How many steps (and Replace/output uses) read each temporary."""
-    counts: Counter = Counter()
-    _count_steps(program.steps, counts)
-    for replace in program.replaces:
-        counts.update(n for n in (replace.deletes, replace.inserts) if n is not None)
-    if program.output is not None:
-        counts[program.output] += 1
-    return counts
-
-
 def queried(program: Program) -> set[str]:
     """Temporaries some Query reads (Spark reads them; other readers want driver rows)."""
     names: set[str] = set()
@@ -209,19 +202,3 @@ def queried(program: Program) -> set[str]:
 
     walk(program.steps)
     return names
-
-
-def _count_steps(steps: list[Step], counts: Counter) -> None:
-    for step in steps:
-        if isinstance(step, Query):
-            counts.update({t.name for t in step.sql.find_all(exp.Table)})
-        elif isinstance(step, Lookup):
-            counts[step.probe] += 1
-        elif isinstance(step, Stack):
-            counts[step.source] += 1
-        elif isinstance(step, Loop):
-            # Loop variables are re-read every round: count them as shared.
-            for _, source in (*step.init, *step.next, *step.collect):
-                counts[source] += 2
-            counts[step.until] += 2
-            _count_steps(step.body, counts)
