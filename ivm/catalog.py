@@ -189,6 +189,11 @@ class Catalog:
         definition = self.get(name)
         return definition.primary_key if isinstance(definition, TableDef) else ()
 
+    def relation_not_null(self, name: str) -> frozenset[str]:
+        """Columns of a table that are never NULL (a view's may be, as far as the planner knows)."""
+        definition = self.get(name)
+        return definition.not_null if isinstance(definition, TableDef) else frozenset()
+
     def schema(self) -> dict[str, dict[str, str]]:
         out = {}
         for d in list(self.tables.values()) + list(self.views.values()):

@@ -48,6 +48,8 @@ class CatalogReader(Protocol):
 
     def relation_key(self, name: str) -> tuple[str, ...]: ...
 
+    def relation_not_null(self, name: str) -> frozenset[str]: ...
+
     def schema(self) -> dict[str, dict[str, str]]: ...
 
     def describe(self, sql: str) -> tuple[Column, ...]: ...
@@ -100,6 +102,7 @@ class Builder:
                 kind=self.catalog.relation_kind(name),
                 columns=self.catalog.relation_columns(name),
                 key=self.catalog.relation_key(name),
+                not_null=self.catalog.relation_not_null(name),
             )
         return self._sources[name]
 

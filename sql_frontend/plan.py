@@ -77,6 +77,7 @@ class Source(Node):
     kind: str  # "table" | "view"
     columns: tuple[Column, ...]
     key: tuple[str, ...] = ()  # primary key, if any: a lookup by it finds at most one row
+    not_null: frozenset[str] = frozenset()  # columns declared NOT NULL (and the key's)
 
 
 @dataclass(eq=False)

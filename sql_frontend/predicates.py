@@ -21,7 +21,10 @@ matches nothing. Exactly:
 
 (▷: anti join; correlation keys, if any, join each part). Each anti join
 keeps per-key counts, so NULLs appearing in or vanishing from S flip the
-rows they affect, and nothing else.
+rows they affect, and nothing else. The parts with no key read whole
+relations when S changes; where the catalog proves x or y never NULL
+(``not_null.never_null``: NOT NULL and key columns), they are empty and not
+planned, so NOT IN over key columns is the one keyed anti join.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from sqlglot import exp
 from sql_frontend.correlation import is_correlated, local_aliases, split_correlation
 from sql_frontend.errors import UnsupportedError
 from sql_frontend.join_keys import cast_outputs, comparable, key_type
+from sql_frontend.not_null import never_null
 from sql_frontend.plan import LEFT, RIGHT, SPJ, Node, SemiJoin, UnionAll
 from sql_frontend.plan_sql import column
 from sql_frontend.scope import FromClause, flat_name
@@ -254,10 +258,16 @@ def _filtered(node: Node, name: str, is_null: bool) -> SPJ:
 def _not_in(b: "Builder", left: Node, right: Node, pairs, residual, origin: str) -> Node:  # noqa: ANN001
     """x NOT IN (S) with SQL's NULL semantics, as anti joins (see the module docstring)."""
     *correlation, (x, y, _) = pairs
-    present = _semi(b, b.typed(_filtered(left, x, is_null=False)), right, pairs, residual, True,
-                    f"{origin}: non-NULL values not in the subquery")
-    nulls = b.typed(_filtered(right, y, is_null=True))
-    no_null = _semi(b, present, nulls, correlation, residual, True, f"{origin}: ... which holds no NULL")
+    x_never_null, y_never_null = never_null(left, x), never_null(right, y)
+    if x_never_null and y_never_null:  # no NULL on either side: a plain anti join
+        return _semi(b, left, right, pairs, residual, True, f"{origin}: values not in the subquery (never NULL)")
+    present = left if x_never_null else b.typed(_filtered(left, x, is_null=False))
+    present = _semi(b, present, right, pairs, residual, True, f"{origin}: non-NULL values not in the subquery")
+    if not y_never_null:
+        nulls = b.typed(_filtered(right, y, is_null=True))
+        present = _semi(b, present, nulls, correlation, residual, True, f"{origin}: ... which holds no NULL")
+    if x_never_null:
+        return present
     missing = _semi(b, b.typed(_filtered(left, x, is_null=True)), right, correlation, residual, True,
                     f"{origin}: NULL values, kept while the subquery is empty")
-    return b.typed(UnionAll((no_null, missing)))
+    return b.typed(UnionAll((present, missing)))

@@ -134,6 +134,28 @@ def test_not_in_is_a_union_of_anti_joins(loaded):
     assert len(semis) == 3 and all(s.anti for s in semis)
 
 
+@pytest.mark.parametrize("sql, anti_joins, unions", [
+    # keys on both sides: one keyed anti join, no part for NULLs
+    ("SELECT id FROM orders WHERE id NOT IN (SELECT order_id FROM items)", 1, 0),
+    # the subquery's values are a key, the outer column may be NULL: its NULL rows are a part
+    ("SELECT id FROM orders WHERE cust NOT IN (SELECT id FROM customers)", 2, 1),
+    # the outer column is a key, the subquery may hold NULL: the anti join against its NULLs stays
+    ("SELECT id FROM customers WHERE id NOT IN (SELECT cust FROM orders)", 2, 0),
+    # a filter that rejects NULL proves the subquery's values non-NULL too
+    ("SELECT id FROM customers WHERE id NOT IN (SELECT cust FROM orders WHERE cust > 2)", 1, 0),
+    # ... and a cast of a key column is still never NULL
+    ("SELECT id FROM orders WHERE id NOT IN (SELECT CAST(order_id AS INTEGER) FROM items)", 1, 0),
+    # an expression over a key column is not known to be non-NULL
+    ("SELECT id FROM orders WHERE id NOT IN (SELECT order_id + 1 FROM items)", 2, 0),
+])
+def test_not_in_plans_no_part_for_nulls_the_catalog_rules_out(loaded, sql, anti_joins, unions):
+    db, _ = loaded
+    root = plan_of(db, sql)
+    semis = [n for n in walk(root) if isinstance(n, SemiJoin)]
+    assert len(semis) == anti_joins and all(s.anti for s in semis)
+    assert sum(isinstance(n, UnionAll) for n in walk(root)) == unions
+
+
 def test_correlated_scalar_subquery_joins_a_grouped_aggregate(loaded):
     db, _ = loaded
     root = plan_of(db, "SELECT o.id FROM orders o WHERE o.qty > (SELECT AVG(i.qty) FROM items i WHERE i.order_id = o.id)")
