@@ -729,10 +729,30 @@ class Engine:
             # incremental's state): it does not count in R, or one copy would send the view straight back.
             seconds = time.perf_counter() - started - (self.mirrors.copy_seconds - copied)
             view.cost.record(path, seconds, rows, sizes, warmup)
+            if view.cost.trial:
+                self._trial_refresh(view, snapshot, all_changes, recomputed, worker, deltas, sizes)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
         self._keep_mirrors(snapshot, deltas, worker)
         return self._drop_closed_windows(deltas, snapshot, worker)
+
+    def _trial_refresh(self, view: ViewDef, snapshot: Snapshot, pending: list[RowChanges],
+                       recomputed: dict[str, Relation | None], worker: Worker, deltas: dict[str, pa.Table],
+                       sizes: int) -> None:
+        """Run the refresh path beside this batch's incremental one, keep only its time (ivm/maintenance.py).
+
+        Its results are discarded: the view's state and output come from the
+        incremental program. A refresh that fails leaves the view incremental,
+        as a SELECT failing at CREATE does.
+        """
+        copied = self.mirrors.copy_seconds
+        started = time.perf_counter()
+        try:
+            refresh(self, view, snapshot, pending, recomputed, worker, deltas)
+        except Exception:  # noqa: BLE001 - the batch does not depend on it; the view stays incremental
+            view.cost.trial_failed()
+            return
+        view.cost.record_trial(time.perf_counter() - started - (self.mirrors.copy_seconds - copied), sizes)
 
     def _keep_mirrors(self, snapshot: Snapshot, deltas: dict[str, pa.Table], worker: Worker) -> None:
         """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory;

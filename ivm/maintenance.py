@@ -31,8 +31,8 @@ a median, where a moving mean took one 10x batch as a trend and switched):
   the sources' rows now. Until a refresh ran, R is *provisional*: the SELECT
   alone timed at CREATE (over the Arrow runs, without keeping the native
   copies or computing the view's delta: at SF 1 q22's was 0.75x its real
-  refreshes, q02's 2x). The first real refresh replaces it (the window
-  starts with real refreshes only);
+  refreshes, q02's 2x). The first real refresh (or trial, below)
+  replaces it (the window starts with real refreshes only);
 * B, rebuild: the seconds of the last rebuild (at CREATE, or the way back
   from stale state), scaled the same way; not known yet (after a reopen):
   REBUILD_GUESS × R.
@@ -41,20 +41,19 @@ Rule (``Settings.maintenance = "auto"``), with L = LEAVE_MARGIN, M =
 RECOMPUTE_MARGIN and the one-off rebuild amortised over H = AMORTISE_BATCHES
 batches:
 
-    fresh state:  recompute   when I > L·R on SWITCH_AFTER batches in a row
-                              (I > M·R while R is provisional), else incremental;
-                              a batch beyond SPREAD x every measured size whose
-                              I could still be within the limit (scaled by the
-                              least slope allowed) runs incrementally, to be
-                              measured, and does not vote
+    fresh state:  recompute   when I > L·R on SWITCH_AFTER batches in a row,
+                              else incremental; a batch beyond SPREAD x every
+                              measured size whose I could still be within the
+                              limit (scaled by the least slope allowed) runs
+                              incrementally, to be measured, and does not vote;
+                              while R is provisional, I > L·R does not vote: the
+                              batch runs incrementally and *trials* the refresh
+                              (runs it too, result discarded) to measure R
     stale state:  rebuild     when M·I + B/H < R (incremental is cheaper again,
                               rebuild included), or when the refreshes since the
                               switch cost PROBE_FACTOR × B (a probe: I is
                               re-measured, at most 1/PROBE_FACTOR extra), or when
                               I is not known; else recompute
-    stale, left on a provisional R: once WINDOW refreshes measured R,
-                  rebuild if I ≤ L·R (the rule that made the view leave no
-                  longer holds: the provisional R was too low), once
     after a rebuild, PROBE_BATCHES incremental batches, and I from them only
 
 Leaving incremental costs nothing one-off (the state is emptied and left
@@ -77,14 +76,21 @@ window) whose median alone is the new I: the measurements from before the
 rebuild describe state that was thrown away, one probe batch among four old
 ones could never move a median of five (a view whose incremental path became
 cheap needed two or three probes to notice), and a probe shorter than the
-window would let two outliers in a row (a paused machine) decide it. Leaving
-on a provisional R (a single timing, of the SELECT alone) takes the wider
-margin M; such a switch is re-checked once R is measured (TPC-H q22 at SF 1,
-session 6: I 44 ms left on a provisional R of ~40 ms, its refreshes then
-measured 53 ms, and the 1.5x band kept it on the dearer path for good): that
-return happens at most once per view, since afterwards R is measured and the
-ordinary band applies. The choice costs a few multiplications; nothing else
-runs for it.
+window would let two outliers in a row (a paused machine) decide it.
+
+A provisional R never decides a switch. It is one timing of the SELECT
+alone; a real refresh also keeps the native copies and computes the view's
+delta, and measured 0.75-2.4x it at SF 1 (q22, q02, q11). Leaving on it sent
+views to the dearer path (session 6: q22's I 44 ms left on ~40 ms, its
+refreshes measured 53 ms; session 10: q11 left, measured 25.8 ms against I
+15.3 ms, rebuilt and came back), and a wider margin for it kept views on
+the dearer path (q15: I 24.8 ms against 21.9 ms). So when the rule would
+vote to leave on a provisional R, the batch *trials* the refresh instead:
+it runs incrementally, and the engine also runs the refresh path, discards
+its result and records its time as the first measured R (``trial``). The
+trial costs one refresh, once per view (R is then measured), where a wrong
+switch cost a rebuild or a dearer path for good. The choice costs a few
+multiplications; nothing else runs for it.
 ``"incremental"`` and ``"recompute"`` force one path (a stale view rebuilds
 first under ``"incremental"``; tests force recompute to prove it against the
 oracle). Views over a RETAIN stream (``Catalog.retained()``) are always
@@ -144,7 +150,8 @@ class CostModel:
     recompute_rows: int = 0  # ... when its sources held this many rows
     rebuild: float | None = None  # B: seconds of the last rebuild (initial program) ...
     rebuild_rows: int = 0  # ... when its sources held this many rows
-    # Batches per path: a rebuild counts as a recompute here (it recomputes the view), and in ``rebuilds``.
+    # Batches per path: a rebuild counts as a recompute here (it recomputes the view), and in ``rebuilds``;
+    # seconds per path: a trial refresh's count on the recompute path (time spent on the view, not a batch).
     batches: dict[str, int] = field(default_factory=lambda: {"incremental": 0, "recompute": 0})
     seconds: dict[str, float] = field(default_factory=lambda: {"incremental": 0.0, "recompute": 0.0})
     rebuilds: int = 0
@@ -154,7 +161,7 @@ class CostModel:
     refresh_failed: bool = False  # the SELECT failed when first timed: never chosen in auto mode
     provisional: bool = False  # R is the SELECT timed at CREATE, not yet a refresh
     _probe: int = 0  # batches with fresh state left to run incrementally, to measure I
-    _recheck: bool = False  # left incremental on a provisional R: check the rule again once R is measured
+    trial: bool = False  # the engine also runs a refresh for this batch, to measure R (the rule above)
     _votes: int = 0  # consecutive fresh batches where the rule chose recompute
     _measured: list = field(default_factory=list)  # the last WINDOW incremental (seconds, rows)
     _refreshes: list = field(default_factory=list)  # the last WINDOW refreshes' seconds per source row
@@ -232,27 +239,25 @@ class CostModel:
         if stale:
             if incremental is None or recompute is None or self.spent >= PROBE_FACTOR * rebuild:
                 return "rebuild"
-            if self._recheck and len(self._refreshes) >= WINDOW:
-                self._recheck = False
-                if incremental <= LEAVE_MARGIN * recompute:  # measured, R no longer justifies having left
-                    return "rebuild"
             back = RECOMPUTE_MARGIN * incremental + rebuild / AMORTISE_BATCHES < recompute
             return "rebuild" if back else "recompute"
         if self._probe or incremental is None or recompute is None:
             self._probe = max(self._probe - 1, 0)
             return "incremental"
-        # Leaving is free: B counts only on the way back. A provisional R is one timing of the SELECT alone:
-        # leaving on it takes the wider margin M.
-        limit = (RECOMPUTE_MARGIN if self.provisional else LEAVE_MARGIN) * recompute
+        # Leaving is free: B counts only on the way back.
+        limit = LEAVE_MARGIN * recompute
         if incremental <= limit:
             self._votes = 0
             return "incremental"
         if self._unmeasured_size(rows, limit):
             return "incremental"  # measured at this size, the slope decides the next batch like it
+        if self.provisional:  # one timing of the SELECT alone does not decide: measure a refresh first
+            self.trial = True
+            return "incremental"
         self._votes += 1  # one slow batch (a pause, an unusually large batch of a cheap source) is not enough
         if self._votes < SWITCH_AFTER:
             return "incremental"
-        self._votes, self.spent, self._recheck = 0, 0.0, self.provisional
+        self._votes, self.spent = 0, 0.0
         return "recompute"
 
     def warming_up(self, program: object) -> bool:
@@ -286,6 +291,16 @@ class CostModel:
     def estimate_refresh(self, seconds: float, source_rows: int) -> None:
         """The provisional R: the SELECT alone, timed at CREATE (or after a reopen)."""
         self.recompute, self.recompute_rows, self.provisional = seconds, source_rows, True
+
+    def record_trial(self, seconds: float, source_rows: int) -> None:
+        """A trial refresh (``trial``): its time is R's first measurement, and time spent on the view."""
+        self.trial = False
+        self.seconds["recompute"] += seconds
+        self.record_refresh(seconds, source_rows)
+
+    def trial_failed(self) -> None:
+        """The refresh failed where incremental did not: never chosen in auto mode (as a SELECT failing at CREATE)."""
+        self.trial, self.refresh_failed, self.recompute = False, True, None
 
     def record_refresh(self, seconds: float, source_rows: int) -> None:
         per_row = median(_remember(self._refreshes, seconds / max(source_rows, 1)))
