@@ -80,3 +80,18 @@ def test_bench_tpch_rejects_unknown_views(tmp_path):
          "--data", str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "unknown view(s) q99" in run.stderr
 
+
+
+def test_the_report_says_why_a_slower_view_stays_incremental():
+    """The note beside a view slower than DuckDB's recompute follows the engine's own estimates (ms here)."""
+    from bench.tpch_report import why_path
+    from bench.tpch_run import ViewResult
+
+    view = ViewResult("q15", "q15", 0.1, ivm=[0.023] * 3, recompute=[0.020] * 3, paths={"incremental": 3})
+    assert "estimated dearer per call" in why_path(view, 0.0159, 0.025)
+    close = why_path(view, 0.0232, 0.0217)  # cheaper, but within the leave margin
+    assert "estimated 21.7 ms per call, within 1.1x of incremental (23.2 ms)" in close
+    assert "dearer" not in close
+    assert why_path(view, 0.030, 0.020) == ""  # beyond the margin the engine leaves: nothing to explain here
+    view.paths = {"incremental": 1, "recompute": 2}
+    assert "the engine switched it to recompute: incremental estimated 30.0 ms per call" in why_path(view, 0.030, 0.020)
