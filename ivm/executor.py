@@ -111,6 +111,14 @@ def _no_pair(codes: np.ndarray, value: pa.ChunkedArray, value_codes: np.ndarray,
     return left.join(right, keys=["k", "v"], join_type="inner").num_rows == 0
 
 
+def _taken(schema: pa.Schema, columns: frozenset[str] | None) -> list[str] | None:
+    """The relation's columns a lookup copies (``Lookup.columns``, lower case); at least one, so rows count."""
+    if columns is None:
+        return None
+    taken = [name for name in schema.names if name.lower() in columns]
+    return None if len(taken) == len(schema.names) else taken or schema.names[:1]
+
+
 class StepRunner:
     """Runs a program's steps over Arrow temporaries; subclasses run its queries.
 
@@ -201,18 +209,19 @@ class StepRunner:
     def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
         probe = temps[step.probe]
         relation = snapshot[step.relation]
+        columns = _taken(relation.schema, step.columns)
         if not relation.runs:
             # Nothing to find (state on a first computation or a recompute): skip
             # coding the probe, which on those runs is a whole source.
-            return relation.lookup(step.index, np.empty(0, np.uint64), step.positions)
+            return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns)
         if not step.index:
             if probe.num_rows == 0:
-                return relation.lookup(step.index, np.empty(0, np.uint64), step.positions).slice(0, 0)
-            return relation.all_rows(step.positions)
+                return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns).slice(0, 0)
+            return relation.all_rows(step.positions, columns)
         if step.probe_filter is not None:
             probe = probe.filter(probe.column(step.probe_filter))
         codes = self.coder.codes(probe.select(list(step.probe_columns)).rename_columns(list(step.index)), step.index)
-        return relation.lookup(step.index, codes, step.positions)
+        return relation.lookup(step.index, codes, step.positions, columns=columns)
 
     def _skippable(self, drivers: tuple[str, ...], skip: str, temps: dict[str, pa.Table]) -> bool:
         if not drivers:

@@ -272,49 +272,55 @@ class Relation:
                 self._cache["table"] = cached
             return cached
 
-    def _with_positions(self, parts: list[tuple[int, np.ndarray]], positions: bool) -> pa.Table:
+    def _with_positions(self, parts: list[tuple[int, np.ndarray]], positions: bool,
+                        columns: list[str] | None = None) -> pa.Table:
         tables = []
         for r, rows in parts:
-            t = self.runs[r].table.take(pa.array(rows))
+            table = self.runs[r].table
+            t = (table if columns is None else table.select(columns)).take(pa.array(rows))
             if positions:
                 t = t.append_column(RUN, pa.array(np.full(len(rows), r, dtype=np.int32)))
                 t = t.append_column(POS, pa.array(rows))
             tables.append(t)
         if not tables:
             schema = self.schema
+            if columns is not None:
+                schema = pa.schema([schema.field(c) for c in columns])
             if positions:
                 schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
             return schema.empty_table()
         return pa.concat_tables(tables)
 
-    def all_rows(self, positions: bool = False) -> pa.Table:
-        return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions)
+    def all_rows(self, positions: bool = False, columns: list[str] | None = None) -> pa.Table:
+        return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions, columns)
 
-    def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False, scan: bool = True) -> pa.Table:
+    def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False, scan: bool = True,
+               columns: list[str] | None = None) -> pa.Table:
         """Live rows whose ``key`` code is among ``probe_codes``, maybe more.
 
         Callers must re-check keys: collisions, and small relations returned
         whole, add rows that do not match. ``scan=False``: probe the index
         however many probes there are (only a small relation is returned
         whole), for callers whose own work grows faster than linearly with
-        the rows they get (a sort of them).
+        the rows they get (a sort of them). ``columns``: only these (None:
+        all, the weight included).
         """
         if not key:
-            return self.all_rows(positions)
+            return self.all_rows(positions, columns)
         if key not in self.index_keys:
             raise InternalError(f"relation {self.name} has no index on ({', '.join(key)})")
         probes = sorted_unique(probe_codes)
         if len(probes) == 0:
-            return self._with_positions([], positions)
+            return self._with_positions([], positions, columns)
         live = self.num_rows
         if live <= SMALL_RELATION or (scan and len(probes) * PROBE_COST >= live):
-            return self.all_rows(positions)
+            return self.all_rows(positions, columns)
         parts = []
         for r, run in enumerate(self.runs):
             rows = _gather(run, run.indexes[key], probes)
             if len(rows):
                 parts.append((r, rows))
-        return self._with_positions(parts, positions)
+        return self._with_positions(parts, positions, columns)
 
     # --- changes -----------------------------------------------------------
     def with_index(self, key: Key, coder: KeyCoder) -> "Relation":

@@ -9,7 +9,8 @@ import pyarrow as pa
 from sqlglot import exp, parse_one
 
 from delta_operators.optimize import optimize
-from delta_operators.program import Program, Query
+from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack
+from delta_operators.zset import WEIGHT
 
 
 def run(program: Program, d: pa.Table) -> list[tuple]:
@@ -114,3 +115,38 @@ def test_queries_that_compute_filter_or_share_the_stack_stay_queries():
     replaced = stacked(keep)
     replaced.replaces.append(Replace(relation="r", deletes=None, inserts="agg"))
     assert [type(s).__name__ for s in optimize(replaced).steps] == ["Stack", "Query"]
+
+
+def _lookup(out: str, probe: str = "d") -> "Lookup":
+    return Lookup(out, "lineitem", ("l_orderkey",), probe, ("k",))
+
+
+def test_a_lookup_takes_only_the_columns_its_readers_name():
+    """Two readers: the union of the names they use (a superset is safe), lower case."""
+    program = optimize(Program(steps=[
+        _lookup("look"),
+        Query("a", parse_one("SELECT look.L_Quantity, SUM(look.l_price) AS s FROM look GROUP BY 1"), ("look",)),
+        Query("b", parse_one("SELECT COUNT(*) AS n FROM look WHERE l_shipmode = 'AIR'"), ("look",)),
+        Query("out", parse_one("SELECT * FROM a, b"), ("a", "b")),
+    ], output="out"))
+    look = next(s for s in program.steps if isinstance(s, Lookup))
+    # inlined into one statement, whose names are a superset of what it reads of look
+    assert {"l_quantity", "l_price", "l_shipmode"} <= look.columns
+    assert "l_comment" not in look.columns
+
+
+def test_a_lookup_read_whole_keeps_every_column():
+    """A * over it, a Stack, a Replace, the view's output or a loop: every column."""
+    star = Program(steps=[_lookup("look"), Query("a", parse_one("SELECT look.* FROM look"), ("look",), pinned=True),
+                          Query("b", parse_one("SELECT k FROM a"), ("a",))], output="b")
+    output = Program(steps=[_lookup("look")], output="look")
+    stacked = Program(steps=[_lookup("look"), Stack("s", "look", (("f", 1, (("x", "x"),)),))], output="s")
+    replaced = Program(steps=[_lookup("look")], replaces=[Replace("lineitem", "look", None)])
+    looped = Program(steps=[_lookup("look"), Query("a", parse_one("SELECT k FROM look"), ("look",), pinned=True),
+                            Loop((("v", "a"),), [Query("w", parse_one("SELECT k FROM v"), ("v",))], (("v", "w"),), "w")],
+                     output="a")
+    for program in (star, output, stacked, replaced, looped):
+        assert next(s for s in optimize(program).steps if isinstance(s, Lookup)).columns is None
+    guarded = Program(steps=[_lookup("look"), Query("a", parse_one("SELECT 1 AS k"), (), pinned=True,
+                                                    guard=Guard("look", "l_v", "a", ("k",), ("l_g",)))], output="a")
+    assert next(s for s in optimize(guarded).steps if isinstance(s, Lookup)).columns == {"l_v", WEIGHT, "l_g"}

@@ -1,4 +1,4 @@
-"""What the Spark executor ships of a driver temporary (ivm/spark/temps.py, columns_read).
+"""What the Spark executor ships of a driver temporary (ivm/spark/temps.py, spark_columns_read).
 
 Shipping rows to Spark costs by their bytes, so a temporary goes with only the
 columns the program's queries can read. Dropping one a query reads would make
@@ -15,7 +15,7 @@ import ivm
 from bench.spark import VIEW
 from bench.tpch import SCHEMA
 from delta_operators.program import Loop, Lookup, Program, Query
-from ivm.spark.temps import SparkTemps, columns_read, driver_columns
+from ivm.spark.temps import SparkTemps, spark_columns_read, driver_columns
 
 
 def query(out: str, sql: str) -> Query:
@@ -30,7 +30,7 @@ def test_columns_named_in_queries_are_shipped_and_stars_ship_everything():
         query("d", "SELECT *, v.k AS k2 FROM (SELECT v.k FROM v) AS w JOIN v ON w.k = v.k"),
         Lookup(out="e", relation="r", index=("k",), probe="p", probe_columns=("pk",), probe_filter="flag"),
     ])
-    needed = columns_read(program)
+    needed = spark_columns_read(program)
     assert needed["t"] == {"x", "mixed", "y"}
     assert needed["s"] is None and needed["u"] is None  # a star selects from them directly
     assert needed["v"] is None  # the outer star reads v's columns as well as w's
@@ -39,7 +39,7 @@ def test_columns_named_in_queries_are_shipped_and_stars_ship_everything():
 
 def test_programs_with_loops_ship_whole_temporaries():
     loop = Loop(init=(("x", "a"),), body=[query("b", "SELECT x.k FROM x")], next=(("x", "b"),), until="b")
-    assert columns_read(Program(steps=[query("a", "SELECT t.k FROM t"), loop])) == {}
+    assert spark_columns_read(Program(steps=[query("a", "SELECT t.k FROM t"), loop])) == {}
 
 
 def test_shipped_tables_keep_needed_columns_in_any_case_and_at_least_one():
@@ -60,7 +60,7 @@ def test_a_lineitem_batch_ships_the_joined_and_aggregated_columns_only():
         db.execute(f"CREATE MATERIALIZED VIEW revenue AS {VIEW}")
         view = db._engine.catalog.views["revenue"]
         program = view.program(frozenset({"lineitem"}), frozenset({"lineitem", "orders"}))
-    needed = columns_read(program)
+    needed = spark_columns_read(program)
     delta = next(name for name in program.inputs if "lineitem" in name)
     assert {"l_orderkey", "l_returnflag", "l_quantity", "l_extendedprice", "l_discount", "__weight"} <= needed[delta]
     assert not {"l_comment", "l_shipmode", "l_shipdate"} & needed[delta]
@@ -78,7 +78,7 @@ def test_the_driver_copy_of_a_join_term_holds_its_lookups_columns_only():
     # the join term (read by the state lookups and by queries): the lookups' probe columns only
     term = next(s.probe for s in lookups if s.probe not in program.inputs and not s.probe.startswith("look"))
     assert driver[term] == {c for s in lookups if s.probe == term for c in s.probe_columns}
-    assert 2 <= len(driver[term]) < len(columns_read(program)[term] or ())
+    assert 2 <= len(driver[term]) < len(spark_columns_read(program)[term] or ())
     for replace in program.replaces:  # Replace steps and the output take whole temporaries
         assert all(driver[n] is None for n in (replace.deletes, replace.inserts) if n is not None)
     assert driver[program.output] is None

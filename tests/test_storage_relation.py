@@ -119,6 +119,22 @@ def test_lookup_probes_instead_of_copying_when_large(coder, monkeypatch):
     assert set(found.column_names) >= {RUN, POS}
 
 
+def test_a_lookup_copies_only_the_columns_asked_for(coder, monkeypatch):
+    """Lookup.columns (delta_operators/optimize.py's narrow_lookups): the rest of a row is not copied."""
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64),
+                           rows_table([(k, f"g{k}", float(k)) for k in range(1000)]), coder)
+    probes = coder.codes(pa.table({"k": pa.array([5, 7, 5000], pa.int64())}), ["k"])
+    found = rel.lookup(("k",), probes, positions=True, columns=["k", "v"])
+    assert found.column_names == ["k", "v", RUN, POS] and sorted(found.column("v").to_pylist()) == [5.0, 7.0]
+    whole = rel.lookup(("k",), probes, positions=True)
+    assert found.select([RUN, POS]).sort_by(RUN).equals(whole.select([RUN, POS]).sort_by(RUN))
+    none = rel.lookup(("k",), coder.codes(pa.table({"k": pa.array([5000], pa.int64())}), ["k"]), columns=["g"])
+    assert none.num_rows == 0 and none.schema == pa.schema([("g", pa.string())])
+    assert rel.all_rows(columns=["g"]).column_names == ["g"] and rel.all_rows(columns=["g"]).num_rows == 1000
+
+
 def test_many_probes_return_the_whole_relation_unless_scanning_is_off(coder, monkeypatch):
     monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
     rel = Relation.empty("t", SCHEMA, ("k",))

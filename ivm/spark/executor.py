@@ -44,7 +44,7 @@ from delta_operators.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames
-from ivm.spark.temps import Lazy, SparkTemps, columns_read, driver_columns, queried
+from ivm.spark.temps import Lazy, SparkTemps, driver_columns, queried, spark_columns_read
 from sql_frontend.errors import ExecutionError, InternalError, UnsupportedError
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -93,7 +93,7 @@ class SparkExecutor(StepRunner):
 
     def run(self, program, inputs, snapshot, label="", progress=None):
         if self._program is not program:  # the same program runs every batch: analyse it once
-            self._program, self._readers, self._columns = program, readers(program), columns_read(program)
+            self._program, self._readers, self._columns = program, readers(program), spark_columns_read(program)
             self._queried, self._driver = queried(program), driver_columns(program)
         return super().run(program, inputs, snapshot, label, progress)
 

@@ -24,7 +24,7 @@ from typing import Callable
 import pyarrow as pa
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step
+from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step, need, query_columns
 from delta_operators.zset import WEIGHT
 from ivm.spark.frames import SMALL_ROWS
 
@@ -58,7 +58,7 @@ class SparkTemps(dict):
                  collect: Callable[[Lazy], pa.Table], columns: dict[str, set[str] | None] | None = None):
         super().__init__(inputs)
         self._spark_frame = spark_frame
-        self._columns = columns or {}  # columns_read(program): what Spark reads of each temporary
+        self._columns = columns or {}  # spark_columns_read(program): what Spark reads of each temporary
         self._collect = collect
         self._frames: dict[str, tuple[pa.Table, object]] = {}  # driver temp -> its DataFrame this run
 
@@ -112,15 +112,16 @@ class SparkTemps(dict):
         return table.select(keep or table.column_names[:1])
 
 
-def columns_read(program: Program) -> dict[str, set[str] | None]:
+def spark_columns_read(program: Program) -> dict[str, set[str] | None]:
     """Columns Spark may read of each temporary (None: all of them).
 
     A driver temporary is shipped with these columns only: a change batch of
     lineitem has 16 columns, a join term reads 5 of them, and shipping rows
-    to Spark costs in proportion to their bytes. A superset is safe: every
-    column name (case-insensitively) in a query that reads the temporary, and all columns where a
-    ``*`` selects from it directly. Programs with loops ship whole temporaries
-    (loop variables take other temporaries' rows).
+    to Spark costs in proportion to their bytes. A superset is safe: what
+    ``query_columns`` finds for the queries that read the temporary, and
+    the probe columns of lookups joined on Spark (steps on the driver are
+    not counted: ``driver_columns``). Programs with loops ship whole
+    temporaries (loop variables take other temporaries' rows).
     """
     if any(isinstance(step, Loop) for step in program.steps):
         return {}
@@ -128,29 +129,11 @@ def columns_read(program: Program) -> dict[str, set[str] | None]:
     for step in program.steps:
         if isinstance(step, Lookup):  # a probe joined on Spark (executor._join_lookup)
             columns = {c.lower() for c in (*step.probe_columns, *([step.probe_filter] if step.probe_filter else []))}
-            _need(needed, step.probe, columns)
+            need(needed, step.probe, columns)
         elif isinstance(step, Query):
-            names = {column.name.lower() for column in step.sql.find_all(exp.Column)}
-            starred = _starred(step.sql)
-            for table in step.sql.find_all(exp.Table):
-                _need(needed, table.name, None if table.name in starred else names)
+            for table, columns in query_columns(step.sql).items():
+                need(needed, table, columns)
     return needed
-
-
-def _need(needed: dict[str, set[str] | None], name: str, columns: set[str] | None) -> None:
-    if name in needed and needed[name] is None:
-        return
-    needed[name] = None if columns is None else needed.get(name, set()) | columns
-
-
-def _starred(tree: exp.Expression) -> set[str]:
-    """Tables a ``*`` selects from directly (in the SELECT whose FROM/JOIN names them)."""
-    starred = set()
-    for select in tree.find_all(exp.Select):
-        if any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
-               for e in select.expressions):
-            starred |= {t.name for t in select.find_all(exp.Table) if t.find_ancestor(exp.Select) is select}
-    return starred
 
 
 def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
@@ -170,22 +153,22 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
     needed: dict[str, set[str] | None] = {}
     for step in program.steps:
         if isinstance(step, Lookup):
-            _need(needed, step.probe, {*step.probe_columns, *([step.probe_filter] if step.probe_filter else [])})
+            need(needed, step.probe, {*step.probe_columns, *([step.probe_filter] if step.probe_filter else [])})
         elif isinstance(step, Stack):
-            _need(needed, step.source, None)
+            need(needed, step.source, None)
         elif isinstance(step, Query):
             if step.guard is not None:
-                _need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
-                _need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
+                need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
+                need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
             if step.beside_state:
                 for table in step.sql.find_all(exp.Table):
-                    _need(needed, table.name, None)
+                    need(needed, table.name, None)
     for replace in program.replaces:
         for name in (replace.deletes, replace.inserts):
             if name is not None:
-                _need(needed, name, None)
+                need(needed, name, None)
     if program.output is not None:
-        _need(needed, program.output, None)
+        need(needed, program.output, None)
     return needed
 
 
