@@ -295,13 +295,22 @@ def columns_read(program: Program) -> dict[str, set[str] | None] | None:
             for table, columns in query_columns(step.sql).items():
                 need(needed, table, columns)
             if step.guard is not None:
-                guard = step.guard
-                need(needed, guard.probe, {c.lower() for c in (guard.column, WEIGHT, *guard.keys)})
-                need(needed, guard.values, {c.lower() for c in (*guard.value_columns, *guard.keys)})
+                for name, columns in guard_reads(step.guard):
+                    need(needed, name, {c.lower() for c in columns})
+    need_results(needed, program)
+    return needed
+
+
+def guard_reads(guard: Guard) -> tuple[tuple[str, set[str]], ...]:
+    """(temporary, columns) a guard compares: its probe's value, weight and keys, its values' and keys."""
+    return ((guard.probe, {guard.column, WEIGHT, *guard.keys}), (guard.values, {*guard.value_columns, *guard.keys}))
+
+
+def need_results(needed: dict[str, set[str] | None], program: Program) -> None:
+    """The temporaries Replaces and the view's output take: whole."""
     for replace in program.replaces:
         for name in (replace.deletes, replace.inserts):
             if name is not None:
                 need(needed, name, None)
     if program.output is not None:
         need(needed, program.output, None)
-    return needed

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ivm
+from ivm import engine as engine_module
 from ivm.maintenance import (AMORTISE_BATCHES, LEAVE_MARGIN, PROBE_BATCHES, PROBE_FACTOR, RECOMPUTE_MARGIN,
                              SWITCH_AFTER, WINDOW, CostModel)
 from tests.oracle.fixtures import ORDERED_SETS, VIEW_SETS, oracle_schema, oracle_views
@@ -504,16 +505,19 @@ def test_a_provisional_estimate_is_measured_by_a_trial_before_it_decides():
     assert paths.count("rebuild") == 0 and switches(paths) == 1
 
 
-def test_a_trial_refresh_measures_recompute_and_changes_nothing(monkeypatch):
-    """In the engine: the trial runs the view's refresh beside its incremental batch and keeps only the time."""
-    from ivm import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "time_select", lambda *args: 1e-9)  # a provisional R far too low
+def view_on_a_low_guess(monkeypatch, rows: int, select: str):  # noqa: ANN001, ANN201
+    """View s over t(id, g, v) of ``rows`` rows, in auto mode, its provisional R (the CREATE timing) far too low."""
+    monkeypatch.setattr(engine_module, "time_select", lambda *args: 1e-9)
     db = ivm.connect(maintenance="auto")
     db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, g INTEGER, v DOUBLE)")
-    db.execute("INSERT INTO t SELECT i, i % 7, i * 0.5 FROM range(200) r(i)")
-    db.execute("CREATE MATERIALIZED VIEW s AS SELECT g, COUNT(*) AS n, SUM(v) AS total FROM t GROUP BY g")
-    cost = db._engine.catalog.views["s"].cost
+    db.execute(f"INSERT INTO t SELECT i, i % 7, i * 0.5 FROM range({rows}) r(i)")
+    db.execute(f"CREATE MATERIALIZED VIEW s AS {select}")
+    return db, db._engine.catalog.views["s"].cost
+
+
+def test_a_trial_refresh_measures_recompute_and_changes_nothing(monkeypatch):
+    """In the engine: the trial runs the view's refresh beside its incremental batch and keeps only the time."""
+    db, cost = view_on_a_low_guess(monkeypatch, 200, "SELECT g, COUNT(*) AS n, SUM(v) AS total FROM t GROUP BY g")
     refreshes = []
     real_refresh = engine_module.refresh
     monkeypatch.setattr(engine_module, "refresh", lambda *a, **k: refreshes.append(1) or real_refresh(*a, **k))
@@ -527,14 +531,7 @@ def test_a_trial_refresh_measures_recompute_and_changes_nothing(monkeypatch):
 
 
 def test_a_failing_trial_leaves_the_view_incremental(monkeypatch):
-    from ivm import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "time_select", lambda *args: 1e-9)
-    db = ivm.connect(maintenance="auto")
-    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v DOUBLE)")
-    db.execute("INSERT INTO t SELECT i, i * 0.5 FROM range(50) r(i)")
-    db.execute("CREATE MATERIALIZED VIEW s AS SELECT COUNT(*) AS n, SUM(v) AS total FROM t")
-    cost = db._engine.catalog.views["s"].cost
+    db, cost = view_on_a_low_guess(monkeypatch, 50, "SELECT COUNT(*) AS n, SUM(v) AS total FROM t")
     tried = []
 
     def failing(*args, **kwargs):
@@ -543,7 +540,7 @@ def test_a_failing_trial_leaves_the_view_incremental(monkeypatch):
 
     monkeypatch.setattr(engine_module, "refresh", failing)
     for i in range(6):
-        db.execute(f"INSERT INTO t VALUES ({100 + i}, {i})")
+        db.execute(f"INSERT INTO t VALUES ({100 + i}, 0, {i})")
     assert db.sql("SELECT * FROM s").to_pylist() == [{"n": 56, "total": 612.5 + 15}]
     assert tried == [1] and cost.refresh_failed and cost.recompute is None  # tried once, never chosen
     assert cost.batches == {"incremental": 6, "recompute": 0}

@@ -24,8 +24,8 @@ from typing import Callable
 import pyarrow as pa
 from sqlglot import exp
 
-from delta_operators.program import Lookup, Loop, Program, Query, Stack, Step, need, query_columns
-from delta_operators.zset import WEIGHT
+from delta_operators.program import (Lookup, Loop, Program, Query, Stack, Step, guard_reads, need, need_results,
+                                     query_columns)
 from ivm.spark.frames import SMALL_ROWS
 
 
@@ -158,17 +158,12 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
             need(needed, step.source, None)
         elif isinstance(step, Query):
             if step.guard is not None:
-                need(needed, step.guard.probe, {step.guard.column, WEIGHT, *step.guard.keys})
-                need(needed, step.guard.values, {*step.guard.value_columns, *step.guard.keys})
+                for name, columns in guard_reads(step.guard):
+                    need(needed, name, columns)
             if step.beside_state:
                 for table in step.sql.find_all(exp.Table):
                     need(needed, table.name, None)
-    for replace in program.replaces:
-        for name in (replace.deletes, replace.inserts):
-            if name is not None:
-                need(needed, name, None)
-    if program.output is not None:
-        need(needed, program.output, None)
+    need_results(needed, program)
     return needed
 
 
