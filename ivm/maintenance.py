@@ -3,7 +3,8 @@
 Incremental maintenance is not always cheaper: a cheap view over a large
 batch, or a view whose delta program reads whole relations, can cost more
 than computing the view again (OpenIVM measured this on single-table views;
-TPC-H q02/q16/q22 at SF 1). A batch takes one of three paths
+TPC-H q02/q22 at SF 1, and q16 until its NOT IN became a keyed anti join).
+A batch takes one of three paths
 (ivm/recompute.py runs the last two):
 
 * ``incremental``: the view's delta program over the batch (needs fresh state);
