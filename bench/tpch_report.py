@@ -80,10 +80,12 @@ def why_path(view: ViewResult, inc: float | None, rec: float | None) -> str:
             return f": {switched(view, inc, rec)}; the engine's recompute also keeps its native copies of the tables up to date and computes the view's delta"
         return (f": {switched(view, inc, rec)}; ivm recomputes once per call that changes its sources "
                 f"({per_refresh:.1f} per refresh), DuckDB once per refresh")
-    if inc is not None and rec is not None and inc <= rec:
+    if inc is None or rec is None:
+        return ""
+    if inc <= rec:
         return (": the engine's recompute (the SELECT over the sources and the difference with the old rows) "
                 "is estimated dearer per call, so it stays incremental")
-    if inc is not None and rec is not None and inc <= LEAVE_MARGIN * rec:
+    if inc <= LEAVE_MARGIN * rec:
         return (f": the engine's recompute (the SELECT over the sources and the difference with the old rows) "
                 f"is estimated {_ms(rec)} ms per call, within {LEAVE_MARGIN}x of incremental ({_ms(inc)} ms): "
                 "too close to be worth leaving (a way back costs a rebuild), so it stays incremental")

@@ -232,7 +232,7 @@ def narrow_lookups(program: Program) -> Program:
     if needed is None:
         return program
     for step in program.steps:
-        if isinstance(step, Lookup) and needed.get(step.out, None) is not None:
+        if isinstance(step, Lookup) and needed.get(step.out) is not None:
             step.columns = frozenset(needed[step.out])
     return program
 

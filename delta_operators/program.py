@@ -288,7 +288,7 @@ def columns_read(program: Program) -> dict[str, set[str] | None] | None:
     needed: dict[str, set[str] | None] = {}
     for step in program.steps:
         if isinstance(step, Lookup):
-            need(needed, step.probe, {c.lower() for c in (*step.probe_columns, *filter(None, [step.probe_filter]))})
+            need(needed, step.probe, {c.lower() for c in probe_reads(step)})
         elif isinstance(step, Stack):
             need(needed, step.source, None)
         elif isinstance(step, Query):
@@ -299,6 +299,11 @@ def columns_read(program: Program) -> dict[str, set[str] | None] | None:
                     need(needed, name, {c.lower() for c in columns})
     need_results(needed, program)
     return needed
+
+
+def probe_reads(lookup: Lookup) -> set[str]:
+    """The columns a lookup reads of its probe: the probe columns and the filter, if any."""
+    return {*lookup.probe_columns, *([lookup.probe_filter] if lookup.probe_filter else [])}
 
 
 def guard_reads(guard: Guard) -> tuple[tuple[str, set[str]], ...]:

@@ -698,8 +698,7 @@ class Engine:
                 self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
             path = view.cost.choose(mode, rows, sizes, was_stale)
             warmup = False
-            copied = self.mirrors.copy_seconds
-            started = time.perf_counter()
+            elapsed = self.mirrors.stopwatch()
             try:
                 if path != "incremental":
                     if path == "recompute":
@@ -727,8 +726,7 @@ class Engine:
                 continue
             # Copying whole tables into mirrors is one-off on the way to the refresh path (like leaving
             # incremental's state): it does not count in R, or one copy would send the view straight back.
-            seconds = time.perf_counter() - started - (self.mirrors.copy_seconds - copied)
-            view.cost.record(path, seconds, rows, sizes, warmup)
+            view.cost.record(path, elapsed(), rows, sizes, warmup)
             if view.cost.trial:
                 self._trial_refresh(view, snapshot, all_changes, recomputed, worker, deltas, sizes)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
@@ -745,14 +743,13 @@ class Engine:
         incremental program. A refresh that fails leaves the view incremental,
         as a SELECT failing at CREATE does.
         """
-        copied = self.mirrors.copy_seconds
-        started = time.perf_counter()
+        elapsed = self.mirrors.stopwatch()
         try:
             refresh(self, view, snapshot, pending, recomputed, worker, deltas)
         except Exception:  # noqa: BLE001 - the batch does not depend on it; the view stays incremental
             view.cost.trial_failed()
             return
-        view.cost.record_trial(time.perf_counter() - started - (self.mirrors.copy_seconds - copied), sizes)
+        view.cost.record_trial(elapsed(), sizes)
 
     def _keep_mirrors(self, snapshot: Snapshot, deltas: dict[str, pa.Table], worker: Worker) -> None:
         """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory;

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -101,6 +101,11 @@ class Mirrors:
     @property
     def tables(self) -> frozenset[str]:
         return frozenset(self._stamps)
+
+    def stopwatch(self) -> Callable[[], float]:
+        """Started now: the seconds since, less those spent copying tables whole (``copy_seconds``)."""
+        copied, started = self.copy_seconds, time.perf_counter()
+        return lambda: time.perf_counter() - started - (self.copy_seconds - copied)
 
     def stamp(self, table: str) -> "Relation | None":
         return self._stamps.get(table)

@@ -25,7 +25,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.program import (Lookup, Loop, Program, Query, Stack, Step, guard_reads, need, need_results,
-                                     query_columns)
+                                     probe_reads, query_columns)
 from ivm.spark.frames import SMALL_ROWS
 
 
@@ -128,8 +128,7 @@ def spark_columns_read(program: Program) -> dict[str, set[str] | None]:
     needed: dict[str, set[str] | None] = {}
     for step in program.steps:
         if isinstance(step, Lookup):  # a probe joined on Spark (executor._join_lookup)
-            columns = {c.lower() for c in (*step.probe_columns, *([step.probe_filter] if step.probe_filter else []))}
-            need(needed, step.probe, columns)
+            need(needed, step.probe, {c.lower() for c in probe_reads(step)})
         elif isinstance(step, Query):
             for table, columns in query_columns(step.sql).items():
                 need(needed, table, columns)
@@ -153,7 +152,7 @@ def driver_columns(program: Program) -> dict[str, set[str] | None] | None:
     needed: dict[str, set[str] | None] = {}
     for step in program.steps:
         if isinstance(step, Lookup):
-            need(needed, step.probe, {*step.probe_columns, *([step.probe_filter] if step.probe_filter else [])})
+            need(needed, step.probe, probe_reads(step))
         elif isinstance(step, Stack):
             need(needed, step.source, None)
         elif isinstance(step, Query):
