@@ -137,7 +137,10 @@ class Builder:
         self._join_hoisted(fc, hoisted, plain)
         predicates += [from_conjunct(self, c, set(fc.aliases)) for c in subqueries]
         if predicates:
-            apply(self, fc, plain, predicates)
+            after_where = sel.copy()
+            after_where.set("where", None)
+            read_later = [after_where, *projections, *([having_expr] if having_expr is not None else [])]
+            apply(self, fc, plain, predicates, read_later)
             plain = []
 
         if aggregate:

@@ -183,10 +183,22 @@ class _Keys:
     equalities: list[exp.Expression] = field(default_factory=list)  # compared by the residual
 
 
-def apply(b: "Builder", fc: FromClause, where: list[exp.Expression], predicates: list[Predicate]) -> None:
-    """Filter everything in ``fc`` (and ``where``) by ``predicates``; ``fc`` becomes one input."""
+def apply(
+    b: "Builder", fc: FromClause, where: list[exp.Expression], predicates: list[Predicate],
+    read_later: list[exp.Expression],
+) -> None:
+    """Filter everything in ``fc`` (and ``where``) by ``predicates``; ``fc`` becomes one input.
+
+    The new input carries only the columns ``read_later`` (what the SELECT reads
+    after its WHERE) and the predicates' residuals read: a column only ``where``
+    reads is used up here. Carrying it would keep apart rows that differ only in
+    it, as the -old/+new rows of a scalar subquery's change do (TPC-H q22's
+    AVG): they cancel only once it is gone.
+    """
     extra = [(f"__s{n}k{i}", outer) for n, p in enumerate(predicates) for i, (outer, _) in enumerate(p.pairs)]
-    left = b.typed(fc.flatten(filters=where, extra=extra))
+    readers = [*read_later, *(r for p in predicates for r in p.residual)]
+    only = {(c.table, c.name) for e in readers for c in e.find_all(exp.Column) if c.table}
+    left = b.typed(fc.flatten(filters=where, extra=extra, only=only))
     left_types = {c.name: c.type for c in left.columns}
     left_casts: dict[str, str] = {}
     planned = []

@@ -156,6 +156,23 @@ def test_not_in_plans_no_part_for_nulls_the_catalog_rules_out(loaded, sql, anti_
     assert sum(isinstance(n, UnionAll) for n in walk(root)) == unions
 
 
+def test_a_column_only_the_where_reads_is_not_carried_past_a_semi_join(loaded):
+    """The WHERE is applied where the semi join's left side is built: what only it reads stops there.
+
+    Carried on, the scalar subquery's value would keep apart the -old/+new rows
+    its change makes for every order above both values, and they could not cancel.
+    """
+    db, _ = loaded
+    root = plan_of(db, "SELECT o.cust, SUM(o.amount) FROM orders o WHERE o.qty > (SELECT AVG(qty) FROM orders) "
+                       "AND NOT EXISTS (SELECT 1 FROM items i WHERE i.order_id = o.id) GROUP BY o.cust")
+    semi = next(n for n in walk(root) if isinstance(n, SemiJoin))
+    assert set(semi.left.column_names) == {"o.cust", "o.amount", "__s0k0"}
+    # a column the SELECT list reads stays, also when the WHERE reads it too
+    root = plan_of(db, "SELECT o.qty FROM orders o WHERE o.qty > 1 AND EXISTS (SELECT 1 FROM items i WHERE i.order_id = o.id)")
+    semi = next(n for n in walk(root) if isinstance(n, SemiJoin))
+    assert set(semi.left.column_names) == {"o.qty", "__s0k0"}
+
+
 def test_correlated_scalar_subquery_joins_a_grouped_aggregate(loaded):
     db, _ = loaded
     root = plan_of(db, "SELECT o.id FROM orders o WHERE o.qty > (SELECT AVG(i.qty) FROM items i WHERE i.order_id = o.id)")
