@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from sql_frontend.plan import INTEGER_TYPES, SPJ, Node
+from sql_frontend.plan import INTEGER_TYPES, SPJ, Aggregate, Node
 from sql_frontend.plan_sql import alias, column, quoted, subquery
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
-from delta_operators.zset import WEIGHT
+from delta_operators.zset import WEIGHT, consolidate_sql
 
 
 
@@ -169,14 +169,26 @@ class SPJRule:
         note = f"term δ{start_alias}: " + ", ".join(
             a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
         )
-        return self._pipeline(ctx, start_alias, start, modes, note)
+        return self._pipeline(ctx, start_alias, start, modes, note, consolidate=not ctx.options.initial)
 
-    def _pipeline(self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str) -> str:
+    def _pipeline(
+        self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str, consolidate: bool = False,
+    ) -> str:
         """Join the rows in temp ``start`` (input ``start_alias``) with every other input.
 
         Each other input is read in ``modes[alias]`` through an index lookup
         when an equality reaches it, else by a scan.
+
+        With ``consolidate``, a term that scans an input (other than a global
+        aggregate's one row) is consolidated before it leaves: it may then hold
+        as many rows as that input, mostly pairs that cancel. A change of a
+        scalar subquery (-old value, +new value) times a table is the case: a
+        row that passes the filter with both values appears once with each
+        weight, and only the rows between the two values survive (TPC-H q22).
+        Consolidating is the identity on Z-sets, and costs no more than the
+        scan that made the rows.
         """
+        scanned = False
         applied = [False] * len(self.conjuncts)
         segment = Segment()
         segment.add(start_alias, temp_table(start))
@@ -220,12 +232,17 @@ class SPJRule:
                 drivers = [materialized, looked_up]
             else:
                 segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
+                scanned = scanned or not (isinstance(child_j, Aggregate) and not child_j.keys)
             bound.add(a_j)
         conjuncts = self._take_conjuncts(bound, applied)
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
         projections.append(alias(segment.weight(), WEIGHT))
         sql = segment.select(projections, conjuncts)
-        return ctx.query("term", sql, drivers=tuple(drivers), note=note, transparent=True)
+        term = ctx.query("term", sql, drivers=tuple(drivers), note=note, transparent=True)
+        if not (consolidate and scanned):
+            return term
+        return ctx.query("cons", consolidate_sql(term, [n for n, _ in self.node.outputs]), drivers=(term,),
+                         note=f"consolidated {note}", transparent=True)
 
     @staticmethod
     def _direct_probe(
