@@ -169,10 +169,58 @@ class SPJRule:
         note = f"term δ{start_alias}: " + ", ".join(
             a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
         )
-        return self._pipeline(ctx, start_alias, start, modes, note, consolidate=not ctx.options.initial)
+        bounds = None if ctx.options.initial else self._between_old_and_new(start_alias, start_node, start)
+        return self._pipeline(ctx, start_alias, start, modes, note, consolidate=not ctx.options.initial,
+                              extra=[bounds] if bounds is not None else [])
+
+    def _between_old_and_new(self, start_alias: str, start_node: Node, start: str) -> exp.Expression | None:
+        """A filter on the rows compared with a global aggregate's change, or None.
+
+        δA of a global aggregate is -old value +new value: its weights sum to
+        zero. When the only condition on A is ``x op A.v`` and the output reads
+        nothing of A, a row with x past both values matches both and yields two
+        equal rows that cancel; one short of both matches neither. Only rows
+        between the two values can remain:
+
+            x > v, x <= v:  min(v) <  x <= max(v)
+            x >= v, x < v:  min(v) <= x <  max(v)
+
+        A NULL value (the aggregate of no rows) matches nothing, so then no
+        row is left out.
+        """
+        if not (isinstance(start_node, Aggregate) and not start_node.keys):
+            return None
+        if any(start_alias in aliases_of(e) for _, e in self.node.outputs):
+            return None
+        on_start = [c for c in self.conjuncts if start_alias in c.aliases]
+        if len(on_start) != 1 or len(on_start[0].aliases) != 2:
+            return None
+        comparison = on_start[0].expression
+        flipped = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}
+        if type(comparison) not in flipped:
+            return None
+        x, v, op = comparison.this, comparison.expression, type(comparison)
+        if isinstance(x, exp.Column) and x.table == start_alias:
+            x, v, op = v, x, flipped[op]
+        if not (isinstance(v, exp.Column) and v.table == start_alias and start_alias not in aliases_of(x)):
+            return None
+
+        def over_start(function: exp.Expression) -> exp.Expression:
+            return exp.Subquery(this=exp.select(function).from_(exp.Table(this=quoted(start), alias=exp.TableAlias(
+                this=quoted("__v")))))
+
+        value = column(v.name, "__v")
+        low, high = over_start(exp.Min(this=value.copy())), over_start(exp.Max(this=value.copy()))
+        known = over_start(exp.EQ(this=exp.Count(this=value.copy()), expression=exp.Count(this=exp.Star())))
+        if op in (exp.GT, exp.LTE):
+            between = exp.and_(exp.GT(this=x.copy(), expression=low), exp.LTE(this=x.copy(), expression=high))
+        else:
+            between = exp.and_(exp.GTE(this=x.copy(), expression=low), exp.LT(this=x.copy(), expression=high))
+        return exp.or_(exp.Not(this=known), between)
 
     def _pipeline(
         self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str, consolidate: bool = False,
+        extra: list[exp.Expression] = (),  # type: ignore[assignment]
     ) -> str:
         """Join the rows in temp ``start`` (input ``start_alias``) with every other input.
 
@@ -234,7 +282,7 @@ class SPJRule:
                 segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
                 scanned = scanned or not (isinstance(child_j, Aggregate) and not child_j.keys)
             bound.add(a_j)
-        conjuncts = self._take_conjuncts(bound, applied)
+        conjuncts = self._take_conjuncts(bound, applied) + list(extra)
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
         projections.append(alias(segment.weight(), WEIGHT))
         sql = segment.select(projections, conjuncts)
