@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from sql_frontend.plan import INTEGER_TYPES, SPJ, Aggregate, Node
-from sql_frontend.plan_sql import alias, column, quoted, subquery
+from sql_frontend.plan import INTEGER_TYPES, SPJ, Node
+from sql_frontend.plan_sql import alias, column, quoted, subquery, table
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT, consolidate_sql
@@ -169,11 +169,13 @@ class SPJRule:
         note = f"term δ{start_alias}: " + ", ".join(
             a + ("" if a == start_alias else f"[{modes[a]}]") for a, _ in self.node.inputs
         )
-        bounds = None if ctx.options.initial else self._between_old_and_new(start_alias, start_node, start)
+        bounds = None if ctx.options.initial else self._between_old_and_new(ctx, start_alias, start_node, start)
         return self._pipeline(ctx, start_alias, start, modes, note, consolidate=not ctx.options.initial,
                               extra=[bounds] if bounds is not None else [])
 
-    def _between_old_and_new(self, start_alias: str, start_node: Node, start: str) -> exp.Expression | None:
+    def _between_old_and_new(
+        self, ctx: Context, start_alias: str, start_node: Node, start: str
+    ) -> exp.Expression | None:
         """A filter on the rows compared with a global aggregate's change, or None.
 
         δA of a global aggregate is -old value +new value: its weights sum to
@@ -188,7 +190,7 @@ class SPJRule:
         A NULL value (the aggregate of no rows) matches nothing, so then no
         row is left out.
         """
-        if not (isinstance(start_node, Aggregate) and not start_node.keys):
+        if not is_global_aggregate(ctx, start_node):
             return None
         if any(start_alias in aliases_of(e) for _, e in self.node.outputs):
             return None
@@ -206,8 +208,7 @@ class SPJRule:
             return None
 
         def over_start(function: exp.Expression) -> exp.Expression:
-            return exp.Subquery(this=exp.select(function).from_(exp.Table(this=quoted(start), alias=exp.TableAlias(
-                this=quoted("__v")))))
+            return exp.Subquery(this=exp.select(function).from_(table(start, "__v")))
 
         value = column(v.name, "__v")
         low, high = over_start(exp.Min(this=value.copy())), over_start(exp.Max(this=value.copy()))
@@ -280,7 +281,7 @@ class SPJRule:
                 drivers = [materialized, looked_up]
             else:
                 segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
-                scanned = scanned or not (isinstance(child_j, Aggregate) and not child_j.keys)
+                scanned = scanned or not is_global_aggregate(ctx, child_j)
             bound.add(a_j)
         conjuncts = self._take_conjuncts(bound, applied) + list(extra)
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
@@ -453,6 +454,11 @@ def is_unique(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
     """Whether a lookup of ``node`` by ``columns`` finds at most one row per probe."""
     check = getattr(ctx.rule(node), "unique", None)
     return bool(check and check(columns))
+
+
+def is_global_aggregate(ctx: Context, node: Node) -> bool:
+    """Whether ``node`` is an aggregate without GROUP BY: exactly one row, a change of it -old +new."""
+    return bool(getattr(ctx.rule(node), "is_global", False))
 
 
 def can_lookup(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:

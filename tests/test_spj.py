@@ -57,18 +57,19 @@ def test_a_term_that_only_scans_a_global_aggregate_is_not_consolidated():
     db = ivm.connect(maintenance="incremental")
     db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, x INTEGER)")
     db.execute(f"CREATE MATERIALIZED VIEW above AS {ABOVE}")
-    programs = db._engine.catalog.views["above"].programs
-    maintained = next(p for key, p in programs.items() if not key[-1])  # not the first computation
-    terms = next(s for s in maintained.steps if getattr(s, "note", "") == "sum of product-rule terms")
     # the two terms (δt × AVG and t × δAVG) are inlined into it; only the second is consolidated
-    assert len(list(terms.sql.find_all(exp.Having))) == 1
+    assert len(list(_terms(db, "above").sql.find_all(exp.Having))) == 1
+
+
+def _terms(db, view: str):  # noqa: ANN001, ANN202
+    """The step summing the product rule's terms, in the program that maintains the view (not the first computation)."""
+    programs = db._engine.catalog.views[view].programs
+    maintained = next(p for key, p in programs.items() if not key[-1])
+    return next(s for s in maintained.steps if getattr(s, "note", "") == "sum of product-rule terms")
 
 
 def _terms_sql(db, view: str) -> str:  # noqa: ANN001
-    programs = db._engine.catalog.views[view].programs
-    maintained = next(p for key, p in programs.items() if not key[-1])
-    step = next(s for s in maintained.steps if getattr(s, "note", "") == "sum of product-rule terms")
-    return render(step.sql)
+    return render(_terms(db, view).sql)
 
 
 @pytest.mark.parametrize("condition", [
