@@ -12,6 +12,7 @@ prints, per view, the total CPU and its most expensive steps. Steps marked
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from collections import defaultdict
 
@@ -38,8 +39,9 @@ def instrument(stats: dict) -> None:
 
     def steps_run(self, steps, temps, snapshot, registered, label):  # noqa: ANN001, ANN202
         for step in steps:
-            cpu, wall = time.thread_time(), time.perf_counter()
+            cpu, wall, usage = time.thread_time(), time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD)
             original_steps(self, [step], temps, snapshot, registered, label)
+            after = resource.getrusage(resource.RUSAGE_THREAD)
             out = getattr(step, "out", None)
             rows = temps[out].num_rows if out in temps else 0
             entry = stats[label][id(step)]
@@ -48,6 +50,8 @@ def instrument(stats: dict) -> None:
             entry["wall"] = entry.get("wall", 0.0) + time.perf_counter() - wall
             entry["rows"] = entry.get("rows", 0) + rows
             entry["n"] = entry.get("n", 0) + 1
+            entry["sys"] = entry.get("sys", 0.0) + after.ru_stime - usage.ru_stime  # in the kernel: faults, reclaim
+            entry["faults"] = entry.get("faults", 0) + after.ru_minflt - usage.ru_minflt + after.ru_majflt - usage.ru_majflt
 
     ex.StepRunner.run, ex.StepRunner._steps_run = run, steps_run
 
@@ -128,10 +132,13 @@ def main() -> int:
         versus = (f" (DuckDB recompute {recompute[view] / args.refreshes * 1000:.1f} ms process CPU)"
                   if view in recompute else "")
         wall = sum(e["wall"] for e in steps.values())
-        print(f"\n{label}: {cpu / args.refreshes * 1000:.1f} ms CPU ({wall / args.refreshes * 1000:.1f} ms wall) per refresh, "
+        kernel = sum(e["sys"] for e in steps.values())
+        print(f"\n{label}: {cpu / args.refreshes * 1000:.1f} ms CPU ({wall / args.refreshes * 1000:.1f} ms wall, "
+              f"{kernel / args.refreshes * 1000:.1f} ms in the kernel) per refresh, "
               f"{sum(e['n'] for e in steps.values()) / args.refreshes:.0f} steps{versus}")
         for e in sorted(steps.values(), key=lambda e: -e["cpu"])[: args.top]:
-            print(f"  {e['cpu'] / args.refreshes * 1000:8.1f} ms ({e['wall'] / args.refreshes * 1000:6.1f} wall) "
+            print(f"  {e['cpu'] / args.refreshes * 1000:8.1f} ms ({e['wall'] / args.refreshes * 1000:6.1f} wall, "
+                  f"{e['sys'] / args.refreshes * 1000:5.1f} kernel, {e['faults'] / args.refreshes:6.0f} faults) "
                   f"{e['rows'] / args.refreshes:8.0f} rows "
                   f"x{e['n'] / args.refreshes:.0f}  {e['what']}")
     from tests.oracle.compare import multiset_diff
