@@ -19,18 +19,18 @@ from sqlglot import exp
 from sql_frontend.correlation import conjuncts
 
 
-def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
+def disjuncts(e: exp.Expression) -> list[exp.Expression]:
     if isinstance(e, exp.Paren):
-        return _disjuncts(e.this)
+        return disjuncts(e.this)
     if isinstance(e, exp.Or):
-        return _disjuncts(e.this) + _disjuncts(e.expression)
+        return disjuncts(e.this) + disjuncts(e.expression)
     return [e]
 
 
 def _factor(node: exp.Expression) -> exp.Expression:
     if not isinstance(node, exp.Or):
         return node
-    branches = [conjuncts(d) for d in _disjuncts(node)]
+    branches = [conjuncts(d) for d in disjuncts(node)]
     common = [c for c in branches[0] if all(any(c == o for o in b) for b in branches[1:])]
     if not common:
         return node

@@ -8,6 +8,7 @@ The pipeline, each step a small function:
     bind                -> DuckDB's binder checks names/types and gives the output schema
     resolve             -> qualify columns, expand *, inline CTEs
     factor_disjunctions -> pull conditions shared by every branch of an OR out of it
+    imply_per_table     -> beside an OR, add what it implies about each table alone
     build               -> SELECT blocks become plan nodes (sql_frontend.builder)
     merge_spj           -> flatten SPJ-over-SPJ so joins see all their inputs
     infer_types         -> every node's column types, from DuckDB's binder
@@ -24,6 +25,7 @@ from sql_frontend.builder import Builder, CatalogReader, unique_name
 from sql_frontend.correlation import conjuncts as conjuncts_of
 from sql_frontend.errors import BindError
 from sql_frontend.factor_or import factor_disjunctions
+from sql_frontend.or_per_table import imply_per_table
 from sql_frontend.plan import (
     SPJ,
     AggCall,
@@ -61,7 +63,7 @@ def plan_view(
     check_relations(query, schema)
     output = catalog.describe(render(query))
     names = _output_names(output, column_names)
-    resolved = factor_disjunctions(resolve(query, schema))
+    resolved = imply_per_table(factor_disjunctions(resolve(query, schema)))
     root = Builder(catalog, infer_types).query(resolved)
     root = merge_spj(root)
     check_recursion(root)
