@@ -66,13 +66,8 @@ def imply_per_table(query: exp.Expression) -> exp.Expression:
             continue
         aliases = local_aliases(select)
         terms = conjuncts(where.this)
-        added = [x for t in terms if isinstance(_unparen(t), exp.Or) for x in _implied(_unparen(t), aliases)]
+        added = [x for t in terms if isinstance(t.unnest(), exp.Or) for x in _implied(t.unnest(), aliases)]
         if added:
             where.set("this", exp.and_(*[t.copy() for t in terms], *added))
     return query
 
-
-def _unparen(e: exp.Expression) -> exp.Expression:
-    while isinstance(e, exp.Paren):
-        e = e.this
-    return e
