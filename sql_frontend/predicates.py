@@ -61,17 +61,11 @@ class Predicate:
     origin: str = ""  # the SQL, for EXPLAIN
 
 
-def _unparen(e: exp.Expression) -> exp.Expression:
-    while isinstance(e, exp.Paren):
-        e = e.this
-    return e
-
-
 def is_predicate(conjunct: exp.Expression) -> bool:
     """True for [NOT] EXISTS (…) and x [NOT] IN (subquery)."""
-    e = _unparen(conjunct)
+    e = conjunct.unnest()
     if isinstance(e, exp.Not):
-        e = _unparen(e.this)
+        e = e.this.unnest()
     return isinstance(e, exp.Exists) or (isinstance(e, exp.In) and e.args.get("query") is not None)
 
 
@@ -83,10 +77,10 @@ def from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Pr
 
 
 def _from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Predicate:
-    e = _unparen(conjunct)
+    e = conjunct.unnest()
     negated = isinstance(e, exp.Not)
     if negated:
-        e = _unparen(e.this)
+        e = e.this.unnest()
     if isinstance(e, exp.Exists):
         return _exists(b, e.this, outer, anti=negated)
     query = e.args["query"]
