@@ -25,6 +25,7 @@ from sql_frontend.errors import UnsupportedError
 from tests.oracle.compare import multiset_diff
 from tests.oracle.fixtures import oracle_schema, oracle_views
 from tests.oracle.harness import Harness
+from tests.oracle.reference import apply_cdc
 from tests.oracle.model import generate_batch
 
 TABLES = ["customers", "orders", "items", "events"]
@@ -259,10 +260,7 @@ def test_date_parts_have_duckdbs_types_and_weekday_numbers_on_spark(spark_conf):
         for changes in batches:
             changes = changes.set_column(1, "d", changes.column("d").cast(pa.date32()))
             db.apply_changes("t", changes)
-            rows = changes.drop_columns(["__op"])
-            deleted = [i for i, op in zip(changes.column("id").to_pylist(), changes.column("__op").to_pylist()) if op == "d"]
-            tables.execute("INSERT OR REPLACE INTO t SELECT * FROM rows WHERE id NOT IN (SELECT unnest($1))", [deleted])
-            tables.execute("DELETE FROM t WHERE id IN (SELECT unnest($1))", [deleted])
+            apply_cdc(tables, "t", "id", changes)
             got, want = db.sql("SELECT * FROM parts"), tables.sql(view).to_arrow_table()
             assert got.schema.types == want.schema.types
             assert multiset_diff(got, want) is None
