@@ -24,7 +24,7 @@ from ivm import executor as ex
 
 def _describe(step) -> str:  # noqa: ANN001
     line = describe_steps([step])[0].strip()
-    whole = (isinstance(step, Lookup) and not step.index) or (
+    whole = (isinstance(step, Lookup) and not step.index and step.between is None) or (
         isinstance(step, Query) and any(t.name.startswith(scan_name("")) for t in step.sql.find_all(ex.exp.Table)))
     return ("ALL " if whole else "    ") + line[:150]
 

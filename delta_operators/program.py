@@ -93,6 +93,11 @@ class Lookup:
     # Lower-case names of the relation's columns its readers may read (None: all); the optimizer's
     # narrow_lookups sets it, so a lookup copies 5 of lineitem's 17 columns where a join reads 5.
     columns: frozenset[str] | None = None
+    # A range instead of an index (``index`` is then ()): the rows whose column ``between`` lies from
+    # the least to the greatest of the probe's ``probe_columns[0]`` values; every row when one of
+    # them is NULL, none for an empty probe. A superset of what a range condition keeps (the readers
+    # re-check it): a change of a global aggregate compared with a column (spj._between_old_and_new).
+    between: str | None = None
 
     @property
     def drivers(self) -> tuple[str, ...]:
@@ -215,6 +220,9 @@ def describe_steps(steps: list[Step], indent: str = "") -> list[str]:
             scanned = sorted({t.name[len(prefix):] for t in step.sql.find_all(exp.Table) if t.name.startswith(prefix)})
             reads = f"  [reads all of {', '.join(scanned)}]" if scanned else ""
             lines.append(f"{indent}{step.out} := {step.note or 'query'}{reads}")
+        elif isinstance(step, Lookup) and step.between is not None:
+            lines.append(f"{indent}{step.out} := rows of {step.relation} with {step.between} within the range of "
+                         f"{step.probe}.{step.probe_columns[0]}")
         elif isinstance(step, Lookup):
             key = ", ".join(step.index) or "all rows"
             lines.append(f"{indent}{step.out} := lookup {step.relation} by ({key}) from {step.probe}")

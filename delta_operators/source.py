@@ -86,5 +86,23 @@ class SourceRule:
         both = union_all([select_columns(out, self.node.columns), correction])
         return ctx.query("look", both, drivers=(), note=f"{mode} {relation} rows")
 
+    def between(self, ctx: Context, column: str, probe: str, value: str, mode: str) -> str | None:
+        """The rows (in ``mode``) whose ``column`` lies within the range of ``probe``'s ``value``, maybe more.
+
+        None on a first computation, where the stored relation is not what
+        the term reads: the caller scans instead.
+        """
+        relation = self.node.relation
+        if ctx.options.initial:
+            return None
+        out = ctx.temp("range")
+        ctx.emit(Lookup(out=out, relation=relation, index=(), probe=probe, probe_columns=(value,), between=column,
+                        note=f"rows of {relation} whose {column} lies within the range of {probe}.{value}"))
+        correction = self._correction(ctx, mode)
+        if correction is None:
+            return out
+        both = union_all([select_columns(out, self.node.columns), correction])
+        return ctx.query("range", both, drivers=(), note=f"{mode} {relation} rows")
+
     def states(self, ctx: Context) -> list[StateSpec]:
         return []

@@ -15,7 +15,10 @@ Each term is evaluated as a lookup pipeline starting from the small δXi: the
 next input joined is one reachable by an equality on a plain column, and its
 matching rows are fetched through an index on that column instead of being
 scanned, so a term costs work in proportion to the rows it touches. Inputs
-with no usable equality are scanned and joined by the engine.
+with no usable equality are scanned and joined by the engine, except a
+column compared with a global aggregate's change: only the rows between the
+old and the new value can remain (``_between_old_and_new``), and those are
+read by a range lookup over that column instead of a scan.
 """
 
 from __future__ import annotations
@@ -123,6 +126,25 @@ def temp_table(name: str) -> exp.Table:
     return exp.Table(this=quoted(name))
 
 
+@dataclass(frozen=True)
+class Range:
+    """What ``SPJRule._between_old_and_new`` finds: the filter, and the column it ranges when plain."""
+
+    condition: exp.Expression
+    value: str  # the global aggregate's column in its change
+    value_type: str
+    alias: str | None = None  # the input whose column the value is compared with, when a plain column
+    column: str | None = None
+
+
+NUMBER_TYPES = ("DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", *INTEGER_TYPES)
+
+
+def ranges_as_numbers(*types: str) -> bool:
+    """Whether values of these DuckDB types compare as numbers (what a range lookup compares in)."""
+    return all(t.upper().split("(")[0].strip() in NUMBER_TYPES for t in types)
+
+
 class SPJRule:
     def __init__(self, node: SPJ):
         self.node = node
@@ -171,11 +193,9 @@ class SPJRule:
         )
         bounds = None if ctx.options.initial else self._between_old_and_new(ctx, start_alias, start_node, start)
         return self._pipeline(ctx, start_alias, start, modes, note, consolidate=not ctx.options.initial,
-                              extra=[bounds] if bounds is not None else [])
+                              extra=[bounds.condition] if bounds is not None else [], ranged=bounds)
 
-    def _between_old_and_new(
-        self, ctx: Context, start_alias: str, start_node: Node, start: str
-    ) -> exp.Expression | None:
+    def _between_old_and_new(self, ctx: Context, start_alias: str, start_node: Node, start: str) -> Range | None:
         """A filter on the rows compared with a global aggregate's change, or None.
 
         δA of a global aggregate is -old value +new value: its weights sum to
@@ -189,6 +209,11 @@ class SPJRule:
 
         A NULL value (the aggregate of no rows) matches nothing, so then no
         row is left out.
+
+        When x is a plain number column of a stored table that the term
+        would scan, the pipeline reads only the rows in the range instead
+        (``SourceRule.between``): TPC-H q22 compares 14 of 150,000 customers
+        per refresh at SF 1, where the scan read every one.
         """
         if not is_global_aggregate(ctx, start_node):
             return None
@@ -217,11 +242,16 @@ class SPJRule:
             between = exp.and_(exp.GT(this=x.copy(), expression=low), exp.LTE(this=x.copy(), expression=high))
         else:
             between = exp.and_(exp.GTE(this=x.copy(), expression=low), exp.LT(this=x.copy(), expression=high))
-        return exp.or_(exp.Not(this=known), between)
+        condition = exp.or_(exp.Not(this=known), between)
+        value_type = {c.name: c.type for c in start_node.columns}.get(v.name, "")
+        if isinstance(x, exp.Column):
+            return Range(condition, v.name, value_type, x.table, x.name)
+        return Range(condition, v.name, value_type)
 
     def _pipeline(
         self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str, consolidate: bool = False,
         extra: list[exp.Expression] = (),  # type: ignore[assignment]
+        ranged: Range | None = None,
     ) -> str:
         """Join the rows in temp ``start`` (input ``start_alias``) with every other input.
 
@@ -280,8 +310,13 @@ class SPJRule:
                 segment.add(a_j, temp_table(looked_up), sql_alias=a_j)
                 drivers = [materialized, looked_up]
             else:
-                segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
-                scanned = scanned or not is_global_aggregate(ctx, child_j)
+                in_range = self._in_range(ctx, ranged, a_j, child_j, start, modes[a_j])
+                if in_range is not None:
+                    segment.add(a_j, temp_table(in_range), sql_alias=a_j)
+                    drivers.append(in_range)
+                else:
+                    segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
+                    scanned = scanned or not is_global_aggregate(ctx, child_j)
             bound.add(a_j)
         conjuncts = self._take_conjuncts(bound, applied) + list(extra)
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
@@ -292,6 +327,22 @@ class SPJRule:
             return term
         return ctx.query("cons", consolidate_sql(term, [n for n, _ in self.node.outputs]), drivers=(term,),
                          note=f"consolidated {note}", transparent=True)
+
+    @staticmethod
+    def _in_range(ctx: Context, ranged: Range | None, a_j: str, child_j: Node, start: str, mode: str) -> str | None:
+        """Input ``a_j``'s rows within ``ranged``'s range, read instead of scanning it; None: scan it.
+
+        Only a plain column of a stored table, compared as numbers (the
+        lookup compares in doubles when the types differ; see
+        ``executor.value_range``). The term keeps the exact condition.
+        """
+        if ranged is None or ranged.alias != a_j or ranged.column is None:
+            return None
+        between = getattr(ctx.rule(child_j), "between", None)
+        types = {c.name: c.type for c in child_j.columns}
+        if between is None or not ranges_as_numbers(types.get(ranged.column, ""), ranged.value_type):
+            return None
+        return between(ctx, ranged.column, start, ranged.value, mode)
 
     @staticmethod
     def _direct_probe(

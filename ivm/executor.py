@@ -119,6 +119,39 @@ def _taken(schema: pa.Schema, columns: frozenset[str] | None) -> list[str] | Non
     return None if len(taken) == len(schema.names) else taken or schema.names[:1]
 
 
+def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.Scalar, pa.Scalar] | None:
+    """[low, high] around every one of ``values``, to compare a column of ``column_type`` with; None: no range.
+
+    None when a value is NULL (a comparison with it keeps or drops rows
+    whatever the column holds) or NaN, or the types do not compare. Numbers of
+    different types are compared as doubles, as DuckDB compares a DECIMAL with
+    a DOUBLE, and the range is widened by a relative 1e-9 so rounding never
+    leaves out a row on its edge: the readers re-check the exact condition.
+    """
+    if values.null_count:
+        return None
+    if values.type == column_type and not pa.types.is_floating(column_type):
+        if not (pa.types.is_integer(column_type) or pa.types.is_decimal(column_type)
+                or pa.types.is_temporal(column_type)):
+            return None
+        bounds = pc.min_max(values)
+        return bounds["min"], bounds["max"]
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+               for t in (values.type, column_type)]
+    if not all(numeric):
+        return None
+    doubles = values.cast(pa.float64())
+    if pc.any(pc.is_nan(doubles)).as_py():
+        return None
+    bounds = pc.min_max(doubles)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if np.isfinite(low):
+        low -= abs(low) * 1e-9 + 1e-12
+    if np.isfinite(high):
+        high += abs(high) * 1e-9 + 1e-12
+    return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
+
+
 class StepRunner:
     """Runs a program's steps over Arrow temporaries; subclasses run its queries.
 
@@ -214,6 +247,13 @@ class StepRunner:
             # Nothing to find (state on a first computation or a recompute): skip
             # coding the probe, which on those runs is a whole source.
             return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns)
+        if step.between is not None:
+            if probe.num_rows == 0:
+                return relation.lookup((), np.empty(0, np.uint64), step.positions, columns=columns).slice(0, 0)
+            bounds = value_range(probe.column(step.probe_columns[0]), relation.schema.field(step.between).type)
+            if bounds is None:
+                return relation.all_rows(step.positions, columns)
+            return relation.between(step.between, *bounds, positions=step.positions, columns=columns)
         if not step.index:
             if probe.num_rows == 0:
                 return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns).slice(0, 0)

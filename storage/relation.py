@@ -294,6 +294,26 @@ class Relation:
     def all_rows(self, positions: bool = False, columns: list[str] | None = None) -> pa.Table:
         return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions, columns)
 
+    def between(self, column: str, low: pa.Scalar, high: pa.Scalar, positions: bool = False,
+                columns: list[str] | None = None) -> pa.Table:
+        """Live rows whose ``column`` lies in [``low``, ``high``] (NULLs never).
+
+        ``low`` and ``high`` share a type the column is compared in (cast to
+        it when it differs). A pass over one column of each run, with no
+        index: the rows found are taken, the rest of the run is not read.
+        """
+        parts = []
+        for r, run in enumerate(self.runs):
+            values = run.table.column(column)
+            if values.type != low.type:
+                values = values.cast(low.type)
+            inside = pc.and_(pc.greater_equal(values, low), pc.less_equal(values, high))
+            rows = np.flatnonzero(inside.fill_null(False).to_numpy(zero_copy_only=False))
+            rows = rows[run.is_live(rows)] if len(rows) else rows
+            if len(rows):
+                parts.append((r, rows))
+        return self._with_positions(parts, positions, columns)
+
     def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False, scan: bool = True,
                columns: list[str] | None = None) -> pa.Table:
         """Live rows whose ``key`` code is among ``probe_codes``, maybe more.

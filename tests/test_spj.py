@@ -57,9 +57,47 @@ def test_a_term_that_only_scans_a_global_aggregate_is_not_consolidated():
     """A global aggregate is one row: its scan multiplies nothing, so that term is left as it is."""
     db = ivm.connect(maintenance="incremental")
     db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, x INTEGER)")
-    db.execute(f"CREATE MATERIALIZED VIEW above AS {ABOVE}")
+    # x * 2 is no plain column, so t × δAVG scans t (a plain x reads only the rows in range: next test)
+    db.execute("CREATE MATERIALIZED VIEW above AS SELECT k FROM t WHERE x * 2 > (SELECT AVG(x) FROM t)")
     # the two terms (δt × AVG and t × δAVG) are inlined into it; only the second is consolidated
     assert len(list(_terms(db, "above").sql.find_all(exp.Having))) == 1
+
+
+@pytest.fixture
+def range_rows(monkeypatch):
+    """(relation, rows) of every range lookup run."""
+    seen: list[tuple[str, int]] = []
+    lookup = executor.StepRunner._lookup
+
+    def recorded(self, step, temps, snapshot):  # noqa: ANN001, ANN202
+        result = lookup(self, step, temps, snapshot)
+        if step.between is not None:
+            seen.append((step.relation, result.num_rows))
+        return result
+
+    monkeypatch.setattr(executor.StepRunner, "_lookup", recorded)
+    return seen
+
+
+def test_a_plain_column_compared_with_the_aggregate_reads_only_the_rows_in_range(range_rows):
+    """t × δAVG reads the rows of t between the old and the new average, not all of t (TPC-H q22's shape)."""
+    db = ivm.connect(maintenance="incremental")
+    reference = duckdb.connect()
+    for con in (db, reference):
+        con.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, x DECIMAL(15, 2))")
+        con.execute("INSERT INTO t SELECT i, i FROM range(1, 2001) r(i)")
+    db.execute(f"CREATE MATERIALIZED VIEW above AS {ABOVE}")
+    assert not list(_terms(db, "above").sql.find_all(exp.Having))  # nothing scanned: nothing to consolidate
+    # AVG 1000.5 -> 1001.5: x = 1001 drops out; DECIMAL against the DOUBLE average, compared as doubles
+    batches = [([1], [2001], "u"), ([2], [1001.5], "u"), ([3], [None], "u"), ([4], [7], "u")]
+    for keys, xs, op in batches:
+        changes = pa.table({"k": pa.array(keys, pa.int64()), "x": pa.array(xs, pa.float64()).cast(pa.decimal128(15, 2)),
+                            "__op": [op] * len(keys)})
+        range_rows.clear()
+        db.apply_changes("t", changes)
+        apply_cdc(reference, "t", "k", changes)
+        assert multiset_diff(db.sql("SELECT * FROM above"), reference.sql(ABOVE).to_arrow_table()) is None, keys
+        assert range_rows and all(relation == "t" and rows <= 3 for relation, rows in range_rows), range_rows
 
 
 def _terms(db, view: str):  # noqa: ANN001, ANN202

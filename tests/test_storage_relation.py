@@ -135,6 +135,28 @@ def test_a_lookup_copies_only_the_columns_asked_for(coder, monkeypatch):
     assert rel.all_rows(columns=["g"]).column_names == ["g"] and rel.all_rows(columns=["g"]).num_rows == 1000
 
 
+def test_between_finds_the_live_rows_in_range_in_every_run(coder, monkeypatch):
+    """Relation.between: inclusive bounds, NULLs never, deleted rows never, each run searched."""
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)  # the lookup of k = 105 below probes
+    rel = Relation.empty("t", SCHEMA, ("k",))
+    for first in (0, 100, 200):  # appended as runs (merged or not: the rows found are the same)
+        rows = [(k, "g", None if k % 10 == 0 else float(k % 100)) for k in range(first, first + 100)]
+        rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), rows_table(rows), coder)
+    gone = rel.lookup(("k",), coder.codes(pa.table({"k": pa.array([105], pa.int64())}), ["k"]), positions=True)
+    rel = rel.replace_rows(gone.column(RUN).to_numpy(), gone.column(POS).to_numpy(), None, coder)
+    found = rel.between("v", pa.scalar(4.0), pa.scalar(6.0), positions=True, columns=["k", "v"])
+    assert sorted(found.column("k").to_pylist()) == [4, 5, 6, 104, 106, 204, 205, 206]
+    assert found.column_names == ["k", "v", RUN, POS]
+    assert rel.between("v", pa.scalar(50.5), pa.scalar(50.7)).num_rows == 0
+    decimals = Relation.empty("d", pa.schema([("k", pa.int64()), ("x", pa.decimal128(15, 2)), (WEIGHT, pa.int64())]),
+                              ("k",))
+    decimals = decimals.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), pa.table({
+        "k": pa.array([1, 2, 3], pa.int64()), "x": pa.array([1.25, 2.5, 3.75]).cast(pa.decimal128(15, 2)),
+        WEIGHT: pa.array([1, 1, 1], pa.int64())}), coder)
+    # a DECIMAL column against DOUBLE bounds is compared as doubles
+    assert decimals.between("x", pa.scalar(2.5), pa.scalar(3.75)).column("k").to_pylist() == [2, 3]
+
+
 def test_many_probes_return_the_whole_relation_unless_scanning_is_off(coder, monkeypatch):
     monkeypatch.setattr(relation_module, "SMALL_RELATION", 10)
     rel = Relation.empty("t", SCHEMA, ("k",))
