@@ -98,3 +98,28 @@ def test_the_report_says_why_a_slower_view_stays_incremental():
     assert "had not switched by then" in late and "2 such batches in a row" in late
     view.paths = {"incremental": 1, "recompute": 2}
     assert "the engine switched it to recompute: incremental estimated 30.0 ms per call" in why_path(view, 0.030, 0.020)
+
+
+def test_statement_counts_are_per_view_and_inside_the_programs_time(monkeypatch):
+    """bench.tpch_statements counts the DuckDB statements each view's program runs."""
+    from collections import defaultdict
+
+    import pyarrow as pa
+
+    import ivm
+    from bench import tpch_statements
+    from ivm import executor as ex
+
+    monkeypatch.setattr(ex.Executor, "_execute", ex.Executor._execute)  # restored after the test
+    monkeypatch.setattr(ex.StepRunner, "run", ex.StepRunner.run)
+    with ivm.connect(maintenance="incremental") as db:
+        db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, g INTEGER, v INTEGER)")
+        db.execute("CREATE MATERIALIZED VIEW sums AS SELECT g, SUM(v) AS s FROM t GROUP BY g")
+        db.execute("CREATE MATERIALIZED VIEW rows_of_t AS SELECT k, v FROM t WHERE v > 1")
+        stats = defaultdict(lambda: [0, 0.0, 0.0])
+        tpch_statements.count_statements(stats)
+        db.apply_changes("t", pa.table({"k": [1, 2], "g": [1, 1], "v": [5, 7], "__op": ["c", "c"]}))
+    assert set(stats) == {"view sums", "view rows_of_t"}
+    for statements, in_statements, in_program in stats.values():
+        assert statements >= 1 and 0 < in_statements <= in_program
+    assert tpch_statements.trivial_statement_seconds(runs=20) > 0
