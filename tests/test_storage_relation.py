@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import os
 import tempfile
 from pathlib import Path
@@ -155,6 +156,32 @@ def test_between_finds_the_live_rows_in_range_in_every_run(coder, monkeypatch):
         WEIGHT: pa.array([1, 1, 1], pa.int64())}), coder)
     # a DECIMAL column against DOUBLE bounds is compared as doubles
     assert decimals.between("x", pa.scalar(2.5), pa.scalar(3.75)).column("k").to_pylist() == [2, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-10**15 + 1, 10**15 - 1)), min_size=1, max_size=40),
+       bounds=st.tuples(st.floats(-1e13, 1e13), st.floats(-1e13, 1e13)), cut=st.integers(0, 5))
+def test_decimal_ranges_compare_the_unscaled_integers_as_the_doubles_would(coder, values, bounds, cut):
+    """A DECIMAL(15, 2) column against double bounds: the numpy path keeps every row the cast keeps.
+
+    A bound rounds outward to the next cent, so rows within a cent of it may
+    be found too (the lookup is a superset the readers re-check): every row
+    clearly inside must be found, none clearly outside, and NULLs never. A
+    sliced column (offset) reads its own rows.
+    """
+    low, high = sorted(bounds)
+    column = pa.array([None if v is None else decimal.Decimal(v).scaleb(-2) for v in values], pa.decimal128(15, 2))
+    table = pa.table({"k": pa.array(range(len(values)), pa.int64()), "x": column,
+                      WEIGHT: pa.array([1] * len(values), pa.int64())}).slice(min(cut, len(values) - 1))
+    schema = pa.schema([("k", pa.int64()), ("x", pa.decimal128(15, 2)), (WEIGHT, pa.int64())])
+    rel = Relation.empty("d", schema, ("k",)).replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), table, coder)
+    found = set(rel.between("x", pa.scalar(low), pa.scalar(high)).column("k").to_pylist())
+    for k, x in zip(table.column("k").to_pylist(), table.column("x").to_pylist()):
+        margin = 0.011 + 1e-12 * abs(float(x)) if x is not None else 0  # a bound rounds out by up to 0.01
+        if x is None or float(x) < low - margin or float(x) > high + margin:
+            assert k not in found, (k, x, low, high)
+        elif low + margin < float(x) < high - margin:
+            assert k in found, (k, x, low, high)
 
 
 def test_many_probes_return_the_whole_relation_unless_scanning_is_off(coder, monkeypatch):
