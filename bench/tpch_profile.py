@@ -56,9 +56,30 @@ def instrument(stats: dict) -> None:
     ex.StepRunner.run, ex.StepRunner._steps_run = run, steps_run
 
 
-def main() -> int:
+def load_views(sf: float, views: str, engine_memory: str | None, maintenance: str = "incremental",
+               announce=print):  # noqa: ANN001, ANN201
+    """(ivm database, DuckDB reference, query texts, view names): TPC-H at ``sf`` loaded and its views created,
+    with memory set up as ``ivm bench tpch`` sets it (the reference in a file, runs spilled)."""
     import ivm
 
+    directory = ROOT / "data" / "tpch" / f"sf{sf:g}"
+    tpch.generate(sf, directory)
+    memory = Memory(engine_limit=engine_memory)
+    con = tpch.reference(directory, directory / "reference.duckdb", memory.reference_limit)
+    db = ivm.connect(maintenance=maintenance, **memory.spill_options(directory))
+    memory.limit_engine(db, directory)
+    tpch.create_tables(db)
+    tpch.load_files(db, directory, con, lambda table: None, memory.load_rows)
+    queries = tpch.query_files()
+    names = view_names(views.split(",") if views else None)
+    for name in names:
+        started = time.perf_counter()
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {queries[name]}")
+        announce(f"created {name} in {time.perf_counter() - started:.2f} s")
+    return db, con, queries, names
+
+
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sf", type=float, default=0.1)
     parser.add_argument("--views", default="")
@@ -71,20 +92,8 @@ def main() -> int:
     parser.add_argument("--cprofile", default="", help="write a cProfile of the timed refreshes here")
     parser.add_argument("--engine-memory", default=None, help="cap ivm's DuckDB (as ivm bench tpch --engine-memory)")
     args = parser.parse_args()
-    directory = ROOT / "data" / "tpch" / f"sf{args.sf:g}"
-    tpch.generate(args.sf, directory)
-    memory = Memory(engine_limit=args.engine_memory)  # as ivm bench tpch: the reference in a file, runs spilled
-    con = tpch.reference(directory, directory / "reference.duckdb", memory.reference_limit)
-    db = ivm.connect(maintenance=args.maintenance, **memory.spill_options(directory))
-    memory.limit_engine(db, directory)
-    tpch.create_tables(db)
-    tpch.load_files(db, directory, con, lambda table: None, memory.load_rows)
-    queries = tpch.query_files()
-    names = view_names(args.views.split(",") if args.views else None)
-    for name in names:
-        started = time.perf_counter()
-        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {queries[name]}")
-        print(f"created {name} in {time.perf_counter() - started:.2f} s", flush=True)
+    db, con, queries, names = load_views(args.sf, args.views, args.engine_memory, args.maintenance,
+                                         lambda line: print(line, flush=True))
     refresh = tpch.Refresh(con, seed=1, **refresh_sizes(args.batch))
     recompute: dict[str, float] = {}
 

@@ -26,7 +26,8 @@ import time
 from collections import defaultdict
 
 from bench import tpch
-from bench.tpch_run import ROOT, Memory, per_table, refresh_sizes, view_names
+from bench.tpch_profile import load_views
+from bench.tpch_run import per_table, refresh_sizes
 from ivm import executor as ex
 
 
@@ -73,8 +74,6 @@ def count_statements(stats: dict) -> None:
 
 
 def main() -> int:
-    import ivm
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--sf", type=float, default=1)
     parser.add_argument("--views", default="")
@@ -83,18 +82,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--engine-memory", default=None, help="cap ivm's DuckDB (as ivm bench tpch --engine-memory)")
     args = parser.parse_args()
-    directory = ROOT / "data" / "tpch" / f"sf{args.sf:g}"
-    tpch.generate(args.sf, directory)
-    memory = Memory(engine_limit=args.engine_memory)
-    con = tpch.reference(directory, directory / "reference.duckdb", memory.reference_limit)
-    db = ivm.connect(maintenance="incremental", **memory.spill_options(directory))
-    memory.limit_engine(db, directory)
-    tpch.create_tables(db)
-    tpch.load_files(db, directory, con, lambda table: None, memory.load_rows)
-    queries = tpch.query_files()
-    names = view_names(args.views.split(",") if args.views else None)
-    for name in names:
-        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {queries[name]}")
+    db, con, queries, names = load_views(args.sf, args.views, args.engine_memory, announce=lambda line: None)
     refresh = tpch.Refresh(con, seed=1, **refresh_sizes(args.batch))
     stats: dict = defaultdict(lambda: [0, 0.0, 0.0])
     recompute: dict[str, list[float]] = defaultdict(list)
