@@ -25,6 +25,7 @@ nothing.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
@@ -402,7 +403,8 @@ def _scaled_bounds(column_type: pa.DataType, low: pa.Scalar, high: pa.Scalar) ->
     Double bounds round outward to the next integer, so no value between
     them is left out.
     """
-    if not (pa.types.is_decimal(column_type) and column_type.precision <= 18 and pa.types.is_floating(low.type)):
+    if not (pa.types.is_decimal128(column_type) and column_type.precision <= 18 and pa.types.is_floating(low.type)
+            and sys.byteorder == "little"):
         return None
     factor = 10 ** column_type.scale
     lo, hi = low.as_py() * factor, high.as_py() * factor
