@@ -247,16 +247,13 @@ class StepRunner:
             # Nothing to find (state on a first computation or a recompute): skip
             # coding the probe, which on those runs is a whole source.
             return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns)
-        if step.between is not None:
-            if probe.num_rows == 0:
-                return relation.lookup((), np.empty(0, np.uint64), step.positions, columns=columns).slice(0, 0)
-            bounds = value_range(probe.column(step.probe_columns[0]), relation.schema.field(step.between).type)
-            if bounds is None:
-                return relation.all_rows(step.positions, columns)
-            return relation.between(step.between, *bounds, positions=step.positions, columns=columns)
         if not step.index:
             if probe.num_rows == 0:
                 return relation.lookup(step.index, np.empty(0, np.uint64), step.positions, columns=columns).slice(0, 0)
+            if step.between is not None:  # a range narrows the whole relation, when the probe's values give one
+                bounds = value_range(probe.column(step.probe_columns[0]), relation.schema.field(step.between).type)
+                if bounds is not None:
+                    return relation.between(step.between, *bounds, positions=step.positions, columns=columns)
             return relation.all_rows(step.positions, columns)
         if step.probe_filter is not None:
             probe = probe.filter(probe.column(step.probe_filter))
