@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from sql_frontend.errors import UnsupportedError
-from sql_frontend.plan import AggCall, Aggregate, Column
+from sql_frontend.plan import FLOAT_TYPES, AggCall, Aggregate, Column
 from sql_frontend.plan_sql import alias, column, lit, quoted, table
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
@@ -59,7 +59,6 @@ INTEGERS = {
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
     "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "BOOLEAN",
 }
-FLOATS = {"FLOAT", "DOUBLE", "REAL"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def accumulator(arg_type: str, func: str) -> Accumulator:
     m = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", t)
     if m:
         return Accumulator(f"DECIMAL(38,{m.group(2)})", False)
-    if t in FLOATS:
+    if t in FLOAT_TYPES:
         return Accumulator("DOUBLE", True)
     raise UnsupportedError(f"{func.upper()} over type {arg_type} is not supported in a materialized view")
 

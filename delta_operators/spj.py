@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from sql_frontend.plan import INTEGER_TYPES, SPJ, Node
+from sql_frontend.plan import INTEGER_TYPES, SPJ, Node, is_number_type
 from sql_frontend.plan_sql import alias, column, quoted, subquery, table
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
@@ -135,14 +135,6 @@ class Range:
     value_type: str
     alias: str | None = None  # the input whose column the value is compared with, when a plain column
     column: str | None = None
-
-
-NUMBER_TYPES = ("DECIMAL", "NUMERIC", "DOUBLE", "FLOAT", "REAL", *INTEGER_TYPES)
-
-
-def ranges_as_numbers(*types: str) -> bool:
-    """Whether values of these DuckDB types compare as numbers (what a range lookup compares in)."""
-    return all(t.upper().split("(")[0].strip() in NUMBER_TYPES for t in types)
 
 
 class SPJRule:
@@ -339,8 +331,8 @@ class SPJRule:
         if ranged is None or ranged.alias != a_j or ranged.column is None:
             return None
         between = getattr(ctx.rule(child_j), "between", None)
-        types = {c.name: c.type for c in child_j.columns}
-        if between is None or not ranges_as_numbers(types.get(ranged.column, ""), ranged.value_type):
+        column_type = {c.name: c.type for c in child_j.columns}.get(ranged.column, "")
+        if between is None or not (is_number_type(column_type) and is_number_type(ranged.value_type)):
             return None
         return between(ctx, ranged.column, start, ranged.value, mode)
 

@@ -34,6 +34,13 @@ from sqlglot import exp
 INTEGER_TYPES = frozenset({
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
 })
+FLOAT_TYPES = frozenset({"FLOAT", "DOUBLE", "REAL"})
+
+
+def is_number_type(sql_type: str) -> bool:
+    """Whether values of this DuckDB type compare as numbers: integers, floats, DECIMAL(p,s)."""
+    base = sql_type.upper().split("(")[0].strip()
+    return base in INTEGER_TYPES or base in FLOAT_TYPES or base in ("DECIMAL", "NUMERIC")
 
 
 @dataclass(frozen=True)
