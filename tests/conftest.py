@@ -29,6 +29,23 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture
+def lookups_run(monkeypatch):
+    """Every lookup step a maintenance run ran, with the rows it returned: [(Lookup, rows)]."""
+    from ivm import executor
+
+    seen: list = []
+    lookup = executor.StepRunner._lookup
+
+    def recorded(self, step, temps, snapshot):  # noqa: ANN001, ANN202
+        result = lookup(self, step, temps, snapshot)
+        seen.append((step, result.num_rows))
+        return result
+
+    monkeypatch.setattr(executor.StepRunner, "_lookup", recorded)
+    return seen
+
+
 # One SparkSession for the whole test session (Spark allows one per process):
 # two local cores and two shuffle partitions keep the Spark suites small.
 SPARK_TEST_CONF = {
