@@ -10,7 +10,6 @@ bumps a marker, and the check waits until the source applied past it).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -26,24 +25,6 @@ import ivm
 from flight_server.process import ROOT
 from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, sources_status
 from tests.cdc import workload as w
-from tests.cdc.pg_server import PostgresServer
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-DATABASES = itertools.count()
-
-
-@pytest.fixture
-def upstream(pg):
-    return w.create_database(pg.dsn, f"shop{next(DATABASES)}")
 
 
 class Running:
