@@ -8,14 +8,21 @@ its configuration, the phase (snapshot -> streaming, or failed with the
 error) and the upstream tables with their columns. Progress (LSNs, lag) is
 in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
 
-1. Snapshot. The state is saved with phase "snapshot", then the slot is
+1. Snapshot. First every check that can fail (``Replicator.check``):
+   PostgreSQL reachable with logical decoding, the slot name free, the
+   publication's tables replicable, and each local table of the same name a
+   table with the same columns, types and key that holds no rows. Only then
+   are missing tables created and the state saved with phase "snapshot"
+   (naming the tables it fills); then the slot is
    created with ``EXPORT_SNAPSHOT`` on a replication connection; another
    connection reads every published table with ``SET TRANSACTION SNAPSHOT``
    (exactly the data before the slot's consistent point) through ``COPY …
    TO STDOUT (FORMAT csv)``, parsed by Arrow and applied as ``r`` rows. Then
    the phase becomes "streaming". A crash during the snapshot cannot resume
    it (the exported snapshot died with its connection): the next start
-   drops the slot, deletes the rows loaded so far and starts again.
+   drops the slot, deletes the rows loaded so far and starts again. That
+   is safe because a snapshot only ever fills tables that were empty when
+   it began; a check that fails changes no table and starts no snapshot.
 2. Streaming. ``START_REPLICATION`` of pgoutput from the slot's confirmed
    LSN. Committed transactions are grouped (until the stream is idle for
    20 ms, or ``batch_rows`` rows, or ``batch_seconds`` after the first) and
@@ -30,7 +37,9 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    a key the local table is a bag). A Relation message that differs from the
    recorded columns (a schema change), or a value that does not fit its
    column, stops the source with the error in its state (``ivm status``);
-   nothing confirmed is lost and nothing after it is confirmed.
+   nothing confirmed is lost and nothing after it is confirmed. The tables
+   keep their rows; every open resumes the source, which stops again at the
+   same change, until DROP SOURCE (which keeps the tables too).
 
 A transaction touching several tables is applied as one batch per table, so
 a read between them can see part of it; every read after the group sees all.
@@ -204,10 +213,12 @@ class Replicator:
         except (IvmError, psycopg2.Error) as e:
             message = str(e).strip()
             self.state["error"] = message
-            self._save()
+            if self.state["phase"] != "new" or self.state_file.exists():  # a failed first check writes nothing
+                self._save()
             raise SourceError(message) from e
         finally:
-            self._report(force=True)
+            if self.state_file.exists():  # nor progress, for a source that has none
+                self._report(force=True)
 
     def _connect(self):
         import psycopg2
@@ -227,11 +238,12 @@ class Replicator:
         if self.state["phase"] == "snapshot":  # a snapshot was cut short: start it again
             self._drop_slot()
             self._clear_tables()
-        with contextlib.closing(self._connect()) as conn:
-            self.state["tables"] = describe(conn, self.config.publication)
-        self.state["phase"] = "snapshot"
-        self._save()
+        tables = self.check()
+        self.state["tables"] = tables
         self._create_tables()
+        # From here on a restart empties these tables again: they are new or were empty (checked above).
+        self.state.update(phase="snapshot", filling=sorted(t["table"] for t in tables.values()))
+        self._save()
         replication = self._replication_connection()
         cursor = replication.cursor()
         cursor.execute(f"CREATE_REPLICATION_SLOT {quote(self.config.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
@@ -248,6 +260,7 @@ class Replicator:
         finally:
             reader.close()
         self.state.update(phase="streaming", consistent_lsn=lsn_text(lsn_int(consistent)))
+        self.state.pop("filling", None)
         self.progress["confirmed_lsn"] = self.state["consistent_lsn"]
         self._save()
         return replication
@@ -270,27 +283,80 @@ class Replicator:
                 rows = rows.append_column(OP, pa.repeat(pa.scalar("r"), rows.num_rows))
                 self.db.apply_changes(table["table"], rows)
 
+    def check(self) -> dict:
+        """The upstream tables a new snapshot loads, after every check that can fail; writes nothing.
+
+        PostgreSQL must be reachable (also for replication) with logical
+        decoding on, the slot name free, every published table replicable
+        (see ``describe``), and each local table of the same name a table with
+        the same columns, types and key that holds no rows: a snapshot fills
+        its tables from empty, so that they equal upstream and a snapshot cut
+        short can start again by emptying them. Raises SourceError naming
+        every problem found.
+        """
+        import psycopg2
+
+        c = self.config
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                tables = describe(conn, c.publication)
+                check_upstream(conn, c.slot)
+            self._replication_connection().close()  # pg_hba.conf and the REPLICATION attribute
+        except psycopg2.Error as e:
+            raise SourceError(f"cannot reach PostgreSQL for source {c.name}: {str(e).strip()}") from None
+        problems = [p for upstream, table in tables.items() if (p := self._local_problem(upstream, table))]
+        if problems:
+            raise SourceError(f"source {c.name} cannot replicate publication {c.publication}: {'; '.join(problems)}")
+        return tables
+
+    def _local_problem(self, upstream: str, table: dict) -> str | None:
+        """Why the local table of ``upstream`` cannot take its snapshot, or None (absent, or fit and empty)."""
+        name = table["table"]
+        catalog = self.db._engine.catalog
+        if not catalog.exists(name):
+            return None
+        if name in catalog.views:
+            return f"{name} is a materialized view, which upstream {upstream} would replicate into"
+        existing = catalog.table(name)
+        mine = [(col.name, col.type) for col in existing.columns]
+        theirs = [(col["name"], col["type"]) for col in table["columns"]]
+        if mine != theirs:
+            return (f"table {name} has columns {_columns_text(mine)} but upstream {upstream} has "
+                    f"{_columns_text(theirs)} ({_difference(mine, theirs)}); drop it first")
+        if list(existing.primary_key) != table["key"]:
+            return (f"table {name} has {_key_text(existing.primary_key)} but upstream {upstream} has "
+                    f"{_key_text(table['key'])}; drop it first")
+        held = self.db.sql(f"SELECT COUNT(*) AS n FROM {quote(name)}").column(0)[0].as_py()
+        if held:
+            return (f"table {name} already holds {held} rows: a source's snapshot fills its tables from empty "
+                    f"(so that they equal upstream); DELETE FROM {name} or DROP TABLE {name} first")
+        return None
+
+    def register(self) -> None:
+        """Write the state file of a new source (phase "new"), after ``check`` passed."""
+        self._load()
+        self._save()
+
     def _create_tables(self) -> None:
-        for upstream, table in self.state["tables"].items():
+        """Create the local tables that do not exist yet (``check`` vetted those that do)."""
+        for table in self.state["tables"].values():
             columns = ", ".join(f"{quote(c['name'])} {c['type']}" + (" NOT NULL" if c["not_null"] else "")
                                 for c in table["columns"])
             key = f", PRIMARY KEY ({', '.join(quote(k) for k in table['key'])})" if table["key"] else ""
-            catalog = self.db._engine.catalog
-            if not catalog.exists(table["table"]):
+            if not self.db._engine.catalog.exists(table["table"]):
                 self.db.execute(f"CREATE TABLE {quote(table['table'])} ({columns}{key})")
-                continue
-            existing = catalog.table(table["table"])
-            if [(c.name, c.type) for c in existing.columns] != [(c["name"], c["type"]) for c in table["columns"]] \
-                    or list(existing.primary_key) != table["key"]:
-                raise SourceError(f"table {table['table']} exists with other columns, types or key than upstream "
-                                  f"{upstream} ({', '.join(c['name'] + ' ' + c['type'] for c in table['columns'])}"
-                                  f"{', key ' + ', '.join(table['key']) if table['key'] else ''}); drop it first")
 
     def _clear_tables(self) -> None:
-        """Delete every row loaded by a snapshot that did not finish."""
+        """Delete every row loaded by a snapshot that did not finish.
+
+        Only the tables its state names as being filled (they were empty when
+        it began); a state without that list (written before ivm recorded it)
+        clears nothing, and the new snapshot's check then refuses tables that
+        hold rows instead of emptying them.
+        """
         objects = {o.name for o in self.db.objects()}
         for table in self.state["tables"].values():
-            if table["table"] not in objects:
+            if table["table"] not in objects or table["table"] not in self.state.get("filling", ()):
                 continue
             identity = table["key"] or [c["name"] for c in table["columns"]]
             rows = self.db.sql(f"SELECT {', '.join(quote(c) for c in identity)} FROM {quote(table['table'])}")
@@ -303,8 +369,19 @@ class Replicator:
                         (self.config.slot,))
 
     def drop(self) -> None:
-        """Drop the upstream slot and forget the source (its tables stay)."""
-        self._drop_slot()
+        """Drop the upstream slot and forget the source (its tables stay).
+
+        When PostgreSQL cannot be reached the slot cannot go, so neither does
+        the source: SourceError, and nothing changes.
+        """
+        import psycopg2
+
+        try:
+            self._drop_slot()
+        except psycopg2.Error as e:
+            raise SourceError(f"cannot drop replication slot {self.config.slot} of source {self.config.name} "
+                              f"upstream: {str(e).strip()}; the source is kept (DROP SOURCE again once PostgreSQL "
+                              "is reachable)") from None
         for path in (self.state_file, self.progress_file):
             path.unlink(missing_ok=True)
 
@@ -313,6 +390,46 @@ class Replicator:
         from ivm.cdc.stream import Stream
 
         Stream(self, connection).run(stop, deadline)
+
+
+def _columns_text(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {type_}" for name, type_ in columns)
+
+
+def _difference(mine: list[tuple[str, str]], theirs: list[tuple[str, str]]) -> str:
+    """How local columns differ from upstream's: missing here, not upstream, other types, or another order."""
+    my_types, their_types = dict(mine), dict(theirs)
+    parts = []
+    if missing := [(n, t) for n, t in theirs if n not in my_types]:
+        parts.append("missing here: " + _columns_text(missing))
+    if extra := [(n, t) for n, t in mine if n not in their_types]:
+        parts.append("not upstream: " + _columns_text(extra))
+    if retyped := [n for n, t in mine if n in their_types and their_types[n] != t]:
+        parts.append("other types: " + ", ".join(f"{n} is {my_types[n]} here, {their_types[n]} upstream"
+                                                 for n in retyped))
+    return "; ".join(parts) or "the same columns in another order"
+
+
+def _key_text(key) -> str:
+    return f"primary key ({', '.join(key)})" if key else "no primary key"
+
+
+def check_upstream(conn, slot: str) -> None:
+    """PostgreSQL can make the slot: logical decoding on, the name free, a slot to spare."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int, "
+                    "(SELECT COUNT(*) FROM pg_replication_slots), "
+                    "EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)", (slot,))
+        wal_level, most, used, taken = cur.fetchone()
+    if wal_level != "logical":
+        raise SourceError(f"PostgreSQL runs with wal_level = {wal_level}; logical replication needs "
+                          "wal_level = logical (set it and restart PostgreSQL)")
+    if taken:
+        raise SourceError(f"replication slot {slot} already exists upstream: name another with SLOT '…', or "
+                          f"drop it upstream if nothing uses it (SELECT pg_drop_replication_slot('{slot}'))")
+    if used >= most:
+        raise SourceError(f"all {most} replication slots of the PostgreSQL server are in use "
+                          "(max_replication_slots)")
 
 
 def describe(conn, publication: str) -> dict:

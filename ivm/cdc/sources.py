@@ -9,12 +9,11 @@ errors stop only that source; they are kept in its state and shown by
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 
-from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, describe, sources_dir
+from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, sources_dir
 from sql_frontend.errors import CatalogError, UnknownObjectError
 
 log = logging.getLogger("ivm.sources")
@@ -24,6 +23,7 @@ class Sources:
     def __init__(self, db):
         self.db = db
         self.running: dict[str, tuple[threading.Thread, threading.Event, Replicator]] = {}
+        self.lock = threading.Lock()  # one CREATE/DROP SOURCE at a time: each checks, then writes
 
     def resume(self) -> None:
         """Start every CREATE SOURCE source of this directory."""
@@ -36,23 +36,21 @@ class Sources:
                 self._start(SourceConfig(state["name"], state["dsn"], state["publication"], state["slot"]))
 
     def create(self, name: str, dsn: str, publication: str, slot: str | None) -> None:
-        import psycopg2
+        """Check everything that can fail (Replicator.check), then write the state file and start.
 
-        directory = sources_dir(self.db)
-        if (directory / f"{name}.json").exists():
-            raise CatalogError(f"source {name} already exists")
-        if self.db._engine.catalog.exists(name):
-            raise CatalogError(f"{name} is already a table or view")
-        try:  # check now, so that the statement reports what is wrong
-            with contextlib.closing(psycopg2.connect(dsn)) as conn:
-                describe(conn, publication)
-        except psycopg2.Error as e:
-            raise SourceError(f"cannot reach PostgreSQL for source {name}: {str(e).strip()}") from None
-        config = SourceConfig(name, dsn, publication, slot or f"ivm_{name}")
-        replicator = Replicator(self.db, config, auto=True)
-        replicator._load()
-        replicator._save()
-        self._start(config)
+        A CREATE SOURCE that fails writes no file, makes no slot and changes no table.
+        """
+        with self.lock:
+            directory = sources_dir(self.db)
+            if (directory / f"{name}.json").exists():
+                raise CatalogError(f"source {name} already exists")
+            if any(o.name == name for o in self.db.objects()):
+                raise CatalogError(f"{name} is already a table or view")
+            config = SourceConfig(name, dsn, publication, slot or f"ivm_{name}")
+            replicator = Replicator(self.db, config, auto=True)
+            replicator.check()
+            replicator.register()
+            self._start(config)
 
     def _start(self, config: SourceConfig) -> None:
         stop = threading.Event()
@@ -69,19 +67,34 @@ class Sources:
         thread.start()
 
     def drop(self, name: str) -> None:
-        directory = sources_dir(self.db)
-        path = directory / f"{name}.json"
-        if not path.exists():
-            raise UnknownObjectError(f"source {name} does not exist")
-        self._stop(name)
-        state = json.loads(path.read_text())
-        Replicator(self.db, SourceConfig(name, state["dsn"], state["publication"], state["slot"])).drop()
+        """Stop the source, drop its slot upstream and forget it; its tables keep their rows.
 
-    def _stop(self, name: str) -> None:
+        When the slot cannot be dropped (PostgreSQL unreachable) the source is
+        kept, and runs again if it was running.
+        """
+        with self.lock:
+            path = sources_dir(self.db) / f"{name}.json"
+            if not path.exists():
+                raise UnknownObjectError(f"source {name} does not exist")
+            was_running = self._stop(name)
+            state = json.loads(path.read_text())
+            config = SourceConfig(name, state["dsn"], state["publication"], state["slot"])
+            try:
+                Replicator(self.db, config).drop()
+            except SourceError:
+                if was_running:
+                    self._start(config)
+                raise
+
+    def _stop(self, name: str) -> bool:
+        """Stop the source's thread; whether it was still running."""
         thread, stop, _ = self.running.pop(name, (None, None, None))
-        if thread is not None:
-            stop.set()
-            thread.join(60)
+        if thread is None:
+            return False
+        alive = thread.is_alive()
+        stop.set()
+        thread.join(60)
+        return alive
 
     def close(self) -> None:
         for name in list(self.running):

@@ -256,8 +256,12 @@ def test_local_table_of_other_shape_is_a_clear_error(upstream, tmp_path):
         db.execute("CREATE TABLE products (id INTEGER PRIMARY KEY, price VARCHAR, label VARCHAR)")
         running = Running(db, SourceConfig("shop", upstream, "shop", slot(upstream)))
         running.thread.join(60)
-        assert "table products exists with other columns, types or key than upstream public.products" in str(running.error)
+        assert ("table products has columns id INTEGER, price VARCHAR, label VARCHAR but upstream public.products has "
+                "id INTEGER, price DECIMAL(10,2), label VARCHAR (other types: price is VARCHAR here, DECIMAL(10,2) "
+                "upstream); drop it first") in str(running.error)
         assert db.sql("SELECT COUNT(*) FROM products").column(0)[0].as_py() == 0
+        assert [o.name for o in db.objects()] == ["products"]  # checked before any table is made
+        assert db.status()["sources"] == []  # a source that never began leaves no state
 
 
 def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tmp_path):
