@@ -120,13 +120,19 @@ class DurableEngine(Engine):
         self.recovery_seconds = time.perf_counter() - start
 
     def close(self) -> None:
+        """Checkpoint and close. A final checkpoint that fails (e.g. the disk is full) is
+        reported once everything is closed: every acknowledged change is in the log."""
         if self.closed:
             return
+        failed: Exception | None = None
         try:
             with self.write_lock:
                 if self.log.written == self.log.durable and self.maintainer.error is None:
                     self.maintainer.wait_published(self.offset)
-                    self.checkpointer.checkpoint()
+                    try:
+                        self.checkpointer.checkpoint()
+                    except Exception as e:  # noqa: BLE001 (reported below, after closing)
+                        failed = e
         finally:
             self.checkpointer.stop()
             self.maintainer.stop()
@@ -134,6 +140,10 @@ class DurableEngine(Engine):
             self._release()
             super().close()
             self._fold_db.close()
+        if failed is not None:
+            raise IvmError(f"the database closed without its final checkpoint ({type(failed).__name__}: {failed}); "
+                           "every acknowledged change is in the change log and is replayed when it is opened "
+                           "again") from failed
 
     def _release(self) -> None:
         if self._lock_fd is not None:
