@@ -72,7 +72,7 @@ from typing import Callable
 
 from sql_frontend.errors import IvmError
 from storage.hooks import enabled, hook
-from storage.log_format import LogError, Record, frame_at, next_frame, scan
+from storage.log_format import LogError, Reader, Record, frame_at, scan
 
 log = logging.getLogger("ivm.log")
 
@@ -144,7 +144,7 @@ class ChangeLog:
         """Check the log past ``after`` (see the module docstring), cut a torn tail, remove
         leftovers of an interrupted compaction, and return the change records above ``after``."""
         leftovers, segments = self._compaction_leftovers(self.segments())
-        reader = _Reader(after)
+        reader = Reader(after)
         for i, (first, path) in enumerate(segments):
             following = segments[i + 1][0] if i + 1 < len(segments) else None
             if following is not None and following <= after + 1:
@@ -382,67 +382,3 @@ class ChangeLog:
         segments = self.segments()
         return {"segments": len(segments), "bytes": sum(p.stat().st_size for _, p in segments), "syncs": self.syncs}
 
-
-class _Reader:
-    """Reads segments in name order on open, checking them (see the module docstring)."""
-
-    def __init__(self, after: int):
-        self.after = after
-        self.records: list[Record] = []
-        self.seen: int | None = None  # the last change offset read
-        self.last = after  # the log's head: the highest offset read, at least the checkpoint's
-        self.where = "the checkpoint"  # where the offset before the next one is, for messages
-        self.torn: tuple[Path, int, int] | None = None  # (segment, byte, size) to cut
-
-    def read(self, first: int, path: Path, newest: bool) -> None:
-        data = path.read_bytes()
-        changes = 0
-        for start, _, payload in scan(data):
-            if payload is None:
-                self._bad_frame(path, data, start, newest)
-                break
-            try:
-                record = Record.decode(payload, with_batch=False)
-            except ValueError as e:
-                raise LogError(f"change log segment {path.name} is damaged at byte {start}: an intact frame "
-                               f"holds no record ({e}); the database does not open") from e
-            if record.kind != "change":
-                continue  # a compacted segment's header
-            changes += 1
-            self._check(record.offset, path, start)
-            if record.offset > self.after:
-                self.records.append(Record.decode(payload))
-        if not changes and first > self.last + 1:
-            # an empty segment promises that every offset before its name is in earlier ones
-            self._missing(first - 1, f"empty segment {path.name} is named for offset {first}")
-
-    def _check(self, offset: int, path: Path, start: int) -> None:
-        if self.seen is not None and offset <= self.seen:
-            raise LogError(f"change log {path.name}: offset {offset} at byte {start} follows offset {self.seen} "
-                           f"({self.where}): the log is out of order; the database does not open")
-        if offset > self.last + 1:
-            self._missing(offset - 1, f"segment {path.name} continues with offset {offset} at byte {start}")
-        self.seen, self.last = offset, max(self.last, offset)
-        self.where = f"in {path.name}"
-
-    def _missing(self, upto: int, found: str) -> None:
-        first = self.last + 1
-        span = f"offset {first}" if first == upto else f"offsets {first} to {upto}"
-        raise LogError(f"the change log is missing {span}: the checkpoint is at offset {self.after}, "
-                       f"the log holds up to offset {first - 1} ({self.where}) and {found}. A log segment "
-                       "was deleted or lost, so acknowledged changes would be lost; the database does not open")
-
-    def _bad_frame(self, path: Path, data: bytes, start: int, newest: bool) -> None:
-        after = f"the record after offset {self.last}" if self.last > 0 else "the first record"
-        found = next_frame(data, start)
-        if found is not None:
-            pos, record = found
-            raise LogError(
-                f"change log segment {path.name} is damaged at byte {start} ({after}): an intact record "
-                f"follows at byte {pos} (offset {record.offset}), so this is not a torn write; acknowledged "
-                "changes would be lost, so the database does not open")
-        if not newest:
-            raise LogError(
-                f"change log segment {path.name} is damaged at byte {start} and later segments exist ({after}): "
-                "acknowledged changes would be lost, so the database does not open")
-        self.torn = (path, start, len(data))
