@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import ivm
 from storage.log import DiskFullError
 
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = 200  # per batch: ~45 KB of log record
 QUIET = dict(checkpoint_seconds=3600, checkpoint_rows=10**12)  # no background checkpoint takes space
 
@@ -254,3 +257,36 @@ def test_ddl_on_a_full_disk_fails_and_loses_nothing_acknowledged(disk):
         assert _counts(db) == {1: ROWS, 2: ROWS}
     finally:
         db.close()
+
+
+def test_a_short_write_is_undone_without_a_small_disk(tmp_path):
+    """The file size limit (RLIMIT_FSIZE) makes the kernel write part of a record, then fail with
+    EFBIG: the partial record is cut, the batch fails, the log is not poisoned and goes on."""
+    script = textwrap.dedent("""
+        import resource, signal, sys
+        import pyarrow as pa
+        from storage.log import ChangeLog, LogError, Record
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+        log = ChangeLog(sys.argv[1])
+        log.open(after=0)
+        log.append(Record(1, "t", pa.table({"a": list(range(100))})))
+        log.wait_durable(1)
+        size = log.stats()["bytes"]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 500, resource.RLIM_INFINITY))
+        try:
+            log.append(Record(2, "t", pa.table({"a": list(range(1000))})))
+        except LogError as e:
+            print("refused:", e)
+        assert log.stats()["bytes"] == size, "the partial record was not cut"
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        log.append(Record(2, "t", pa.table({"a": [2]})))
+        log.wait_durable(2)
+        log.close()
+        print([r.offset for r in ChangeLog(sys.argv[1]).open(after=0)])
+    """)
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "log")], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    refused, offsets = result.stdout.splitlines()
+    assert "File too large" in refused and "the batch was not accepted" in refused
+    assert offsets == "[1, 2]"
