@@ -44,7 +44,7 @@ import pyarrow as pa
 from ivm.changes import OP, SEQ, q
 from ivm.checkpoints import Checkpointer
 from ivm.engine import Engine, Settings, Worker, spill_of
-from ivm.ingest_group import Pending, Ticket, convert_unit
+from ivm.ingest_group import Pending, Ticket, convert_unit, undo
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
@@ -120,13 +120,19 @@ class DurableEngine(Engine):
         self.recovery_seconds = time.perf_counter() - start
 
     def close(self) -> None:
+        """Checkpoint and close. A final checkpoint that fails (e.g. the disk is full) is
+        reported once everything is closed: every acknowledged change is in the log."""
         if self.closed:
             return
+        failed: Exception | None = None
         try:
             with self.write_lock:
                 if self.log.written == self.log.durable and self.maintainer.error is None:
                     self.maintainer.wait_published(self.offset)
-                    self.checkpointer.checkpoint()
+                    try:
+                        self.checkpointer.checkpoint()
+                    except Exception as e:  # noqa: BLE001 (reported below, after closing)
+                        failed = e
         finally:
             self.checkpointer.stop()
             self.maintainer.stop()
@@ -134,6 +140,10 @@ class DurableEngine(Engine):
             self._release()
             super().close()
             self._fold_db.close()
+        if failed is not None:
+            raise IvmError(f"the database closed without its final checkpoint ({type(failed).__name__}: {failed}); "
+                           "every acknowledged change is in the change log and is replayed when it is opened "
+                           "again") from failed
 
     def _release(self) -> None:
         if self._lock_fd is not None:
@@ -172,21 +182,33 @@ class DurableEngine(Engine):
 
         Only a batch converted now takes ``convert_lock`` (ivm/ingest_group.py): a unit of
         upserts only never waits for a conversion running ahead of the fold (ivm/ahead.py).
-        The write lock keeps units in offset order in the log and in the queue."""
+        The write lock keeps units in offset order in the log and in the queue.
+
+        The unit is logged whole or not at all (one write; its batches may share one
+        conversion): when the write fails (e.g. the disk is full) every batch of the unit
+        fails with the error, its conversion is undone and its offsets go to the next unit."""
         self.log.check()
+        watermarks = self.watermarks.copy()
         unit = convert_unit(self, tickets)
         if not unit.tickets:
             return
         now = time.time()
-        for ticket in unit.tickets:
-            offset = self.offset + 1
-            self.log.append(Record(offset, ticket.table, ticket.batch, ticket.policy, ticket.source, ticket.seq, now))
-            self.offset = ticket.offset = offset
-            self.producers.record(ticket.source, ticket.seq, offset)
+        records = [Record(self.offset + i, t.table, t.batch, t.policy, t.source, t.seq, now)
+                   for i, t in enumerate(unit.tickets, 1)]
+        try:
+            self.log.append(records)
+        except BaseException:
+            with self.convert_lock:
+                undo(self, unit)
+                self.watermarks = watermarks
+            raise
+        for ticket, record in zip(unit.tickets, records):
+            self.offset = ticket.offset = record.offset
+            self.producers.record(ticket.source, ticket.seq, record.offset)
             rows = ticket.delta.num_rows if ticket.delta is not None else 0
             if ticket.table in unit.batches:  # deferred: its delta is not known yet (about the batch's rows)
                 rows = ticket.batch.num_rows
-            self._note_unstored(offset, now, rows, ticket.table)
+            self._note_unstored(record.offset, now, rows, ticket.table)
             ticket.done = True
         self.maintainer.enqueue(Entry(self.offset, unit.deltas, unit.versions, now, unit.counts, unit.batches))
 

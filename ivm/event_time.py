@@ -114,6 +114,9 @@ class Watermarks:
             self.max_us[table.name] = top
         self.late[table.name] = snapshot.counters.get(late_counter(table.name), 0)
 
+    def copy(self) -> "Watermarks":
+        return Watermarks(dict(self.max_us), dict(self.late))
+
     def drop(self, name: str) -> None:
         self.max_us.pop(name, None)
         self.late.pop(name, None)

@@ -69,6 +69,8 @@ class Unit:
     versions: dict[str, "Relation"] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # late events per stream (snapshot counters)
     batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)  # deferred (ivm/deferred.py)
+    # per head the unit moved: the head before it (None: there was none), so ``undo`` can put it back
+    previous: dict[str, "Relation | None"] = field(default_factory=dict)
 
 
 class Pending:
@@ -163,7 +165,7 @@ def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit:
         except ChangeError:
             pass  # some batch is bad: find it below, one at a time
         else:
-            engine.heads[table] = unit.versions[table] = prepared.updated
+            _move_head(engine, unit, table, prepared.updated)
             unit.deltas.setdefault(table, []).append(prepared.change.delta)
             for ticket in group:
                 ticket.delta = None
@@ -177,13 +179,29 @@ def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit:
             ticket.error, ticket.done = e, True
             continue
         for name, version in prepared.versions().items():  # the table (and its on-time rows)
-            engine.heads[name] = unit.versions[name] = version
+            _move_head(engine, unit, name, version)
         engine.accept_events(table, prepared)
         for name, n in prepared.counts().items():
             unit.counts[name] = unit.counts.get(name, 0) + n
         for part in [prepared, *prepared.hidden]:
             unit.deltas.setdefault(part.change_table, []).append(part.change.delta)
         ticket.delta = prepared.change.delta
+
+
+def _move_head(engine: "DurableEngine", unit: Unit, name: str, version: "Relation") -> None:
+    unit.previous.setdefault(name, engine.heads.get(name))
+    engine.heads[name] = unit.versions[name] = version
+
+
+def undo(engine: "DurableEngine", unit: Unit) -> None:
+    """Forget a converted unit that was not accepted (its log write failed): the heads it moved
+    go back. Earlier batches it converted on the way (``deferred.flush``) stay converted: they
+    were accepted before it. The caller restores the watermarks."""
+    for name, previous in unit.previous.items():
+        if previous is None:
+            engine.heads.pop(name, None)
+        else:
+            engine.heads[name] = previous
 
 
 def zset_sum(tables: list[pa.Table], worker: "Worker", key: str | None = None) -> pa.Table:

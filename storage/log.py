@@ -1,94 +1,90 @@
 """The change log: durable, ordered change batches, each with its offset.
 
 Layout: ``DIR/log/<first offset, 20 digits>.log`` segment files, appended in
-offset order. Each record is framed as
+offset order; records are framed as storage/log_format.py describes. A
+segment is named after the offset of the first record written to it (a
+segment rolled at a checkpoint may stay empty).
 
-    length (u32 LE) | CRC32 of payload (u32 LE) | payload
-    payload = meta length (u32 LE) | meta (JSON) | body (Arrow IPC stream or empty)
+Durability is group commit: ``append`` writes a unit of records to the
+operating system (no sync) and ``wait_durable(offset)`` returns once an
+``fdatasync`` that started after the record was written has finished.
+Producers that wait together share one sync: whoever syncs covers
+everything written so far. A batch is acknowledged only after
+``wait_durable``.
 
-Durability is group commit: ``append`` writes a record to the operating
-system (no sync) and ``wait_durable(offset)`` returns once an ``fdatasync``
-that started after the record was written has finished. Producers that wait
-together share one sync: whoever syncs covers everything written so far.
-A batch is acknowledged only after ``wait_durable``.
+Writing (disk full and other write errors):
 
-On open, every segment that may hold records past the checkpoint is scanned.
-A record that is incomplete or fails its CRC at the tail of the newest
-segment is a torn write of a batch that was never acknowledged: the segment
-is truncated there and the event is reported (``truncations``). Anywhere
-else it is damage to acknowledged data, and opening fails.
+* A unit of records is written whole or not at all. Short writes are
+  continued until every byte is written or the write fails; a failed write
+  is undone by cutting the segment back to its size before it
+  (``ftruncate``). The records' offsets are not used: the next unit gets
+  them, so offsets stay contiguous.
+* On ENOSPC or EDQUOT the append raises ``DiskFullError`` ("the disk is
+  full"). The log stays appendable: every write is refused the same way while
+  space is lacking, and writes simply go on once it is back. The same holds
+  when a new segment cannot be created. Other write errors undone cleanly
+  fail the unit with a ``LogError`` and leave the log appendable too.
+* A failure that leaves the file's state unknown poisons the log: a failed
+  ``fdatasync`` (the kernel may have dropped the dirty pages, so a later
+  sync could succeed without them: PostgreSQL's fsync lesson), a failed
+  directory sync, or an ``ftruncate`` that could not undo a partial write.
+  Every later append raises until the database is reopened, and the reopen
+  reads back what is really on disk.
 
-A failed write or sync poisons the log (the state of the file is unknown):
-every later append raises, and the database must be reopened.
+Opening (``open(after)``, ``after`` = the checkpoint's offset) reads every
+segment that may hold records past ``after`` and checks it; a check that
+fails raises ``LogError`` naming the segment, the byte and the offsets, and
+changes no file:
+
+* Damage vs torn tail. A bad frame (incomplete, or failing its CRC) followed
+  by any intact frame in its segment (found by trying every byte position
+  after it, ``log_format.next_frame``) is damage. A bad frame in a segment
+  that is not the newest is damage too (a segment is synced before the next
+  one is created). Only a bad frame with nothing intact after it, at the end
+  of the newest segment, is a torn write: it is cut, and the cut is reported
+  (``truncations``). It may have been acknowledged only if it was complete
+  and synced and then damaged at rest, which a CRC cannot tell from a write
+  torn by a crash: like PostgreSQL's WAL and Kafka's active segment, the end
+  of the log is where the intact records end.
+* No gaps. Change offsets above ``after`` must run ``after + 1``,
+  ``after + 2``, ... with none missing, across segments in name order; an
+  empty segment's name is the next offset it promises. A deleted segment past
+  the checkpoint is therefore found, unless it held the newest records and
+  nothing after it remains (then nothing on disk says it existed).
+* Legitimately absent or sparse: segments entirely at or below ``after``
+  (deleted by retention or never read), records inside a compacted segment
+  (all at or below the checkpoint it was made for), a log with no segments at
+  all (the next offset is ``after + 1``).
+
+Leftovers (a ``.tmp`` segment of an interrupted compaction, old segments a
+compacted one replaced) are removed once the checks pass.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import os
-import struct
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
-
-import pyarrow as pa
+from typing import Callable
 
 from sql_frontend.errors import IvmError
 from storage.hooks import enabled, hook
+from storage.log_format import LogError, Reader, Record, frame_at, scan
 
 log = logging.getLogger("ivm.log")
 
-FRAME = struct.Struct("<II")
-META_LEN = struct.Struct("<I")
 SUFFIX = ".log"
 SEGMENT_BYTES = 64 << 20
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class LogError(IvmError, RuntimeError):
-    """The change log cannot be written or read."""
+class DiskFullError(IvmError):
+    """The disk is full (ENOSPC or EDQUOT): the batch was refused; the log takes writes again once space is back.
 
-
-@dataclass
-class Record:
-    """One entry of the log: a change batch (kind "change") or a segment header."""
-
-    offset: int
-    table: str = ""
-    batch: pa.Table | None = None
-    policy: str = "error"
-    source: str | None = None
-    seq: int | None = None
-    timestamp: float = 0.0
-    kind: str = "change"
-    extra: dict = field(default_factory=dict)
-
-    def encode(self) -> bytes:
-        meta = {"kind": self.kind, "offset": self.offset, "table": self.table, "policy": self.policy,
-                "source": self.source, "seq": self.seq, "ts": self.timestamp, **self.extra}
-        meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
-        body = b""
-        if self.batch is not None:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, self.batch.schema) as writer:
-                writer.write_table(self.batch)
-            body = sink.getvalue().to_pybytes()
-        payload = META_LEN.pack(len(meta_bytes)) + meta_bytes + body
-        return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-
-    @staticmethod
-    def decode(payload: bytes, with_batch: bool = True) -> "Record":
-        (n,) = META_LEN.unpack_from(payload, 0)
-        meta = json.loads(payload[META_LEN.size:META_LEN.size + n])
-        body = memoryview(payload)[META_LEN.size + n:]
-        batch = pa.ipc.open_stream(pa.py_buffer(body)).read_all() if with_batch and len(body) else None
-        known = {"kind", "offset", "table", "policy", "source", "seq", "ts"}
-        return Record(offset=meta["offset"], table=meta["table"], batch=batch, policy=meta["policy"],
-                      source=meta["source"], seq=meta["seq"], timestamp=meta["ts"], kind=meta["kind"],
-                      extra={k: v for k, v in meta.items() if k not in known})
+    Not a ``LogError`` (an internal failure): a client may retry it later (UNAVAILABLE over Flight)."""
 
 
 def _segment_name(first: int) -> str:
@@ -103,21 +99,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _scan(data: bytes) -> Iterator[tuple[int, int, bytes | None]]:
-    """(start, end, payload) per record; payload None for a bad frame (then stops)."""
-    pos = 0
-    while pos < len(data):
-        if pos + FRAME.size > len(data):
-            yield pos, len(data), None
-            return
-        length, crc = FRAME.unpack_from(data, pos)
-        end = pos + FRAME.size + length
-        payload = data[pos + FRAME.size:end]
-        if end > len(data) or zlib.crc32(payload) != crc or length < META_LEN.size:
-            yield pos, len(data), None
-            return
-        yield pos, end, payload
-        pos = end
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte (a write may be short, e.g. when the disk fills); OSError if one fails."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.EIO, "write wrote nothing")
+        view = view[written:]
+
+
+def _refused(what: str, error: OSError) -> IvmError:
+    if error.errno in FULL:
+        return DiskFullError(f"{what}: the disk is full ({errno.errorcode[error.errno]}: {error.strerror}); "
+                             "the batch was not accepted; writes go on once space is freed")
+    return LogError(f"{what}: {error}; the batch was not accepted")
 
 
 class ChangeLog:
@@ -145,44 +141,33 @@ class ChangeLog:
         return sorted(found)
 
     def open(self, after: int) -> list[Record]:
-        """Repair the tail, remove leftovers of an interrupted compaction, and
-        return the change records with an offset above ``after`` (in order)."""
-        for tmp in self.dir.glob(f"*{SUFFIX}.tmp"):
-            tmp.unlink()  # a compaction interrupted before its rename: the old segments stand
-        segments = self._drop_compaction_leftovers(self.segments())
-        records: list[Record] = []
-        last = after
+        """Check the log past ``after`` (see the module docstring), cut a torn tail, remove
+        leftovers of an interrupted compaction, and return the change records above ``after``."""
+        leftovers, segments = self._compaction_leftovers(self.segments())
+        reader = Reader(after)
         for i, (first, path) in enumerate(segments):
             following = segments[i + 1][0] if i + 1 < len(segments) else None
             if following is not None and following <= after + 1:
                 continue  # every record here is covered by the checkpoint
-            data = path.read_bytes()
-            for start, _, payload in _scan(data):
-                if payload is None:
-                    self._repair(path, start, len(data), newest=following is None)
-                    break
-                record = Record.decode(payload, with_batch=False)
-                if record.kind != "change" or record.offset <= after:
-                    last = max(last, record.offset)
-                    continue
-                if record.offset <= last:
-                    raise LogError(f"change log {path.name}: offset {record.offset} follows {last}")
-                records.append(Record.decode(payload))
-                last = record.offset
-        self._written = self._durable = last
+            reader.read(first, path, newest=following is None)
+        for tmp in self.dir.glob(f"*{SUFFIX}.tmp"):
+            tmp.unlink()  # a compaction interrupted before its rename: the old segments stand
+        for path in leftovers:
+            path.unlink()  # replaced by the compacted segment before it
+            self.truncations.append(f"change log: removed {path.name}, left over from an interrupted compaction")
+        if leftovers:
+            _fsync_dir(self.dir)
+        if reader.torn is not None:
+            self._cut(*reader.torn)
+        self._written = self._durable = reader.last
         if segments:
-            first, path = segments[-1]
-            self._open_segment(path)
-        return records
+            self._open_segment(segments[-1][1])
+        return reader.records
 
-    def _repair(self, path: Path, start: int, size: int, newest: bool) -> None:
-        if not newest:
-            raise LogError(
-                f"change log segment {path.name} is damaged at byte {start} and later segments exist: "
-                "acknowledged changes would be lost, so the database does not open"
-            )
+    def _cut(self, path: Path, start: int, size: int) -> None:
         message = (f"change log {path.name}: truncated a torn or corrupt record at byte {start} "
-                   f"({size - start} bytes; a batch that was never acknowledged)")
+                   f"({size - start} bytes at the end of the newest segment, nothing intact after it: "
+                   "a write that did not complete)")
         log.warning(message)
         self.truncations.append(message)
         with open(path, "r+b") as f:
@@ -190,34 +175,27 @@ class ChangeLog:
             f.flush()
             os.fsync(f.fileno())
 
-    def _drop_compaction_leftovers(self, segments: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+    def _compaction_leftovers(self, segments: list[tuple[int, Path]]) -> tuple[list[Path], list[tuple[int, Path]]]:
+        """(segments a compacted one before them replaced, the others)."""
         kept: list[tuple[int, Path]] = []
+        leftovers: list[Path] = []
         covered = -1
         for first, path in segments:
             if first <= covered:
-                path.unlink()  # replaced by the compacted segment before it
-                self.truncations.append(f"change log: removed {path.name}, left over from an interrupted compaction")
+                leftovers.append(path)
                 continue
             header = self._header(path)
             if header is not None:
                 covered = max(covered, header.extra["last"])
             kept.append((first, path))
-        if len(kept) < len(segments):
-            _fsync_dir(self.dir)
-        return kept
+        return leftovers, kept
 
     @staticmethod
     def _header(path: Path) -> Record | None:
         with open(path, "rb") as f:
-            head = f.read(FRAME.size)
-            if len(head) < FRAME.size:
-                return None
-            length, crc = FRAME.unpack(head)
-            payload = f.read(length)
-        if len(payload) < length or zlib.crc32(payload) != crc:
-            return None
-        record = Record.decode(payload, with_batch=False)
-        return record if record.kind == "compacted" else None
+            head = f.read(64 << 10)  # a header frame is a few dozen bytes
+        record = frame_at(head, 0)
+        return record if record is not None and record.kind == "compacted" else None
 
     # --- appending -----------------------------------------------------------------
     def _open_segment(self, path: Path) -> None:
@@ -226,38 +204,67 @@ class ChangeLog:
         self._size = os.fstat(self._fd).st_size
 
     def _new_segment(self, first: int) -> None:
-        """Sync and close the current segment; start one whose first record is ``first``."""
+        """Sync and close the current segment; continue in a new one whose first record is ``first``.
+
+        A segment that cannot be created refuses the batch and the current one goes on; a failed
+        sync poisons the log."""
+        path = self.dir / _segment_name(first)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            raise _refused(f"creating change log segment {path.name} failed", e) from e
+        try:
+            if self._fd is not None:
+                os.fdatasync(self._fd)
+            _fsync_dir(self.dir)
+        except OSError as e:
+            os.close(fd)
+            self._failed = e
+            raise LogError(f"syncing the change log failed: {e}") from e
         if self._fd is not None:
-            os.fdatasync(self._fd)
             os.close(self._fd)
             self._durable = self._written
-        self._open_segment(self.dir / _segment_name(first))
-        _fsync_dir(self.dir)
+        self._fd, self._segment, self._size = fd, path, os.fstat(fd).st_size
 
     def check(self) -> None:
         if self._failed is not None:
             raise LogError(f"the change log failed ({self._failed}); no change is accepted until the database is reopened")
 
-    def append(self, record: Record) -> None:
-        """Hand one record to the OS (not yet durable: see wait_durable)."""
-        frame = record.encode()
+    def append(self, records: Record | list[Record]) -> None:
+        """Hand records (a unit, in offset order) to the OS, all or none; not yet durable (see wait_durable).
+
+        Raises ``DiskFullError`` when the disk is full, ``LogError`` for other failures; either way
+        no record of the unit is in the log (see the module docstring)."""
+        records = [records] if isinstance(records, Record) else records
+        data = b"".join(record.encode() for record in records)
         self.check()
-        try:
-            if self._fd is None or self._size >= self.segment_bytes:
-                with self._sync_lock, self._append_lock:
-                    self._new_segment(record.offset)
-            with self._append_lock:
+        if self._fd is None or self._size >= self.segment_bytes:
+            with self._sync_lock, self._append_lock:
+                self.check()
+                self._new_segment(records[0].offset)
+        with self._append_lock:
+            self.check()
+            try:
                 if enabled("log.torn_record"):
-                    os.write(self._fd, frame[: len(frame) // 2])
+                    _write_all(self._fd, data[: len(data) // 2])
                     hook("log.torn_record")
-                    os.write(self._fd, frame[len(frame) // 2:])
+                    _write_all(self._fd, data[len(data) // 2:])
                 else:
-                    os.write(self._fd, frame)
-                self._size += len(frame)
-                self._written = record.offset
+                    _write_all(self._fd, data)
+            except OSError as e:
+                self._undo_write(e)
+            self._size += len(data)
+            self._written = records[-1].offset
+
+    def _undo_write(self, error: OSError) -> None:
+        """Cut what a failed write left (under the append lock), then raise its error."""
+        try:
+            os.ftruncate(self._fd, self._size)
         except OSError as e:
             self._failed = e
-            raise LogError(f"writing the change log failed: {e}") from e
+            raise LogError(f"writing the change log failed ({error}) and cutting the partial record failed "
+                           f"({e}); no change is accepted until the database is reopened") from error
+        raise _refused(f"writing the change log failed in segment {self._segment.name}", error) from error
 
     def wait_durable(self, offset: int) -> None:
         """Return once the record at ``offset`` (and all before it) is on disk."""
@@ -287,18 +294,24 @@ class ChangeLog:
         return self._written
 
     def roll(self) -> None:
-        """Start a new segment (at a checkpoint, so covered segments can go)."""
+        """Start a new segment (at a checkpoint, so covered segments can go); on a full disk
+        the current segment goes on."""
         with self._sync_lock, self._append_lock:
             if self._size and self._failed is None:
-                self._new_segment(self._written + 1)
+                try:
+                    self._new_segment(self._written + 1)
+                except DiskFullError as e:
+                    log.warning("change log: no new segment at the checkpoint: %s", e)
 
     def close(self) -> None:
         with self._sync_lock, self._append_lock:
             if self._fd is not None:
-                if self._failed is None:
-                    os.fdatasync(self._fd)
-                os.close(self._fd)
-                self._fd = None
+                try:
+                    if self._failed is None:
+                        os.fdatasync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
 
     # --- retention and compaction ------------------------------------------------------
     def covered(self, upto: int) -> list[tuple[int, Path]]:
@@ -335,7 +348,7 @@ class ChangeLog:
             return 0, 0
         records = []
         for _, path in segments:
-            for _, _, payload in _scan(path.read_bytes()):
+            for _, _, payload in scan(path.read_bytes()):
                 if payload is None:
                     raise LogError(f"change log segment {path.name} is damaged; compaction stopped")
                 record = Record.decode(payload)
@@ -346,13 +359,17 @@ class ChangeLog:
         first, first_path = segments[0]
         header = Record(offset=first, kind="compacted", extra={"last": max(last, upto)})
         tmp = self.dir / (first_path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(header.encode())
-            for record in compacted:
-                f.write(record.encode())
-                hook("compact.write")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header.encode())
+                for record in compacted:
+                    f.write(record.encode())
+                    hook("compact.write")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)  # e.g. the disk is full: the old segments stand
+            raise
         os.replace(tmp, first_path)
         _fsync_dir(self.dir)
         hook("compact.before_unlink")
@@ -364,3 +381,4 @@ class ChangeLog:
     def stats(self) -> dict:
         segments = self.segments()
         return {"segments": len(segments), "bytes": sum(p.stat().st_size for _, p in segments), "syncs": self.syncs}
+

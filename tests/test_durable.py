@@ -256,7 +256,7 @@ def test_status_checkpoint_and_compaction(tmp_path):
 
 
 def _all_records(path: Path) -> list[Record]:
-    from storage.log import _scan
+    from storage.log_format import scan as _scan
 
     out = []
     for _, segment in ChangeLog(path / "log").segments():
