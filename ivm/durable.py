@@ -56,7 +56,7 @@ from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
-from storage.checkpoint import StorageError, unstorable
+from storage.checkpoint import StorageError, failure_text, unstorable
 from storage.hooks import hook
 from storage.log import ChangeLog, Record
 from storage.relation import Relation
@@ -257,7 +257,7 @@ class DurableEngine(Engine):
                     self.checkpointer.checkpoint()
                 except Exception as e:
                     raise StorageError(f"{what} was not run: storing the changes before it failed "
-                                       f"({type(e).__name__}: {e}); nothing changed") from e
+                                       f"({failure_text(e)}); nothing changed") from e
                 before = CatalogState.capture(self)
                 try:
                     if not change():
@@ -277,7 +277,7 @@ class DurableEngine(Engine):
                     before.restore(self)
                     if not isinstance(e, Exception):
                         raise
-                    raise StorageError(f"{what} was undone: storing it failed ({type(e).__name__}: {e}); "
+                    raise StorageError(f"{what} was undone: storing it failed ({failure_text(e)}); "
                                        "the catalog and the stored files are as before the statement") from e
                 return True
 

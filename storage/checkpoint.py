@@ -135,6 +135,12 @@ class StoredVersion:
                              doc.get("appended", 0), doc.get("appends", 0))
 
 
+def failure_text(error: BaseException) -> str:
+    """One line naming an error: deltalake's messages span lines, indented, with ANSI colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("\u21b3", " ")
+    return f"{type(error).__name__}: {' '.join(text.split())}"
+
+
 def storable_type(t: pa.DataType) -> pa.DataType:
     """The type a column is stored as: Delta Lake has no TIME, unsigned integers,
     second-precision or non-"UTC"-named zoned timestamps. Loading casts back."""
