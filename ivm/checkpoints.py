@@ -17,8 +17,27 @@ at every DDL (the catalog is persisted only here, atomically with the offset
 it reflects, so the log holds changes only), on COMPACT and on close.
 
 Views computed on read (no stored output) also get their rows written whole, to
-``relations/<view>``, whenever their state changed: outside engines read
-every view the same way. Recovery never reads those; it rebuilds from state.
+a relation directory of their own (the manifest's ``outputs``), whenever their
+state changed: outside engines read every view the same way. Recovery never
+reads those; it rebuilds from state.
+
+Every stored relation - a table, a hidden twin, a view's state (``v__state``
+and the like), a computed view's rows - lives in ``relations/r<N>``, a
+directory chosen the first time it is stored (``RelationFiles.new_dir``) and
+kept in the manifest beside its name; names never become paths.
+
+A checkpoint that fails before its manifest is renamed changes nothing the
+database relies on: the directories it created are removed, the manifest in
+force and this object's record of it (``stored``, ``outputs``, ``offset``,
+``generation``) stay as they were, and the error is raised. Once the manifest
+is renamed the checkpoint has happened: what follows (dropping directories
+the manifest no longer names, rolling the log) is logged on failure, shown in
+``error``, and never raised - a caller must not undo a stored catalog.
+
+On open, a missing manifest is a fresh database only when ``relations/`` and
+the log are empty (a crash while creating it); the first open writes an empty
+manifest at once, so every later state has one. Anything else without a
+manifest is damage: the open stops naming what is there, and deletes nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +63,8 @@ from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import parse_query
-from storage.checkpoint import RelationFiles, StoredVersion, dir_name, read_manifest, write_manifest
+from storage.checkpoint import MANIFEST, RELATIONS, RelationFiles, StorageError, StoredVersion, read_manifest, \
+    write_manifest
 from storage.hooks import hook
 from storage.relation import Relation
 from storage.store import Snapshot
@@ -113,6 +133,7 @@ class Checkpointer:
         self.stored: dict[str, tuple[Relation, StoredVersion]] = {}
         self.outputs: dict[str, tuple[tuple[Relation, ...], StoredVersion]] = {}
         self.error: str | None = None
+        self._manifest: dict | None = None  # the manifest in force (read on open, or written last)
         self._appended = self._overwritten = 0  # rows written by the checkpoint in progress
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ivm-checkpointer", daemon=True)
@@ -132,18 +153,19 @@ class Checkpointer:
                 continue
             try:
                 self.checkpoint()
-                self.error = None
             except Exception as e:  # retried at the next interval; shown in status
                 self.error = f"{type(e).__name__}: {e}"
                 log.exception("checkpoint failed")
                 self._stop.wait(1.0)
 
     # --- writing ---------------------------------------------------------------------------
-    def checkpoint(self, force: bool = False, consolidate: bool = False) -> bool:
+    def checkpoint(self, force: bool = False, consolidate: bool = False, ddl: bool = False) -> bool:
         """Store the published snapshot; False when nothing changed since the last one.
 
         ``consolidate`` (COMPACT): also rewrite whole every relation stored with appended
-        differences, so each is plain files again."""
+        differences, so each is plain files again. ``ddl``: the checkpoint of a catalog
+        change (its own crash hooks, ``ddl.*``). Raises only when the manifest was not
+        replaced (see the module docstring)."""
         engine = self.engine
         with self.lock:
             with engine.maintainer.fold_lock:
@@ -161,35 +183,56 @@ class Checkpointer:
                             if not v.stored_output and v.name not in failed and v.name not in snapshot]
             start = time.perf_counter()
             self._appended = self._overwritten = 0
-            stored = self._write_relations(snapshot, generation, consolidate)
-            outputs = self._write_outputs(computed, snapshot, generation)
-            write_manifest(self.root, {
-                "offset": snapshot.offset, "generation": generation, "checkpoint": self.count + 1,
-                "counters": dict(snapshot.counters),
-                "written_at": time.time(), "catalog": catalog, "failed": failed, "sources": sources,
-                "relations": {name: s.to_json() for name, (_, s) in stored.items()},
-                "outputs": {name: s.to_json() for name, (_, s) in outputs.items()},
-            })
+            created: list[str] = []  # directories this checkpoint made: no manifest names them yet
+            try:
+                stored = self._write_relations(snapshot, generation, consolidate, created, ddl)
+                outputs = self._write_outputs(computed, snapshot, generation, created)
+                doc = self._document(snapshot, generation, self.count + 1, catalog, failed, sources, stored, outputs)
+                write_manifest(self.root, doc, ("ddl.before_manifest",) if ddl else ())
+            except BaseException:
+                self.files.remove_new(created, self._manifest)
+                raise
             hook("checkpoint.after_manifest")
+            if ddl:
+                hook("ddl.after_manifest")
+            self._manifest = doc
             self.stored, self.outputs = stored, outputs
             self.offset, self.generation = snapshot.offset, generation
             self.count += 1
             self.last_duration = time.perf_counter() - start
             self.durations.append(self.last_duration)
             self.written.append((self._appended, self._overwritten))
-            engine.after_checkpoint(snapshot.offset)
-            self.files.remove_others({s.dir for _, s in stored.values()} | {s.dir for _, s in outputs.values()})
+            self.error = None
+            try:
+                engine.after_checkpoint(snapshot.offset)
+                self.files.remove_others(doc)
+            except Exception as e:  # the checkpoint stands; the next one tries again
+                self.error = f"after checkpoint {self.count}: {type(e).__name__}: {e}"
+                log.exception("cleaning up after checkpoint %d failed", self.count)
             return True
 
-    def _write_relations(self, snapshot: Snapshot, generation: str,
-                         consolidate: bool = False) -> dict[str, tuple[Relation, StoredVersion]]:
+    @staticmethod
+    def _document(snapshot: Snapshot, generation: str, count: int, catalog: dict, failed: dict, sources: dict,
+                  stored: dict, outputs: dict) -> dict:
+        return {
+            "offset": snapshot.offset, "generation": generation, "checkpoint": count,
+            "counters": dict(snapshot.counters),
+            "written_at": time.time(), "catalog": catalog, "failed": failed, "sources": sources,
+            "relations": {name: s.to_json() for name, (_, s) in stored.items()},
+            "outputs": {name: s.to_json() for name, (_, s) in outputs.items()},
+        }
+
+    def _write_relations(self, snapshot: Snapshot, generation: str, consolidate: bool, created: list[str],
+                         ddl: bool) -> dict[str, tuple[Relation, StoredVersion]]:
         stored = {}
         for name, relation in snapshot.relations.items():
             previous = self.stored.get(name)
             if previous is not None and previous[0] is relation and not (consolidate and previous[1].appends):
                 stored[name] = previous
                 continue
-            version = self.files.write_relation(name, relation, previous, snapshot.offset, generation, consolidate)
+            directory = previous[1].dir if previous is not None else self._new_dir(created)
+            version = self.files.write_relation(directory, relation, previous, snapshot.offset, generation,
+                                                consolidate)
             stored[name] = (relation, version)
             if previous is None or version != previous[1]:
                 if version.appends:
@@ -197,9 +240,11 @@ class Checkpointer:
                 else:
                     self._overwritten += version.rows
             hook("checkpoint.between_relations")
+            if ddl:
+                hook("ddl.between_relations")
         return stored
 
-    def _write_outputs(self, views: list[ViewDef], snapshot: Snapshot, generation: str) -> dict:
+    def _write_outputs(self, views: list[ViewDef], snapshot: Snapshot, generation: str, created: list[str]) -> dict:
         outputs = {}
         for view in views:
             state = tuple(snapshot[s.name] for s in view.states)
@@ -211,14 +256,20 @@ class Checkpointer:
                                             exp.Table(this=exp.to_identifier(view.name)), snapshot, internal=True)
             rows = rows.replace_schema_metadata(None)
             rows = rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int64()))
-            outputs[view.name] = (state, self.files.write(view.name, rows, snapshot.offset, generation))
+            directory = previous[1].dir if previous is not None else self._new_dir(created)
+            outputs[view.name] = (state, self.files.write(directory, rows, snapshot.offset, generation))
         return outputs
+
+    def _new_dir(self, created: list[str]) -> str:
+        created.append(self.files.new_dir())
+        return created[-1]
 
     # --- reading (on open) ---------------------------------------------------------------
     def restore(self) -> int:
         """Load the manifest's catalog and relations into the engine; return its offset."""
         doc = read_manifest(self.root)
         if doc is None:
+            self._start_fresh()
             return 0
         engine = self.engine
         relations: dict[str, Relation] = {}
@@ -244,6 +295,7 @@ class Checkpointer:
         engine.store.publish(snapshot)
         self.stored = {name: (relations[name], stored_docs[name]) for name in relations}
         self.offset, self.generation, self.count = doc["offset"], doc["generation"], doc["checkpoint"]
+        self._manifest = doc
         engine.generation = doc["generation"]
         self.outputs = {
             name: (tuple(relations[s.name] for s in engine.catalog.views[name].states), StoredVersion.from_json(s))
@@ -254,8 +306,28 @@ class Checkpointer:
     def _load(self, empty: Relation, stored: dict[str, StoredVersion]) -> Relation:
         if empty.name not in stored:
             raise InternalError(f"the checkpoint manifest has no stored relation {empty.name}")
-        table = self.files.load(stored[empty.name], empty.schema)
+        path = self.files.path(stored[empty.name].dir)
+        if not (path / "_delta_log").is_dir():
+            raise StorageError(f"relation {empty.name} is stored in {path} (the checkpoint manifest says so), "
+                               "which is missing or holds no Delta table: the database does not open")
+        table = self.files.load(stored[empty.name], empty.schema, empty.name)
         return empty.replace_all(table, self.engine.small.coder)
+
+    def _start_fresh(self) -> None:
+        """No manifest: a new database (write its first, empty manifest now), or a damaged one."""
+        found = [f"{RELATIONS}/{name}" for name in self.files.names()]
+        found += [f"log/{path.name}" for _, path in self.engine.log.segments() if path.stat().st_size]
+        if found:
+            shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+            raise StorageError(
+                f"{self.root / MANIFEST} is missing, but the directory holds stored data ({shown}): "
+                "the manifest that says which of it is the database is gone, so the database does not open "
+                "and nothing was changed (restore checkpoint.json from a backup)")
+        doc = self._document(self.engine.store.snapshot, self.engine.generation, 0,
+                             describe_catalog(self.engine.catalog), {}, {}, {}, {})
+        write_manifest(self.root, doc)
+        self._manifest = doc
+        self.generation = self.engine.generation
 
     def stored_bytes(self, name: str) -> int | None:
         found = self.stored.get(name) or self.outputs.get(name)
@@ -278,4 +350,4 @@ class Checkpointer:
         return count
 
 
-__all__ = ["Checkpointer", "describe_catalog", "dir_name"]
+__all__ = ["Checkpointer", "describe_catalog"]

@@ -2,8 +2,11 @@
 
     DIR/LOCK              one process at a time (flock)
     DIR/log/*.log         the change log (storage/log.py)
-    DIR/relations/<name>/ one Delta table per stored relation (storage/checkpoint.py)
-    DIR/checkpoint.json   the manifest of the last checkpoint (ivm/checkpoints.py)
+    DIR/relations/r<N>/   one Delta table per stored relation, named by an id
+                          (storage/checkpoint.py); the manifest maps names to ids
+    DIR/checkpoint.json   the manifest of the last checkpoint (ivm/checkpoints.py);
+                          written empty when the database is created, so a
+                          directory with data but no manifest is refused as damaged
 
 Ingest (under the write lock): normalize the batch, convert it to a Z-set
 delta against the table including every earlier accepted batch (so
@@ -17,9 +20,12 @@ guards the tables' heads). The maintainer (ivm/maintainer.py) folds queued delta
 views in micro-batches; reads wait for it to reach every acknowledged
 offset; checkpoints store published snapshots.
 
-DDL drains the maintainer, changes the catalog and writes a checkpoint
-before it returns, so the log only ever holds change batches against the
-catalog of the last checkpoint.
+DDL drains the maintainer, stores what it folded, changes the catalog and
+writes a checkpoint before it returns, so the log only ever holds change
+batches against the catalog of the last checkpoint. A DDL is all or nothing:
+when its checkpoint fails (disk full, a Delta error) the catalog, the
+relations in memory and the files go back to what they were, and it raises
+``StorageError``; the database goes on and reopens as before the statement.
 
 Recovery on open: load the manifest's catalog and relations (Delta time
 travel to the versions it names), replay the log records above its offset
@@ -43,13 +49,15 @@ import pyarrow as pa
 
 from ivm.changes import OP, SEQ, q
 from ivm.checkpoints import Checkpointer
+from ivm.ddl_undo import CatalogState
 from ivm.engine import Engine, Settings, Worker, spill_of
 from ivm.ingest_group import Pending, Ticket, convert_unit, undo
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
-from storage.checkpoint import unstorable
+from storage.checkpoint import StorageError, failure_text, unstorable
+from storage.hooks import hook
 from storage.log import ChangeLog, Record
 from storage.relation import Relation
 
@@ -254,29 +262,58 @@ class DurableEngine(Engine):
         self.maintainer.wait_published(min(self.log.durable, self.offset))
 
     # --- DDL -----------------------------------------------------------------------------
-    def _ddl(self, change: Callable[[], bool]) -> bool:
-        """Run a catalog change with every accepted batch folded, then checkpoint it."""
+    def _ddl(self, what: str, change: Callable[[], bool]) -> bool:
+        """Run a catalog change (``what``: the statement, for errors) with every accepted batch
+        folded and stored, then checkpoint it; all or nothing.
+
+        The changes before it are checkpointed first, so the DDL's own checkpoint writes only
+        what the statement made. If that checkpoint fails before its manifest is renamed, or
+        the change itself raises, the engine goes back to the state before the statement
+        (ivm/ddl_undo.py) and the files to what the manifest in force names."""
         with self.write_lock:
             self.log.check()
             self.log.wait_durable(self.offset)
             self.maintainer.wait_published(self.offset)
             with self.checkpointer.lock, self.maintainer.fold_lock:
-                done = change()
-                if done:
+                try:
+                    self.checkpointer.checkpoint()
+                except Exception as e:
+                    raise StorageError(f"{what} was not run: storing the changes before it failed "
+                                       f"({failure_text(e)}); nothing changed") from e
+                before = CatalogState.capture(self)
+                try:
+                    if not change():
+                        return False
                     self.heads.clear()
                     self.failed = {n: e for n, e in self.failed.items() if self.catalog.exists(n)}
                     self.generation = uuid.uuid4().hex
-                    self.checkpointer.checkpoint(force=True)
-                return done
+                    hook("ddl.before_checkpoint")
+                except BaseException:
+                    before.restore(self)
+                    raise
+                try:
+                    self.checkpointer.checkpoint(force=True, ddl=True)
+                except BaseException as e:
+                    if self.checkpointer.generation == self.generation:
+                        raise  # the manifest holds the change: it happened (checkpoint raises before that)
+                    before.restore(self)
+                    if not isinstance(e, Exception):
+                        raise
+                    raise StorageError(f"{what} was undone: storing it failed ({failure_text(e)}); "
+                                       "the catalog and the stored files are as before the statement") from e
+                return True
 
     def create_table(self, stmt: CreateTable, columns=None) -> bool:
-        return self._ddl(lambda: self._storable(Engine.create_table(self, stmt, columns), stmt.name, "table"))
+        return self._ddl(f"CREATE TABLE {stmt.name}",
+                         lambda: self._storable(Engine.create_table(self, stmt, columns), stmt.name, "table"))
 
     def create_view(self, stmt: CreateView) -> bool:
-        return self._ddl(lambda: self._storable(Engine.create_view(self, stmt), stmt.name, "view"))
+        return self._ddl(f"CREATE MATERIALIZED VIEW {stmt.name}",
+                         lambda: self._storable(Engine.create_view(self, stmt), stmt.name, "view"))
 
     def _storable(self, created: bool, name: str, kind: str) -> bool:
-        """Undo a CREATE whose relations durable storage cannot hold, with a clear error."""
+        """Refuse a CREATE whose relations durable storage cannot hold, with a clear error
+        (``_ddl`` undoes it)."""
         if not created:
             return False
         view = self.catalog.views.get(name)
@@ -286,17 +323,18 @@ class DurableEngine(Engine):
         for schema in schemas:
             problem = unstorable(schema)
             if problem is not None:
-                Engine.drop(self, Drop(kind=kind, name=name))
                 what = "table" if kind == "table" else "materialized view"
                 raise UnsupportedError(f"{what} {name} cannot be stored durably: {problem} "
                                        "(cast it to a storable type, e.g. VARCHAR)")
         return True
 
     def drop(self, stmt: Drop) -> bool:
-        return self._ddl(lambda: Engine.drop(self, stmt))
+        what = "DROP TABLE" if stmt.kind == "table" else "DROP MATERIALIZED VIEW"
+        return self._ddl(f"{what} {stmt.name}", lambda: Engine.drop(self, stmt))
 
     def alter_view(self, stmt: AlterView) -> bool:
-        return self._ddl(lambda: Engine.alter_view(self, stmt))  # the setting is in the checkpoint
+        # the setting is in the checkpoint
+        return self._ddl(f"ALTER MATERIALIZED VIEW {stmt.name}", lambda: Engine.alter_view(self, stmt))
 
     # --- checkpoints and maintenance ---------------------------------------------------------
     def checkpoint_due(self) -> bool:

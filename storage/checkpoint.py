@@ -1,8 +1,15 @@
 """Stored relations (Delta Lake tables) and the checkpoint manifest.
 
-Every stored relation is one Delta table under ``DIR/relations/<name>/``
+Every stored relation is one Delta table under ``DIR/relations/<dir>/``
 (``deltalake``): Parquet files plus a ``_delta_log`` of atomic commits. A
 relation's rows carry the Z-set weight in the int64 column ``__weight``.
+``<dir>`` is an id, ``r<N>`` (``RelationFiles.new_dir``), never the SQL
+name: any name a user may give (spaces, quotes, ``/``, non-ASCII, longer
+than a file name may be) maps to a name every file system accepts. The
+manifest maps each relation's name to its directory (``StoredVersion.dir``);
+a relation keeps its directory until it is dropped, and a relation created
+again gets a new one. Manifests written before ids hold the SQL name itself
+as ``dir``; they load as they are.
 Each commit carries, in its commit metadata, the change-log offset it
 reflects (``ivm.offset``), the catalog generation (``ivm.generation``), the
 rows and commits appended since the last overwrite (``ivm.appended``,
@@ -36,20 +43,32 @@ crash between the two leaves the old manifest, which names older versions
 (Delta time travel keeps them). A relation commit left behind by such a
 crash is reused when the same state (same offset, same catalog generation)
 is checkpointed again, so replaying that commit is a no-op; any other
-state is written whole over it.
+state is written whole over it. A checkpoint that fails before its rename
+removes the directories it created (no manifest names them) and raises;
+once renamed, the manifest is the database, so nothing after it undoes it.
+
+Only a manifest decides what may be deleted: after one is written,
+``remove_others`` deletes the directories under ``relations/`` that it does
+not name (relations dropped, leftovers of crashed or failed checkpoints).
+A data directory without a manifest is fresh only when ``relations/`` and
+the change log hold nothing (the database writes its first, empty manifest
+when it is created); otherwise opening it fails (``StorageError``), as it
+does for a manifest that is not valid JSON of this format, and nothing is
+deleted.
 
 deltalake writes without syncing; the files of each commit are synced here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 from dataclasses import dataclass
+import re
 from pathlib import Path
-from urllib.parse import quote, unquote
 
 import duckdb
 import pyarrow as pa
@@ -59,7 +78,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 
 from delta_operators.zset import WEIGHT
-from sql_frontend.errors import InternalError
+from sql_frontend.errors import InternalError, IvmError
 from storage.hooks import hook
 from storage.relation import Difference, Relation, difference
 
@@ -69,6 +88,14 @@ MANIFEST = "checkpoint.json"
 RELATIONS = "relations"
 APP_ID = "ivm"
 FORMAT = 1
+# Directory names this module gives relations (``new_dir``): r1, r2, ...
+DIR_ID = re.compile(r"r([0-9]+)")
+
+
+class StorageError(IvmError):
+    """The stored relations or the manifest cannot be written or read (disk full, damage).
+
+    Not a RuntimeError: the server reports it as UNAVAILABLE, not as a bug in ivm."""
 
 # When a checkpoint appends a relation's difference instead of rewriting it whole
 # (RelationFiles.write_relation). Module constants, so tests (tests/crash) can lower them.
@@ -108,6 +135,12 @@ class StoredVersion:
                              doc.get("appended", 0), doc.get("appends", 0))
 
 
+def failure_text(error: BaseException) -> str:
+    """One line naming an error: deltalake's messages span lines, indented, with ANSI colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("\u21b3", " ")
+    return f"{type(error).__name__}: {' '.join(text.split())}"
+
+
 def storable_type(t: pa.DataType) -> pa.DataType:
     """The type a column is stored as: Delta Lake has no TIME, unsigned integers,
     second-precision or non-"UTC"-named zoned timestamps. Loading casts back."""
@@ -143,38 +176,44 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def dir_name(relation: str) -> str:
-    return quote(relation, safe="")
-
-
-def relation_name(directory: str) -> str:
-    return unquote(directory)
-
-
 class RelationFiles:
-    """The Delta tables under ``DIR/relations``."""
+    """The Delta tables under ``DIR/relations``, one directory each, named by ``new_dir``."""
 
     def __init__(self, root: Path):
         self.root = Path(root) / RELATIONS
         self.root.mkdir(parents=True, exist_ok=True)
+        self._last_id = max((int(m.group(1)) for m in map(DIR_ID.fullmatch, self.names()) if m), default=0)
 
     def path(self, directory: str) -> Path:
         return self.root / directory
 
-    def write(self, name: str, table: pa.Table, offset: int, generation: str) -> StoredVersion:
-        """Commit ``table`` as the new contents of relation ``name``, stamped with ``offset``."""
-        path = self.path(dir_name(name))
+    def names(self) -> list[str]:
+        """What ``relations/`` holds (directories and anything else), sorted."""
+        return sorted(p.name for p in self.root.iterdir())
+
+    def new_dir(self) -> str:
+        """A directory name for a relation stored for the first time: ``r<N>``, N above every
+        id on disk since this process started, so a leftover of a crash is never reused."""
+        while True:
+            self._last_id += 1
+            name = f"r{self._last_id}"
+            if not self.path(name).exists():
+                return name
+
+    def write(self, directory: str, table: pa.Table, offset: int, generation: str) -> StoredVersion:
+        """Commit ``table`` as the new contents of the relation in ``directory``, stamped with ``offset``."""
+        path = self.path(directory)
         latest = self._latest(path)
         reused = self._reusable(path, latest, offset, generation, table.num_rows)
         return reused or self._overwrite(path, table, offset, generation)
 
-    def write_relation(self, name: str, relation: Relation, previous: tuple[Relation, StoredVersion] | None,
+    def write_relation(self, directory: str, relation: Relation, previous: tuple[Relation, StoredVersion] | None,
                        offset: int, generation: str, consolidate: bool = False) -> StoredVersion:
-        """Commit a version of ``relation`` stamped with ``offset``: its difference from
-        ``previous`` (the version stored last by this process) appended when that is safe
-        and small enough (``_appendable``), else the whole relation. ``consolidate``: always
-        the whole relation, as plain files (COMPACT)."""
-        path = self.path(dir_name(name))
+        """Commit a version of ``relation`` (in ``directory``) stamped with ``offset``: its
+        difference from ``previous`` (the version stored last by this process) appended when
+        that is safe and small enough (``_appendable``), else the whole relation.
+        ``consolidate``: always the whole relation, as plain files (COMPACT)."""
+        path = self.path(directory)
         latest = self._latest(path)
         if not consolidate:
             reused = self._reusable(path, latest, offset, generation, relation.num_rows)
@@ -188,7 +227,7 @@ class RelationFiles:
                     return self._append(path, diff, previous[1], relation.num_rows, offset, generation)
                 except Exception:  # deltalake raises its own types (a schema the table refuses, ...)
                     # An overwrite is right whatever the append left (a commit or none): it replaces all.
-                    log.warning("appending to %s failed; writing it whole", name, exc_info=True)
+                    log.warning("appending to %s failed; writing it whole", relation.name, exc_info=True)
         return self._overwrite(path, relation.table(), offset, generation)
 
     @staticmethod
@@ -273,14 +312,15 @@ class RelationFiles:
         dt = DeltaTable(str(self.path(stored.dir)), version=stored.version)
         return [uri.removeprefix("file://") for uri in dt.file_uris()]
 
-    def load(self, stored: StoredVersion, schema: pa.Schema) -> pa.Table:
-        """The rows of one version: its files summed per distinct row when differences were appended."""
+    def load(self, stored: StoredVersion, schema: pa.Schema, name: str = "") -> pa.Table:
+        """The rows of one version of relation ``name``: its files summed per distinct row when
+        differences were appended."""
         files = self.files(stored)
         if not files:
             return schema.empty_table()
         table = ds.dataset(files, format="parquet").to_table()
         if stored.appends:
-            table = consolidate(table, stored.dir)
+            table = consolidate(table, name or stored.dir)
         return table.select(schema.names).cast(schema)
 
     def compact(self, stored: StoredVersion) -> None:
@@ -290,11 +330,23 @@ class RelationFiles:
             dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
             dt.cleanup_metadata()
 
-    def remove_others(self, keep: set[str]) -> None:
-        """Delete the Delta tables of relations no longer in the manifest (dropped)."""
-        for path in self.root.iterdir():
-            if path.name not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+    def remove_others(self, manifest: dict) -> list[str]:
+        """Delete the directories ``manifest`` (the one just written) does not name: relations
+        dropped, leftovers of crashed or failed checkpoints. Only directories go (a file here is
+        not ours); return their names."""
+        keep = manifest_dirs(manifest)
+        gone = [p for p in self.root.iterdir() if p.name not in keep and p.is_dir() and not p.is_symlink()]
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
+        return [p.name for p in gone]
+
+    def remove_new(self, directories: list[str], manifest: dict | None) -> None:
+        """Delete directories a failed checkpoint created, unless ``manifest`` (the one in
+        force) names them: no manifest refers to them, so they are the failed attempt's only trace."""
+        keep = manifest_dirs(manifest) if manifest is not None else set()
+        for name in directories:
+            if name not in keep:
+                shutil.rmtree(self.path(name), ignore_errors=True)
 
 
 def consolidate(table: pa.Table, where: str = "") -> pa.Table:
@@ -311,29 +363,85 @@ def consolidate(table: pa.Table, where: str = "") -> pa.Table:
     weights = summed.column(WEIGHT)
     if summed.num_rows and pc.min(weights).as_py() < 0:
         count = pc.sum(pc.less(weights, 0)).as_py()
-        raise InternalError(f"stored relation {relation_name(where) or '?'} is corrupt: {count} row(s) "
+        raise InternalError(f"stored relation {where or '?'} is corrupt: {count} row(s) "
                             f"removed more often than stored (negative summed __weight)")
     return summed.filter(pc.greater(weights, 0))
 
 
-def read_manifest(root: Path) -> dict | None:
-    path = Path(root) / MANIFEST
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
+def manifest_dirs(manifest: dict) -> set[str]:
+    """The directories under ``relations/`` a manifest names."""
+    return {entry["dir"] for part in ("relations", "outputs") for entry in manifest[part].values()}
+
+
+# What a manifest must hold (and the JSON type of each), checked before anything relies on it.
+_REQUIRED = {"offset": int, "generation": str, "checkpoint": int, "catalog": dict, "failed": dict,
+             "sources": dict, "relations": dict, "outputs": dict}
+
+
+def _manifest_problem(doc) -> str | None:
+    if not isinstance(doc, dict):
+        return f"it holds a JSON {type(doc).__name__}, not an object"
     if doc.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {doc.get('format')}")
+        return f"unknown checkpoint format {doc.get('format')!r} (this version reads {FORMAT})"
+    for key, kind in _REQUIRED.items():
+        if not isinstance(doc.get(key), kind):
+            return f"its {key!r} is missing or not a JSON {kind.__name__}"
+    if not all(isinstance(doc["catalog"].get(k), list) for k in ("tables", "views")):
+        return "its catalog has no list of tables and views"
+    for part in ("relations", "outputs"):
+        for name, entry in doc[part].items():
+            if not isinstance(entry, dict) or not all(isinstance(entry.get(k), int) for k in ("version", "bytes", "rows")):
+                return f"{part} entry {name!r} is not a stored version"
+            directory = entry.get("dir")
+            if not isinstance(directory, str) or directory in ("", ".", "..") or "/" in directory or "\\" in directory:
+                return f"{part} entry {name!r} names no directory under {RELATIONS}/ ({directory!r})"
+    return None
+
+
+def read_manifest(root: Path) -> dict | None:
+    """The manifest, or None when there is none; ``StorageError`` naming the file when it is
+    damaged (not JSON, another format, a field missing): opening must stop, not guess."""
+    path = Path(root) / MANIFEST
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageError(f"cannot read the checkpoint manifest {path}: {e.strerror or e}") from e
+    try:
+        doc = json.loads(text)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise StorageError(f"the checkpoint manifest {path} is damaged: not valid JSON ({e}); "
+                           "the database does not open and nothing was changed") from None
+    problem = _manifest_problem(doc)
+    if problem is not None:
+        raise StorageError(f"the checkpoint manifest {path} is damaged: {problem}; "
+                           "the database does not open and nothing was changed")
     return doc
 
 
-def write_manifest(root: Path, doc: dict) -> None:
-    """Replace the manifest atomically: temp file, sync, rename, sync the directory."""
+def write_manifest(root: Path, doc: dict, moments: tuple[str, ...] = ()) -> None:
+    """Replace the manifest atomically: temp file, sync, rename, sync the directory.
+
+    Raises only before the rename (the old manifest stands). After it the new one is in
+    force, so a failed sync of the directory is logged, not raised: the caller must not
+    undo what the file system already shows. ``moments``: more crash hooks before the rename
+    (a DDL's checkpoint names its own)."""
     root = Path(root)
     tmp = root / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"format": FORMAT, **doc}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    hook("checkpoint.before_manifest")
-    os.replace(tmp, root / MANIFEST)
-    _fsync(root)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"format": FORMAT, **doc}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        for moment in ("checkpoint.before_manifest", *moments):
+            hook(moment)
+        os.replace(tmp, root / MANIFEST)
+    except BaseException:
+        with contextlib.suppress(OSError):  # half written or never renamed: the old manifest stands
+            tmp.unlink()
+        raise
+    try:
+        _fsync(root)
+    except OSError:
+        log.exception("syncing %s after renaming the manifest failed", root)

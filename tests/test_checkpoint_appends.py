@@ -265,6 +265,11 @@ def manifest(path: Path) -> dict:
     return json.loads((path / "checkpoint.json").read_text())
 
 
+def delta_of(path: Path, name: str) -> DeltaTable:
+    """The Delta table the manifest stores relation ``name`` in."""
+    return DeltaTable(str(path / "relations" / manifest(path)["relations"][name]["dir"]))
+
+
 def rows_of(db, name: str) -> list[str]:
     return sorted(map(str, db.sql(f"SELECT * FROM {name}").to_pylist()))
 
@@ -290,7 +295,7 @@ def test_database_appends_reopens_and_compacts_back_to_plain_files(tmp_path, app
     for name in ("t", "bag", "big"):
         assert second[name]["appends"] == 1 and second[name]["version"] == first[name]["version"] + 1, name
         assert second[name]["appended"] > 0
-    weights = DeltaTable(str(tmp_path / "relations" / "t")).to_pyarrow_table().column(WEIGHT).to_pylist()
+    weights = delta_of(tmp_path, "t").to_pyarrow_table().column(WEIGHT).to_pylist()
     assert weights.count(-1) == 30 and weights.count(1) == 200 + 21
     want = {name: rows_of(db, name) for name in ("t", "bag", "big")}
     db.close()
@@ -305,7 +310,7 @@ def test_database_appends_reopens_and_compacts_back_to_plain_files(tmp_path, app
     assert result["relations_vacuumed"] >= 3
     after = manifest(tmp_path)["relations"]
     assert all(entry["appends"] == 0 and entry["appended"] == 0 for entry in after.values())
-    plain = DeltaTable(str(tmp_path / "relations" / "t"))
+    plain = delta_of(tmp_path, "t")
     assert len(plain.file_uris()) == 1
     assert min(plain.to_pyarrow_table().column(WEIGHT).to_pylist()) > 0
     assert {name: rows_of(db, name) for name in want} == want
@@ -323,7 +328,7 @@ def test_default_threshold_overwrites_small_relations(tmp_path):
     db.execute("DELETE FROM t WHERE id = 1")
     db.checkpoint()
     assert manifest(tmp_path)["relations"]["t"]["appends"] == 0
-    assert DeltaTable(str(tmp_path / "relations" / "t")).to_pyarrow_table().num_rows == 99
+    assert delta_of(tmp_path, "t").to_pyarrow_table().num_rows == 99
     db.close()
 
 

@@ -10,7 +10,11 @@ lands inside that window), then open the database here and verify:
 * every acknowledged (source, seq) is remembered with its offset: sending it
   again returns that offset and applies nothing (exactly once);
 * every table equals the model of the applied batches (nothing half-applied,
-  nothing lost, nothing twice), and every view equals DuckDB recomputing it.
+  nothing lost, nothing twice), and every view equals DuckDB recomputing it;
+* with DDL in the workload (``Kill.ddl_every``): the catalog's DDL objects are
+  those after the last completed DDL step or after the one in flight, never
+  anything else (no half-created or half-dropped object), the odd table holds
+  its one batch exactly once or not at all, and its views equal recomputing them.
 
 Checkpoints append differences to relations of any size here (the writer and
 the reopen lower ``APPEND_MIN_ROWS`` to 0), so kills land around appended
@@ -37,7 +41,8 @@ import ivm
 from storage import checkpoint as checkpoint_module
 from storage.checkpoint import read_manifest
 from tests.crash.writer import APPEND_SETTINGS
-from tests.crash.workload import SOURCE, TABLES, SideFiles, model_of, views
+from tests.crash.workload import (DDL_OBJECTS, MAIN_VIEW, MAIN_VIEW_SQL, ODD_ROWS, ODD_TABLE, ODD_VIEW, SOURCE,
+                                  TABLES, SideFiles, ddl_state, model_of, qi, views)
 from tests.oracle.compare import multiset_diff
 from tests.oracle.fixtures import oracle_schema
 from tests.oracle.model import ops_to_arrow
@@ -53,6 +58,7 @@ class Kill:
     delay: float = 0.5
     sleep: float = 1.0  # how long the hook stalls the writer
     compact_every: int = 0
+    ddl_every: int = 0  # the writer runs a DDL step after every N batches (workload.DDL_STEPS)
 
 
 def _marks_after_ready(side: SideFiles) -> list[str]:
@@ -82,6 +88,8 @@ def run_writer_and_kill(db_dir: Path, side_dir: Path, seed: int, kill: Kill) -> 
     args = [sys.executable, "-m", "tests.crash.writer", str(db_dir), str(side_dir), str(seed)]
     if kill.compact_every:
         args += ["--compact-every", str(kill.compact_every), "--retain"]
+    if kill.ddl_every:
+        args += ["--ddl-every", str(kill.ddl_every)]
     errors = side_dir / "writer.err"
     with open(errors, "w") as err:
         proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
@@ -135,7 +143,8 @@ def verify(db_dir: Path, side_dir: Path) -> dict:
             intent = by_seq[seq]
             batch = ops_to_arrow(model.specs[intent["table"]], intent["ops"])
             assert db.apply_changes(intent["table"], batch, source=SOURCE, seq=seq) == acks[seq]
-        _compare(db, model)
+        ddl = _check_ddl(db, side)
+        _compare(db, model, ddl)
         return status
     finally:
         try:
@@ -160,7 +169,25 @@ def _append_commits(db_dir: Path) -> int:
     return count
 
 
-def _compare(db: ivm.Database, model) -> None:
+def _check_ddl(db: ivm.Database, side: SideFiles) -> frozenset[str]:
+    """The DDL objects present: the state before or after the DDL step in flight, whole."""
+    intended, done = side.read_ddl()
+    assert intended in (done, done + 1), (intended, done)
+    present = frozenset(o.name for o in db.objects() if o.name in DDL_OBJECTS)
+    held = []
+    if ODD_TABLE in present:
+        held = sorted(zip(*db.sql(f"SELECT id, v FROM {qi(ODD_TABLE)}").to_pydict().values()))
+        assert held in ([], sorted(zip(*ODD_ROWS.values()))), f"the odd table's batch applied partly or twice: {held}"
+    candidates = {ddl_state(done), ddl_state(intended)}
+    assert (present, bool(held)) in candidates, f"DDL objects {present} (batch held: {bool(held)}) are neither " \
+                                                f"of {candidates} (steps done {done}, intended {intended})"
+    if ODD_VIEW in present:
+        want = db.sql(f"SELECT COUNT(*) AS n, SUM(id) AS s FROM {qi(ODD_TABLE)}").to_pylist()
+        assert db.sql(f"SELECT * FROM {qi(ODD_VIEW)}").to_pylist() == want
+    return present
+
+
+def _compare(db: ivm.Database, model, ddl: frozenset[str] = frozenset()) -> None:
     ref = duckdb.connect()
     for statement in oracle_schema():
         ref.execute(statement)
@@ -177,6 +204,12 @@ def _compare(db: ivm.Database, model) -> None:
         diff = multiset_diff(db.sql(f"SELECT * FROM {view.name}"), ref.sql(f"SELECT * FROM {view.name}").to_arrow_table())
         if diff:
             problems.append(f"view {view.name}: {diff}")
+    if MAIN_VIEW in ddl:
+        ref.execute(f"CREATE VIEW {qi(MAIN_VIEW)} AS {MAIN_VIEW_SQL}")
+        diff = multiset_diff(db.sql(f"SELECT * FROM {qi(MAIN_VIEW)}"),
+                             ref.sql(f"SELECT * FROM {qi(MAIN_VIEW)}").to_arrow_table())
+        if diff:
+            problems.append(f"view {MAIN_VIEW}: {diff}")
     ref.close()
     assert not problems, "\n".join(problems)
 

@@ -1,12 +1,14 @@
 """The crash harness's writer: ingests random batches until it is killed.
 
-    python -m tests.crash.writer DB_DIR SIDE_DIR SEED [--compact-every N] [--retain]
+    python -m tests.crash.writer DB_DIR SIDE_DIR SEED [--compact-every N] [--retain] [--ddl-every N]
 
 On start it opens the database (recovery), creates the schema and views if
 they are missing, re-sends its last intended batch (same source and seq: the
 database applies it only if it never did), then loops: generate a valid
 batch against the model of every intent so far, record the intent, send it,
-record the acknowledged offset. Crash points are widened by storage.hooks
+record the acknowledged offset; with ``--ddl-every N``, after every N
+batches run the next DDL step (tests/crash/workload.py: DDL_STEPS), having
+first run again the step a kill interrupted. Crash points are widened by storage.hooks
 (IVM_CRASH_HOOKS), set by the test.
 """
 
@@ -18,7 +20,7 @@ import sys
 
 import ivm
 from storage import checkpoint as checkpoint_module
-from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of
+from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of, run_ddl_step
 from tests.oracle.model import generate_batch, ops_to_arrow
 
 OPTIONS = dict(checkpoint_rows=400, checkpoint_seconds=0.3, segment_bytes=64 << 10)
@@ -34,6 +36,7 @@ def main() -> int:
     parser.add_argument("seed", type=int)
     parser.add_argument("--compact-every", type=int, default=0)
     parser.add_argument("--retain", action="store_true", help="keep checkpointed log segments (for COMPACT)")
+    parser.add_argument("--ddl-every", type=int, default=0, help="run a DDL step after every N batches")
     args = parser.parse_args()
     side = SideFiles(args.side)
     side.repair()
@@ -50,6 +53,10 @@ def main() -> int:
         offset = db.apply_changes(last["table"], ops_to_arrow(model.specs[last["table"]], last["ops"]),
                                   source=SOURCE, seq=last["seq"])
         side.ack(last["seq"], offset)
+    step, done = side.read_ddl()
+    if step > done:  # the DDL step a kill interrupted: each is idempotent
+        run_ddl_step(db, step - 1)
+        side.ddl_event("done", step - 1)
     side.mark("ready")
     rng = random.Random(args.seed)
     seq = intents[-1]["seq"] + 1 if intents else 0
@@ -61,6 +68,11 @@ def main() -> int:
         side.ack(seq, offset)
         model.apply(table, ops)
         seq += 1
+        if args.ddl_every and seq % args.ddl_every == 0:
+            side.ddl_event("intend", step)
+            run_ddl_step(db, step)
+            side.ddl_event("done", step)
+            step += 1
         if args.compact_every and seq % args.compact_every == 0:
             side.mark("compact")
             db.compact()

@@ -1,0 +1,89 @@
+"""Undo a catalog change whose storage failed: the engine as it was before the statement.
+
+A durable DDL changes the catalog in memory, then checkpoints (ivm/durable.py).
+When that checkpoint fails before its manifest is renamed, the stored database
+still holds the old catalog, so the one in memory must go back to it too -
+otherwise writes to an object that was never stored are acknowledged, and the
+next open cannot replay them. ``CatalogState.capture`` takes, before the
+change, everything a CREATE, DROP or ALTER touches; ``restore`` puts it back:
+
+* the catalog's tables and views (the binder follows: names added are dropped
+  from it, names removed are created again) and each view's stored-output
+  switch (CREATE of a view over a computed view gives that one stored output);
+* the published snapshot (the relations, their indexes and stale flags);
+* views' failure marks, watermarks, and change histories (a view created is
+  forgotten; a view dropped starts again at the current offset, its earlier
+  history gone, as after a reopen);
+* the catalog generation.
+
+The catalog's version only grows (caches keyed by it must not mistake the
+restored catalog for the failed one), and so does the store's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ivm.catalog import TableDef, ViewDef
+from storage.store import Snapshot
+
+if TYPE_CHECKING:
+    from ivm.durable import DurableEngine
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    tables: dict[str, TableDef]
+    views: dict[str, ViewDef]
+    outputs: dict[str, tuple[bool, list]]  # per view: (stored_output, states)
+    snapshot: Snapshot
+    failed: dict[str, str]
+    max_us: dict[str, int]
+    late: dict[str, int]
+    generation: str
+
+    @staticmethod
+    def capture(engine: "DurableEngine") -> "CatalogState":
+        catalog = engine.catalog
+        return CatalogState(
+            tables=dict(catalog.tables), views=dict(catalog.views),
+            outputs={name: (v.stored_output, list(v.states)) for name, v in catalog.views.items()},
+            snapshot=engine.store.snapshot, failed=dict(engine.failed),
+            max_us=dict(engine.watermarks.max_us), late=dict(engine.watermarks.late),
+            generation=engine.generation,
+        )
+
+    def restore(self, engine: "DurableEngine") -> None:
+        """Put the engine back as captured (the caller holds the write and fold locks)."""
+        catalog = engine.catalog
+        before = {**self.tables, **self.views}
+        now = {**catalog.tables, **catalog.views}
+        for name in now.keys() - before.keys():  # created by the statement
+            catalog.binder.drop(name)
+            if name in catalog.views:
+                engine.history.drop(name)
+        for name in before.keys() - now.keys():  # dropped by the statement
+            catalog.binder.create(name, before[name].columns)
+            if name in self.views:
+                engine.history.start(name, engine.offset, complete=False)
+        if before.keys() != now.keys() or any(before[n] is not now[n] for n in now):
+            catalog.tables.clear()
+            catalog.tables.update(self.tables)
+            catalog.views.clear()
+            catalog.views.update(self.views)
+            catalog.version += 1
+        for name, (stored_output, states) in self.outputs.items():
+            view = self.views[name]
+            if view.stored_output != stored_output or view.states != states:
+                view.stored_output, view.states = stored_output, states
+                view.programs.clear()  # compiled for the other shape
+        if engine.store.snapshot is not self.snapshot:
+            engine.store.publish(self.snapshot)
+        engine.failed = dict(self.failed)
+        engine.watermarks.max_us.clear()
+        engine.watermarks.max_us.update(self.max_us)
+        engine.watermarks.late.clear()
+        engine.watermarks.late.update(self.late)
+        engine.generation = self.generation
+        engine.heads.clear()
