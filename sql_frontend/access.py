@@ -62,7 +62,7 @@ def check_tree(tree: exp.Expression) -> None:
 
 def function_name(call: exp.Func) -> str:
     """The function's name, lower case (sqlglot renames a few: ``range`` is GENERATE_SERIES)."""
-    return (str(call.this) if isinstance(call, exp.Anonymous) else call.sql_name()).lower()
+    return (call.name if isinstance(call, exp.Anonymous) else call.sql_name()).lower()
 
 
 def shown(text: str, limit: int = 200) -> str:
