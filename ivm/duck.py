@@ -78,11 +78,15 @@ class Scratch:
     ``close`` (or, for an engine that failed to open, when it is collected or
     the process exits), so DuckDB's spill files live where the engine chose,
     never in the server's working directory, and two instances never share
-    one (their file names would collide).
+    one (their file names would collide). The name holds the process id: a
+    killed process's directories are removed by the next engine made.
     """
 
+    PREFIX = "ivm-duckdb-"
+
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="ivm-duckdb-")
+        _remove_orphans(self.PREFIX)
+        self.root = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")
         self._remove = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
 
     def directory(self, name: str) -> str:
@@ -162,3 +166,23 @@ class Runner:
         if statement is None:
             statement = self._statements[template] = Statement(self.con, template)
         return statement.run(**inputs)
+
+
+def _remove_orphans(prefix: str) -> None:
+    """Remove this user's ``<prefix><pid>-*`` temp directories whose process is gone."""
+    parent = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        path = os.path.join(parent, name)
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another user, or already gone
+            continue

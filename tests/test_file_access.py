@@ -238,3 +238,19 @@ def test_other_errors_quote_the_statement_as_written(sql, shown):
         with pytest.raises(ivm.IvmError) as caught:
             db.execute(sql)
         assert shown in str(caught.value)
+
+
+def test_a_killed_process_leaves_no_duckdb_temp_directory(tmp_path, monkeypatch):
+    """Scratch directories are named by process id; the next engine removes those of dead processes."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    code = "import os, ivm; db = ivm.connect(); os.kill(os.getpid(), 9)"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(tmp_path)}, check=False)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ivm-duckdb-")], "the child made none"
+    with ivm.connect():
+        mine = [p for p in tmp_path.iterdir() if p.name.startswith("ivm-duckdb-")]
+        assert [p.name.split("-")[2] for p in mine] == [str(os.getpid())]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ivm-duckdb-")]
