@@ -7,8 +7,11 @@ traceback to the message; its Flight error classes carry no such codes.
 So every handler runs inside ``translated``: ivm's errors (whose classes
 already derive from those builtins, see sql_frontend/errors.py) become the
 three classes below, and ``quiet_tracebacks`` (called once by the server
-process) makes the appended part just ``NotFound: <message>``. Anything
-unexpected is logged with its traceback and reaches the client as INTERNAL.
+process) keeps tracebacks out of the appended part, which the three classes
+make just ``Detail: Python exception: NotFound`` (see ``_Once``): the
+message is not said twice. SQL refused for reaching outside the database
+(AccessDeniedError) is PERMISSION_DENIED. Anything unexpected is logged with
+its traceback and reaches the client as INTERNAL.
 """
 
 from __future__ import annotations
@@ -23,23 +26,36 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from sql_frontend.errors import IvmError
+from sql_frontend.errors import AccessDeniedError, IvmError
 
 log = logging.getLogger("ivm.flight")
 
 
-class InvalidArgument(ValueError):
+class _Once(Exception):
+    """An error whose message the client reads once.
+
+    pyarrow makes the gRPC status message ``str(error)``, then appends
+    ``. Detail: Python exception: `` and ``traceback.format_exception(error)``,
+    which ends with ``Name: str(error)``: the message again. So the
+    traceback module, alone, reads no text here and formats just the name.
+    """
+
+    def __str__(self) -> str:
+        caller = sys._getframe(0).f_back  # None when pyarrow's C++ asks (for the status message)
+        if caller is not None and caller.f_globals.get("__name__") == "traceback":
+            return ""
+        return str(self.args[0]) if self.args else ""  # KeyError's own str would quote the message
+
+
+class InvalidArgument(_Once, ValueError):
     """INVALID_ARGUMENT: bad SQL, bad data, a conflicting request."""
 
 
-class NotFound(KeyError):
+class NotFound(_Once, KeyError):
     """NOT_FOUND: an unknown table, view, statement or result."""
 
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
 
-
-class Unimplemented(NotImplementedError):
+class Unimplemented(_Once, NotImplementedError):
     """UNIMPLEMENTED: a construct, command or mode ivm does not support."""
 
 
@@ -68,6 +84,8 @@ def flight_error(error: BaseException) -> BaseException:
     if isinstance(error, (fl.FlightError, InvalidArgument, NotFound, Unimplemented)):
         return error
     message = str(error)
+    if isinstance(error, AccessDeniedError):
+        return fl.FlightUnauthorizedError(message)  # PERMISSION_DENIED
     if isinstance(error, (IvmError, pa.ArrowInvalid, pa.ArrowTypeError)):
         if isinstance(error, KeyError):
             return NotFound(message)

@@ -5,6 +5,7 @@
 """
 
 from sql_frontend.errors import (  # noqa: F401  (the public error vocabulary)
+    AccessDeniedError,
     BindError,
     CatalogError,
     ChangeError,
@@ -22,6 +23,7 @@ __all__ = [
     "connect",
     "Database",
     "IvmError",
+    "AccessDeniedError",
     "SqlSyntaxError",
     "BindError",
     "UnsupportedError",

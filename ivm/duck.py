@@ -21,12 +21,79 @@ is small, so fixed costs are most of the work):
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import tempfile
+import weakref
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 BATCH_SIZE = 131072
+
+# Set on every DuckDB instance ivm opens, in this order (the last one freezes
+# them). User SQL reaches all of them: a read, a view's SQL (recomputed on the
+# mirrors, compiled onto the maintenance instances), a DEFAULT expression on
+# the binder. So none may open a file or URL (read_csv, read_text, glob, COPY,
+# ATTACH, EXPORT), install or load an extension, create a persistent secret, or
+# change a setting. DuckDB refuses all of those with a PermissionException
+# (``refused`` below turns it into ivm's AccessDeniedError).
+LOCKDOWN = (
+    ("enable_external_access", "false"),
+    ("autoinstall_known_extensions", "false"),
+    ("autoload_known_extensions", "false"),
+    ("allow_community_extensions", "false"),
+    ("lock_configuration", "true"),
+)
+
+
+def connect(threads: int | None = None, temp_directory: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB instance that sees only what ivm registers on it (see LOCKDOWN).
+
+    ``temp_directory``: where DuckDB may spill operators larger than memory; it
+    is the only directory the instance can reach, so it must be one the engine
+    made for it alone (``Scratch``). None: it never spills.
+    Python replacement scans are off as well: a query naming a variable of the
+    calling frame would otherwise read that object.
+    """
+    config: dict[str, Any] = {"python_enable_replacements": False,
+                              "temp_directory": str(temp_directory) if temp_directory is not None else ""}
+    if threads:
+        config["threads"] = threads
+    con = duckdb.connect(config=config)
+    try:
+        for name, value in LOCKDOWN:
+            con.execute(f"SET {name} = {value}")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+class Scratch:
+    """The DuckDB temp directories of one engine: a fresh directory, one subdirectory per instance.
+
+    Made with ``tempfile.mkdtemp`` (under $TMPDIR, mode 0700) and removed by
+    ``close`` (or, for an engine that failed to open, when it is collected or
+    the process exits), so DuckDB's spill files live where the engine chose,
+    never in the server's working directory, and two instances never share
+    one (their file names would collide). The name holds the process id: a
+    killed process's directories are removed by the next engine made.
+    """
+
+    PREFIX = "ivm-duckdb-"
+
+    def __init__(self) -> None:
+        _remove_orphans(self.PREFIX)
+        self.root = tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-")
+        self._remove = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
+
+    def directory(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def close(self) -> None:
+        self._remove()
 
 
 def arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
@@ -99,3 +166,23 @@ class Runner:
         if statement is None:
             statement = self._statements[template] = Statement(self.con, template)
         return statement.run(**inputs)
+
+
+def _remove_orphans(prefix: str) -> None:
+    """Remove this user's ``<prefix><pid>-*`` temp directories whose process is gone."""
+    parent = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        path = os.path.join(parent, name)
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another user, or already gone
+            continue

@@ -44,9 +44,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-import duckdb
 import pyarrow as pa
 
+from ivm import duck
 from ivm.changes import OP, SEQ, q
 from ivm.checkpoints import Checkpointer
 from ivm.ddl_undo import CatalogState
@@ -87,7 +87,7 @@ class DurableEngine(Engine):
         self.log = ChangeLog(self.path / "log", self.settings.segment_bytes)
         # The maintainer gets its own single-threaded DuckDB instance: sharing the
         # ingest's would make the two threads contend inside DuckDB.
-        self._fold_db = duckdb.connect(config={"threads": 1})
+        self._fold_db = duck.connect(1, self.scratch.directory("fold"))
         self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()),
                                      ahead=(Worker(self._fold_db.cursor()), Worker(self.duck.cursor())))
         self.checkpointer = Checkpointer(self, self.path)
@@ -146,8 +146,8 @@ class DurableEngine(Engine):
             self.maintainer.stop()
             self.log.close()
             self._release()
-            super().close()
             self._fold_db.close()
+            super().close()  # last: it removes the DuckDB temp directories, the fold instance's too
         if failed is not None:
             raise IvmError(f"the database closed without its final checkpoint ({type(failed).__name__}: {failed}); "
                            "every acknowledged change is in the change log and is replayed when it is opened "

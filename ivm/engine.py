@@ -192,14 +192,18 @@ class Engine:
             check_conf(self.settings.spark_conf)
         check_mode(self.settings.maintenance)
         self.spill = spill_of(self.settings, None)
-        config = {"threads": self.settings.threads} if self.settings.threads else {}
+        threads = self.settings.threads or None
+        # Every DuckDB instance runs user SQL, so each is locked to what ivm registers
+        # on it (ivm/duck.py); each spills, if ever, to its own directory of the engine's.
+        self.scratch = duck.Scratch()
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
         # spends less on scheduling than a second thread would save (measured:
         # 58 -> 46 ms per 1,000-row batch of the core benchmark).
-        self.duck = duckdb.connect(config=config)
-        self._small_db = duckdb.connect(config={"threads": 1})
-        self.mirrors = Mirrors(config)  # native copies of the tables recomputed views read
+        self.duck = duck.connect(threads, self.scratch.directory("reads"))
+        self._small_db = duck.connect(1, self.scratch.directory("small"))
+        # Native copies of the tables recomputed views read.
+        self.mirrors = Mirrors(lambda: duck.connect(threads, self.scratch.directory("mirrors")))
         self.large = Worker(self.duck.cursor())
         self.small = Worker(self._small_db.cursor())
         self.binder = Binder()
@@ -250,6 +254,7 @@ class Engine:
         self.small.close()
         self._small_db.close()
         self.duck.close()
+        self.scratch.close()
 
     # --- schemas ------------------------------------------------------------------
     def arrow_schema(self, columns: tuple[Column, ...]) -> pa.Schema:

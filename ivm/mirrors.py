@@ -85,8 +85,8 @@ def eligible(catalog: "Catalog", view: "ViewDef") -> bool:
 
 
 class Mirrors:
-    def __init__(self, config: Mapping[str, object]):
-        self._config = dict(config)
+    def __init__(self, connect: Callable[[], duckdb.DuckDBPyConnection]):
+        self._connect = connect  # opens the mirrors' own DuckDB database (see ivm.duck.connect)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._stamps: dict[str, "Relation | None"] = {}
         self._keys: dict[str, tuple[str, ...]] = {}
@@ -167,7 +167,7 @@ class Mirrors:
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
-            self._con = duckdb.connect(config=self._config)
+            self._con = self._connect()
         return self._con
 
     def _sync(self, con: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...], reads: frozenset[str] | None,

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import BindError, ExecutionError, IvmError, UnknownObjectError
+from sql_frontend.errors import AccessDeniedError, BindError, ExecutionError, IvmError, UnknownObjectError
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
@@ -282,6 +282,8 @@ class Reader:
     def _run(cursor: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         try:
             return duck.arrow(cursor, sql)
+        except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
+            raise AccessDeniedError(duckdb_message(e)) from None
         except duckdb.CatalogException as e:
             raise UnknownObjectError(duckdb_message(e)) from None
         except (duckdb.BinderException, duckdb.ParserException) as e:

@@ -35,6 +35,13 @@ class UnknownObjectError(IvmError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AccessDeniedError(IvmError, ValueError):
+    """SQL that would reach outside the database: a file, a URL, an extension, a setting.
+
+    The Flight server answers it with PERMISSION_DENIED (flight_server/errors.py).
+    """
+
+
 class CatalogError(IvmError, ValueError):
     """A catalog change that conflicts with what exists (duplicates, dependents)."""
 

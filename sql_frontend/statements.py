@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
+from sql_frontend.access import check_text, check_tree, shown
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
 from sql_frontend.session_windows import quote_session_calls
@@ -229,17 +231,46 @@ def parse(sql: str) -> list[Statement]:
 
 
 def _parse_trees(sql: str) -> list[Statement]:
+    texts = statement_texts(sql)
+    for text in texts or ():
+        check_text(text)  # before parsing: sqlglot cannot parse every statement of DuckDB's own
     try:
         trees = [t for t in sqlglot.parse(quote_session_calls(sql), dialect=DIALECT) if t is not None]
     except (ParseError, TokenError) as e:
         raise SqlSyntaxError(f"syntax error: {_first_line(e)}") from None
     if not trees:
         raise SqlSyntaxError("empty statement")
-    statements = [_statement(t) for t in trees]
-    if len(statements) == 1 and isinstance(statements[0], Query):
-        # Run the user's own text: a round trip through sqlglot could change it.
-        statements[0].sql = sql.strip().rstrip(";")
+    if texts is None or len(texts) != len(trees):  # cannot pair them: sqlglot's text stands in
+        texts = [t.sql(DIALECT) for t in trees]
+    statements = [_statement(t, text) for t, text in zip(trees, texts)]
+    for statement, text in zip(statements, texts):
+        if isinstance(statement, Query):
+            # Run the user's own text: a round trip through sqlglot could change it.
+            statement.sql = text
     return statements
+
+
+def statement_texts(sql: str) -> list[str] | None:
+    """Each ';'-separated statement of ``sql`` exactly as written (None: the text does not tokenize).
+
+    Messages quote these slices, never sqlglot's regenerated (upper-cased,
+    re-spaced) text. The split is sqlglot's: at semicolon tokens, so a ';'
+    inside a string or a comment does not split.
+    """
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(sql)
+    except TokenError:
+        return None
+    texts, first, last = [], None, None
+    for token in [*tokens, None]:
+        if token is None or token.token_type == TokenType.SEMICOLON:
+            if first is not None:
+                texts.append(sql[first.start:last.end + 1])
+            first = last = None
+        else:
+            first = first or token
+            last = token
+    return texts
 
 
 def parse_one(sql: str) -> Statement:
@@ -277,14 +308,16 @@ def _maintenance(tree: exp.Expression) -> Maintenance | None:
     return Maintenance(what=word.name.lower())
 
 
-def _statement(tree: exp.Expression) -> Statement:
+def _statement(tree: exp.Expression, text: str) -> Statement:
+    """The statement of ``tree``; ``text`` is how the user wrote it (quoted by errors)."""
+    check_tree(tree)
     maintenance = _maintenance(tree)
     if maintenance is not None:
         return maintenance
     if isinstance(tree, QUERY_TYPES):
         return Query(tree, tree.sql(DIALECT))
     if isinstance(tree, exp.Create):
-        return _create(tree)
+        return _create(tree, text)
     if isinstance(tree, exp.Drop):
         return _drop(tree)
     if isinstance(tree, exp.Insert):
@@ -294,20 +327,15 @@ def _statement(tree: exp.Expression) -> Statement:
     if isinstance(tree, exp.Delete):
         return _delete(tree)
     if isinstance(tree, exp.Set):
-        return _set(tree)
+        return _set(tree, text)
     if isinstance(tree, exp.Command):
-        return _command(tree)
+        return _command(tree, text)
     if isinstance(tree, exp.Show):
         return _show(tree.name)
-    raise UnsupportedError(f"statement {_statement_name(tree)} is not supported")
+    raise UnsupportedError(f"statement {shown(text)} is not supported")
 
 
-def _statement_name(tree: exp.Expression) -> str:
-    words = tree.sql(DIALECT).split()
-    return " ".join(words[:2]).upper() if words else type(tree).__name__.upper()
-
-
-def _create(tree: exp.Create) -> Statement:
+def _create(tree: exp.Create, text: str) -> Statement:
     kind = (tree.args.get("kind") or "").upper()
     if tree.args.get("replace"):
         raise UnsupportedError("CREATE OR REPLACE is not supported; DROP the object first")
@@ -319,7 +347,7 @@ def _create(tree: exp.Create) -> Statement:
                 "CREATE VIEW (a plain view) is not supported; use CREATE MATERIALIZED VIEW"
             )
         return _create_view(tree)
-    raise UnsupportedError(f"CREATE {kind or _statement_name(tree)} is not supported")
+    raise UnsupportedError(f"CREATE {kind} is not supported" if kind else f"statement {shown(text)} is not supported")
 
 
 def _create_table(tree: exp.Create) -> CreateTable:
@@ -526,20 +554,20 @@ def _delete(tree: exp.Delete) -> Delete:
     return Delete(table=_target_table(tree, "DELETE"), where=where.this if where else None)
 
 
-def _set(tree: exp.Set) -> SetOption:
+def _set(tree: exp.Set, text: str) -> SetOption:
     items = tree.expressions
     if len(items) != 1:
         raise SqlSyntaxError("SET takes exactly one option")
     item = items[0].this if isinstance(items[0], exp.SetItem) else items[0]
     if not isinstance(item, exp.EQ):
-        raise SqlSyntaxError(f"expected SET name = value, got {tree.sql(DIALECT)}")
+        raise SqlSyntaxError(f"expected SET name = value, got {shown(text)}")
     name = item.this.sql(DIALECT).replace('"', "").lower()
     value = item.expression
     value_text = value.name if isinstance(value, (exp.Literal, exp.Column, exp.Identifier)) else value.sql(DIALECT)
     return SetOption(name=name, value=value_text)
 
 
-def _command(tree: exp.Command) -> Statement:
+def _command(tree: exp.Command, text: str) -> Statement:
     word = str(tree.this).upper()
     rest_node = tree.expression
     rest = rest_node.name if isinstance(rest_node, exp.Literal) else str(rest_node or "")
@@ -554,8 +582,8 @@ def _command(tree: exp.Command) -> Statement:
         return Maintenance(what=word.lower())
     if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
         # sqlglot falls back to a raw command when it cannot parse a statement.
-        raise SqlSyntaxError(f"syntax error in: {word} {rest[:80]}")
-    raise UnsupportedError(f"statement {word} is not supported")
+        raise SqlSyntaxError(f"syntax error in: {shown(text, 80)}")
+    raise UnsupportedError(f"statement {shown(text)} is not supported")
 
 
 def _explain(rest: str) -> Explain:
@@ -575,4 +603,4 @@ def _show(rest: str) -> Show:
     what = rest.strip().lower()
     if what in ("tables", "views", "status"):
         return Show(what=what)
-    raise UnsupportedError(f"SHOW {rest.upper()} is not supported (try SHOW TABLES or SHOW STATUS)")
+    raise UnsupportedError(f"SHOW {rest} is not supported (try SHOW TABLES or SHOW STATUS)")
