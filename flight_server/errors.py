@@ -7,8 +7,12 @@ traceback to the message; its Flight error classes carry no such codes.
 So every handler runs inside ``translated``: ivm's errors (whose classes
 already derive from those builtins, see sql_frontend/errors.py) become the
 three classes below, and ``quiet_tracebacks`` (called once by the server
-process) makes the appended part just ``NotFound: <message>``. Anything
-unexpected is logged with its traceback and reaches the client as INTERNAL.
+process) makes the appended part just ``NotFound: <message>``. A statement
+that ran out of Python recursion is INVALID_ARGUMENT (sql_frontend/limits.py),
+one cancelled by the statement timeout DEADLINE_EXCEEDED, and no message is
+longer than MESSAGE_CHARS (DuckDB's errors may repeat a whole statement).
+Anything unexpected is logged with its traceback and reaches the client as
+INTERNAL.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from sql_frontend.errors import IvmError
+from sql_frontend.errors import IvmError, StatementTimeoutError
+from sql_frontend.limits import too_complex
 
 log = logging.getLogger("ivm.flight")
+MESSAGE_CHARS = 2000
 
 
 class InvalidArgument(ValueError):
@@ -67,7 +73,11 @@ def flight_error(error: BaseException) -> BaseException:
     """The exception to raise to a client for ``error``."""
     if isinstance(error, (fl.FlightError, InvalidArgument, NotFound, Unimplemented)):
         return error
-    message = str(error)
+    if isinstance(error, RecursionError):
+        return InvalidArgument(str(too_complex(error)))
+    message = _bounded(str(error))
+    if isinstance(error, StatementTimeoutError):
+        return fl.FlightTimedOutError(message)
     if isinstance(error, (IvmError, pa.ArrowInvalid, pa.ArrowTypeError)):
         if isinstance(error, KeyError):
             return NotFound(message)
@@ -79,6 +89,12 @@ def flight_error(error: BaseException) -> BaseException:
             return fl.FlightUnavailableError(message)
     log_internal(error)
     return fl.FlightInternalError(f"internal error ({type(error).__name__}: {message}); the server log has details")
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{message[:MESSAGE_CHARS]}… (message cut: {len(message)} characters)"
 
 
 @contextlib.contextmanager

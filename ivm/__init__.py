@@ -13,6 +13,8 @@ from sql_frontend.errors import (  # noqa: F401  (the public error vocabulary)
     IvmError,
     OffsetError,
     SqlSyntaxError,
+    StatementTimeoutError,
+    TooComplexError,
     UnknownObjectError,
     UnsupportedError,
 )
@@ -23,6 +25,8 @@ __all__ = [
     "Database",
     "IvmError",
     "SqlSyntaxError",
+    "StatementTimeoutError",
+    "TooComplexError",
     "BindError",
     "UnsupportedError",
     "UnknownObjectError",

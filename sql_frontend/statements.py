@@ -21,6 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
+from sql_frontend.limits import check_text, check_view_nesting, ensure_recursion_limit, echo, too_complex
 from sql_frontend.session_windows import quote_session_calls
 
 DIALECT = "duckdb"
@@ -28,6 +29,8 @@ DIALECT = "duckdb"
 # sqlglot logs a warning for every construct it only half understands; our own
 # checks report what matters, so keep its logger quiet.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
+# Statements within sql_frontend/limits.py's nesting limits need more than Python's default 1,000 frames.
+ensure_recursion_limit()
 
 
 @dataclass
@@ -212,7 +215,19 @@ def normalize_name(identifier: exp.Expression | str) -> str:
 
 
 def parse(sql: str) -> list[Statement]:
-    """Parse one or more ';'-separated statements."""
+    """Parse one or more ';'-separated statements.
+
+    A text nested beyond sql_frontend/limits.py's limits is refused before
+    it is parsed; one that still runs out of recursion is a TooComplexError.
+    """
+    check_text(sql)
+    try:
+        return _parse(sql)
+    except RecursionError as e:
+        raise too_complex(e) from None
+
+
+def _parse(sql: str) -> list[Statement]:
     source = _source_statement(sql)
     if source is not None:
         return [source]
@@ -402,6 +417,7 @@ def _create_view(tree: exp.Create) -> CreateView:
     query = tree.expression
     if not isinstance(query, QUERY_TYPES) or isinstance(query, exp.Describe):
         raise SqlSyntaxError("CREATE MATERIALIZED VIEW needs AS SELECT ...")
+    check_view_nesting(query)
     options = _view_options(tree)
     return CreateView(
         name=normalize_name(target),
@@ -554,7 +570,7 @@ def _command(tree: exp.Command) -> Statement:
         return Maintenance(what=word.lower())
     if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
         # sqlglot falls back to a raw command when it cannot parse a statement.
-        raise SqlSyntaxError(f"syntax error in: {word} {rest[:80]}")
+        raise SqlSyntaxError(f"syntax error in: {echo(word + ' ' + rest)}")
     raise UnsupportedError(f"statement {word} is not supported")
 
 
