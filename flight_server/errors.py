@@ -10,8 +10,12 @@ three classes below, and ``quiet_tracebacks`` (called once by the server
 process) keeps tracebacks out of the appended part, which the three classes
 make just ``Detail: Python exception: NotFound`` (see ``_Once``): the
 message is not said twice. SQL refused for reaching outside the database
-(AccessDeniedError) is PERMISSION_DENIED. Anything unexpected is logged with
-its traceback and reaches the client as INTERNAL.
+(AccessDeniedError) is PERMISSION_DENIED. A statement
+that ran out of Python recursion is INVALID_ARGUMENT (sql_frontend/limits.py),
+one cancelled by the statement timeout DEADLINE_EXCEEDED, and no message is
+longer than MESSAGE_CHARS (DuckDB's errors may repeat a whole statement).
+Anything unexpected is logged with its traceback and reaches the client as
+INTERNAL.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from sql_frontend.errors import AccessDeniedError, IvmError
+from sql_frontend.errors import AccessDeniedError, IvmError, StatementTimeoutError
+from sql_frontend.limits import too_complex
 
 log = logging.getLogger("ivm.flight")
+MESSAGE_CHARS = 2000
 
 
 class _Once(Exception):
@@ -83,9 +89,13 @@ def flight_error(error: BaseException) -> BaseException:
     """The exception to raise to a client for ``error``."""
     if isinstance(error, (fl.FlightError, InvalidArgument, NotFound, Unimplemented)):
         return error
-    message = str(error)
+    if isinstance(error, RecursionError):
+        return InvalidArgument(str(too_complex(error)))
+    message = _bounded(str(error))
     if isinstance(error, AccessDeniedError):
         return fl.FlightUnauthorizedError(message)  # PERMISSION_DENIED
+    if isinstance(error, StatementTimeoutError):
+        return fl.FlightTimedOutError(message)
     if isinstance(error, (IvmError, pa.ArrowInvalid, pa.ArrowTypeError)):
         if isinstance(error, KeyError):
             return NotFound(message)
@@ -97,6 +107,12 @@ def flight_error(error: BaseException) -> BaseException:
             return fl.FlightUnavailableError(message)
     log_internal(error)
     return fl.FlightInternalError(f"internal error ({type(error).__name__}: {message}); the server log has details")
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{message[:MESSAGE_CHARS]}… (message cut: {len(message)} characters)"
 
 
 @contextlib.contextmanager

@@ -20,6 +20,16 @@ batch and answers ``{"offset": N, "rows": n}``; ``DoGet`` also takes the
 tickets ``{"read": name}`` and ``{"subscribe": view, ...}`` (see
 subscriptions.py).
 
+Idempotent producers (``Database.apply_changes(..., source=, seq=)``): a
+change batch sent by plain ``DoPut`` or by ``adbc_ingest`` may carry its
+producer key, so a retry after a lost acknowledgement is applied once and
+answered with the first offset (a seq below the source's last one that is not
+remembered is refused). The key is schema metadata ``ivm.source`` (a string)
+and ``ivm.seq`` (a decimal integer) of the data — what an ADBC client can
+set — or, for plain DoPut, a JSON command descriptor
+``{"table": T, "source": S, "seq": N}`` instead of a path; for ``adbc_ingest``
+also the ingest options ``ivm.source`` / ``ivm.seq``.
+
 Reads never take the engine's write lock; handlers run on pyarrow's threads.
 """
 
@@ -164,9 +174,11 @@ class IvmFlightServer(fl.FlightServerBase):
     @translated
     def do_put(self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor,
                reader: fl.MetadataRecordBatchReader, writer: fl.FlightMetadataWriter) -> None:
-        if descriptor.descriptor_type == fl.DescriptorType.PATH:
+        if descriptor.descriptor_type == fl.DescriptorType.PATH or descriptor.command.startswith(b"{"):
+            table, key = _put_target(descriptor)
             data = reader.read_all()
-            offset = self.db.apply_changes(_path_name(descriptor), data)
+            source, seq = _producer(data.schema.metadata, key)
+            offset = self.db.apply_changes(table, data, source=source, seq=seq)
             writer.write(json.dumps({"offset": offset, "rows": data.num_rows}).encode())
             return
         name, command = unpack(descriptor.command)
@@ -203,8 +215,10 @@ class IvmFlightServer(fl.FlightServerBase):
         table = command.get("table", "")
         if not table:
             raise InvalidArgument("adbc_ingest needs a table name")
+        options = command.get("options", {})
+        source, seq = _producer(data.schema.metadata, {k[4:]: v for k, v in options.items() if k.startswith("ivm.")})
         try:
-            self.db.apply_changes(table, data)
+            self.db.apply_changes(table, data, source=source, seq=seq)
         except ivm.UnknownObjectError:
             if if_missing == "create":  # create_append of a new table
                 raise Unimplemented(INGEST_UNSUPPORTED.format(mode=mode)) from None
@@ -349,6 +363,42 @@ def _path_name(descriptor: fl.FlightDescriptor) -> str:
     if len(path) != 1 or not path[0]:
         raise InvalidArgument(f"a path descriptor names one table or view, not {path}")
     return path[0]
+
+
+PRODUCER_KEYS = (b"ivm.source", b"ivm.seq")
+
+
+def _put_target(descriptor: fl.FlightDescriptor) -> tuple[str, dict]:
+    """The table a plain DoPut appends to, and the producer key its JSON command gives (if any)."""
+    if descriptor.descriptor_type == fl.DescriptorType.PATH:
+        return _path_name(descriptor), {}
+    try:
+        command = json.loads(descriptor.command)
+    except (ValueError, UnicodeDecodeError):
+        command = None
+    if not isinstance(command, dict) or not isinstance(command.get("table"), str) or not command["table"] \
+            or set(command) - {"table", "source", "seq"}:
+        raise InvalidArgument('a JSON DoPut command is {"table": "<name>", "source": "<producer>", "seq": <n>}')
+    return command["table"], {k: command[k] for k in ("source", "seq") if k in command}
+
+
+def _producer(metadata: dict | None, given: dict) -> tuple[str | None, int | None]:
+    """(source, seq) of a change batch: from ``given`` (a command) or else the schema metadata ivm.source/ivm.seq.
+
+    Validation of the pair (both or neither, seq a non-negative integer) is
+    ``apply_changes``'s; here text is only decoded.
+    """
+    source, seq = given.get("source"), given.get("seq")
+    metadata = metadata or {}
+    if source is None and b"ivm.source" in metadata:
+        source = metadata[b"ivm.source"].decode("utf-8", "replace")
+    if seq is None and b"ivm.seq" in metadata:
+        seq = metadata[b"ivm.seq"].decode("utf-8", "replace")
+    if isinstance(seq, str):
+        if not seq.strip().isdigit():
+            raise InvalidArgument(f"ivm.seq must be a non-negative decimal integer, not {seq[:40]!r}")
+        seq = int(seq)
+    return source, seq
 
 
 def _ticket(raw: bytes) -> dict:

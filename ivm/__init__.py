@@ -14,6 +14,8 @@ from sql_frontend.errors import (  # noqa: F401  (the public error vocabulary)
     IvmError,
     OffsetError,
     SqlSyntaxError,
+    StatementTimeoutError,
+    TooComplexError,
     UnknownObjectError,
     UnsupportedError,
 )
@@ -25,6 +27,8 @@ __all__ = [
     "IvmError",
     "AccessDeniedError",
     "SqlSyntaxError",
+    "StatementTimeoutError",
+    "TooComplexError",
     "BindError",
     "UnsupportedError",
     "UnknownObjectError",

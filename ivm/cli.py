@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Callable
 
 from ivm.engine_choice import ENGINES
 
@@ -14,6 +15,19 @@ def _niceness(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 19:
         raise argparse.ArgumentTypeError(f"an OS niceness from 0 to 19, not {text!r}")
     return int(text)
+
+def _non_negative(kind: type) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = -1
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"a non-negative {kind.__name__}, not {text!r}")
+        return value
+
+    return parse
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ivm", description="incremental materialized views")
@@ -55,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="maintenance engine: duckdb (default), spark, or auto (Spark for large inputs)")
     serve.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
                        help="a Spark setting, e.g. spark.master=spark://127.0.0.1:7077 (repeatable)")
+    serve.add_argument("--max-statement-bytes", type=_non_negative(int), default=1 << 20, metavar="N",
+                       help="refuse SQL statements longer than N bytes (default 1048576 = 1 MiB; 0: no limit)")
+    serve.add_argument("--statement-timeout", type=_non_negative(float), default=0.0, metavar="SECONDS",
+                       help="cancel a statement whose query runs longer than this; nothing changes "
+                            "(default 0: no limit)")
 
     ingest = commands.add_parser("ingest", help="apply change events from a file or stdin")
     formats = ingest.add_subparsers(dest="format", required=True)
@@ -101,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         from flight_server.main import serve as run_server
 
         options = {"engine": args.engine, "spark_conf": _spark_conf(parser, args.spark_conf),
-                   "ingest_nice": args.ingest_nice}
+                   "ingest_nice": args.ingest_nice, "max_statement_bytes": args.max_statement_bytes,
+                   "statement_timeout": args.statement_timeout or None}
         return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo,
                           options)
     if args.command == "demo":

@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, UnknownObjectError,
+from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, SqlSyntaxError, UnknownObjectError,
                                  UnsupportedError)
+from sql_frontend.limits import check_size, too_complex
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
     AlterView,
@@ -62,6 +63,34 @@ from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
 
 
+MESSAGE_CHARS = 2000  # longest error message a statement gets back (DuckDB's may repeat the whole text)
+ROWS = (Query, Explain, Show)  # statements that return rows
+
+
+def _statement_errors(method: Callable) -> Callable:
+    """Run a statement method so that every failure is a clear IvmError of bounded size.
+
+    A statement that runs out of Python recursion somewhere between parse
+    and DuckDB (a shape sql_frontend/limits.py's scan does not see) is a
+    TooComplexError, never an internal error; an error message that repeats
+    a long statement is cut to MESSAGE_CHARS.
+    """
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except RecursionError as e:
+            raise too_complex(e) from None
+        except IvmError as e:
+            message = str(e)
+            if len(message) <= MESSAGE_CHARS:
+                raise
+            raise type(e)(f"{message[:MESSAGE_CHARS]}… (message cut: {len(message)} characters)") from None
+
+    return run
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     name: str
@@ -80,6 +109,7 @@ class Database:
         settings = Settings(**options)
         check_mode(settings.maintenance)  # before a durable directory is touched
         self.path = None if path is None else str(path)
+        _check_limits(settings)
         if not isinstance(settings.ingest_nice, int) or not 0 <= settings.ingest_nice <= 19:
             raise ValueError(f"ingest_nice must be an integer from 0 to 19, not {settings.ingest_nice!r}")
         if path is None:
@@ -135,19 +165,28 @@ class Database:
         return self._engine.catalog.version
 
     # --- for protocol layers (the Flight server) ------------------------------------
+    @_statement_errors
     def is_query(self, sql: str) -> bool:
-        """True when every statement in ``sql`` only reads (SELECT, EXPLAIN, SHOW)."""
-        return all(isinstance(s, (Query, Explain, Show)) for s in parse(sql))
+        """True when ``sql`` is one statement that returns rows (SELECT, EXPLAIN, SHOW).
 
+        Several statements are never a query (they go to ``execute``, which
+        refuses a script that holds one).
+        """
+        statements = self._parse(sql)
+        return len(statements) == 1 and isinstance(statements[0], ROWS)
+
+    @_statement_errors
     def result_schema(self, sql: str) -> pa.Schema:
         """The Arrow schema of a query's result, found without running it."""
         self._check_open()
+        self._check_size(sql)
         statement = parse_one(sql)
         if not isinstance(statement, Query):
             raise UnsupportedError("only a SELECT has a result schema before it runs")
         columns = self._engine.binder.describe(statement.sql)
         return self._engine.binder.arrow_schema(columns)
 
+    @_statement_errors
     def bound_query(self, template: str, text: str | Callable[[], str],
                     values: list[pa.Scalar] | None = None) -> pa.Table:
         """Run ``text``: the query ``template`` (``$n`` parameters) with literal values in their place.
@@ -163,11 +202,12 @@ class Database:
         DuckDB runs it (rendering the literals was ~40% of a point read).
         """
         self._check_open()
+        self._check_size(template)
         reads = _parsed_reads(template)
         # TUMBLE/HOP expand the parsed tree, which holds $n, not the values: those take the ordinary path.
         if reads is None or len(reads) != 1 or time_windows_in(reads[0].expression):
             return self.sql(text() if callable(text) else text)
-        return self._engine.reader.query(text, reads[0].expression, values=values)
+        return self._engine.reader.query(text, reads[0].expression, values=values, timeout=self._timeout)
 
     def objects(self) -> list[ObjectInfo]:
         """Every table and materialized view, with its Arrow schema and key."""
@@ -181,26 +221,65 @@ class Database:
         return sorted(found, key=lambda o: o.name)
 
     # --- statements ---------------------------------------------------------------
+    @_statement_errors
     def execute(self, sql: str) -> int:
-        """Run one or more statements; return rows affected by the last (0 for DDL)."""
+        """Run one statement, or a script of statements none of which returns rows.
+
+        Returns the rows affected by the last statement (0 for DDL; a query's
+        row count when ``sql`` is one query). A script that holds a query
+        (SELECT, EXPLAIN, SHOW) beside other statements is refused before
+        anything runs: its rows would be lost (run it with ``sql()``).
+        Statements of a script run in order, each committing on its own.
+        """
         self._check_open()
+        statements = self._parse(sql)
+        if len(statements) > 1:
+            _refuse_queries(statements, "execute")
         count = 0
-        for statement in parse(sql):
+        for statement in statements:
             count, _ = self._run(statement)
         return count
 
-    def sql(self, sql: str) -> pa.Table:
-        """Run statements; return the last one's result as a pyarrow Table.
+    @_statement_errors
+    def executescript(self, sql: str) -> int:
+        """Run a script of ';'-separated statements that return no rows, in order; return the rows they affected.
 
-        Queries return their rows; other statements return one row with the
-        number of rows they affected.
+        A query in the script is refused before anything runs (``sql()``
+        returns rows). Each statement commits on its own: when one fails, the
+        ones before it stay applied and the ones after it do not run.
         """
         self._check_open()
-        result = pa.table({"rows_affected": pa.array([0], pa.int64())})
-        for statement in _parse_reads(sql):
-            count, table = self._run(statement)
-            result = table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
-        return result
+        statements = self._parse(sql)
+        _refuse_queries(statements, "executescript")
+        return sum(self._run(statement)[0] for statement in statements)
+
+    @_statement_errors
+    def sql(self, sql: str) -> pa.Table:
+        """Run one statement; return its result as a pyarrow Table.
+
+        Queries return their rows; other statements return one row with the
+        number of rows they affected. Several statements are refused before
+        anything runs (use ``executescript``).
+        """
+        self._check_open()
+        self._check_size(sql)
+        statements = _parse_reads(sql)
+        if len(statements) != 1:
+            raise SqlSyntaxError(f"sql() runs one statement; this text holds {len(statements)} "
+                                 "(run scripts with executescript, queries one at a time)")
+        count, table = self._run(statements[0])
+        return table if table is not None else pa.table({"rows_affected": pa.array([count], pa.int64())})
+
+    @property
+    def _timeout(self) -> float | None:
+        return self._engine.settings.statement_timeout
+
+    def _check_size(self, sql: str) -> None:
+        check_size(sql, self._engine.settings.max_statement_bytes)
+
+    def _parse(self, sql: str) -> list[Statement]:
+        self._check_size(sql)
+        return parse(sql)
 
     def apply_changes(self, table: str, changes: Any, *, on_missing_delete: str | None = None,
                       source: str | None = None, seq: int | None = None) -> int:
@@ -279,7 +358,7 @@ class Database:
     def _run(self, statement: Statement) -> tuple[int, pa.Table | None]:
         engine = self._engine
         if isinstance(statement, Query):
-            table = engine.reader.query(statement.sql, statement.expression)
+            table = engine.reader.query(statement.sql, statement.expression, timeout=self._timeout)
             return table.num_rows, table
         if isinstance(statement, CreateTable):
             return self._create_table(statement), None
@@ -336,7 +415,7 @@ class Database:
             engine.create_table(stmt)
             return 0
         with engine.write_lock:
-            rows = engine.reader.query(stmt.as_query.sql("duckdb"), stmt.as_query)
+            rows = engine.reader.query(stmt.as_query.sql("duckdb"), stmt.as_query, timeout=self._timeout)
             types = engine.binder.describe(stmt.as_query.sql("duckdb"))
             columns = tuple(Column(c.name.lower(), c.type) for c in types)
             if not engine.create_table(stmt, columns):
@@ -368,7 +447,7 @@ class Database:
 
     def _insert_batch(self, stmt: Insert) -> pa.Table:
         table = self._table(stmt.table)
-        values = self._engine.reader.query(stmt.query.sql("duckdb"), stmt.query)
+        values = self._engine.reader.query(stmt.query.sql("duckdb"), stmt.query, timeout=self._timeout)
         targets = list(stmt.columns) if stmt.columns is not None else list(table.column_names)
         unknown = [c for c in targets if c not in table.column_names]
         if unknown:
@@ -434,7 +513,7 @@ class Database:
     def _query_on_table(self, sql: str, stmt: Update | Delete, table: str) -> pa.Table:
         parsed = parse(sql)[0]
         assert isinstance(parsed, Query)
-        return self._engine.reader.query(sql, parsed.expression)
+        return self._engine.reader.query(sql, parsed.expression, timeout=self._timeout)
 
     # --- EXPLAIN / SHOW ----------------------------------------------------------------
     def _explain(self, stmt: Explain) -> list[str]:
@@ -501,6 +580,25 @@ def _parse_reads(sql: str) -> list[Statement]:
     """
     reads = _parsed_reads(sql)
     return list(reads) if reads is not None else parse(sql)
+
+
+def _check_limits(settings: Settings) -> None:
+    size, timeout = settings.max_statement_bytes, settings.statement_timeout
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ValueError(f"max_statement_bytes must be a non-negative integer (0 or None: no limit), not {size!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout >= 0):
+        raise ValueError(f"statement_timeout must be a non-negative number of seconds (None: no limit), "
+                         f"not {timeout!r}")
+
+
+def _refuse_queries(statements: list[Statement], method: str) -> None:
+    """Refuse a script that holds a statement returning rows, before any of it runs."""
+    queries = [s for s in statements if isinstance(s, ROWS)]
+    if queries:
+        raise SqlSyntaxError(f"{method}() of a script: a query (SELECT, EXPLAIN, SHOW) returns rows and must be "
+                             f"the only statement; this script holds {len(statements)} statements, "
+                             f"{len(queries)} of them queries. Nothing was run.")
 
 
 def _is_moving_update(batch: pa.Table) -> bool:

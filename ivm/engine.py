@@ -97,6 +97,11 @@ class Settings:
     # memory. None: <dir>/spill for durable databases, off in memory; False: off.
     spill_dir: Any = None
     spill_rows: int = 1_000_000
+    # Longest statement text accepted, in UTF-8 bytes (sql_frontend/limits.py); None or 0: no limit.
+    max_statement_bytes: int | None = 1 << 20
+    # Seconds a client's statement may run in DuckDB before it is cancelled (its query, or the SELECT
+    # that computes an INSERT/UPDATE/DELETE/CREATE TABLE AS before anything changes); None: no limit.
+    statement_timeout: float | None = None
 
 
 def spill_of(settings: Settings, default_dir) -> Spill | None:

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import AccessDeniedError, BindError, ExecutionError, IvmError, UnknownObjectError
+from sql_frontend.errors import (AccessDeniedError, BindError, ExecutionError, IvmError, StatementTimeoutError,
+                                   UnknownObjectError)
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
@@ -246,7 +247,8 @@ class Reader:
             registered[view.name] = view
 
     def query(self, sql: str | Callable[[], str], expression: exp.Expression, snapshot: Snapshot | None = None,
-              values: list[pa.Scalar] | None = None, internal: bool = False) -> pa.Table:
+              values: list[pa.Scalar] | None = None, internal: bool = False,
+              timeout: float | None = None) -> pa.Table:
         """Run ``sql`` (parsed: ``expression``) on one snapshot.
 
         ``internal``: the engine's own read (a checkpoint, a view's first
@@ -257,6 +259,9 @@ class Reader:
         placeholders) with these parameter values spliced in; a point read
         of that shape is then answered from the Arrow rows (ivm/point_reads.py),
         and ``sql`` may be a function rendering it, called only if DuckDB runs it.
+
+        ``timeout``: seconds DuckDB may run it (a client's statement timeout);
+        past them the query is interrupted and StatementTimeoutError raised.
         """
         if snapshot is None:
             self.engine.wait_visible()  # read your writes: every acknowledged change
@@ -270,7 +275,7 @@ class Reader:
             self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal)
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
-                table = self._run(lease.cursor, sql() if callable(sql) else sql)
+                table = self._run(lease.cursor, sql() if callable(sql) else sql, timeout)
                 if point is not None:
                     self._remember_schema(lease, point, expression, table.schema)
         metadata = dict(table.schema.metadata or {})
@@ -279,17 +284,28 @@ class Reader:
 
 
     @staticmethod
-    def _run(cursor: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    def _run(cursor: duckdb.DuckDBPyConnection, sql: str, timeout: float | None = None) -> pa.Table:
+        # A stray interrupt that fires after the query ended is harmless: DuckDB clears it when the next query starts.
+        timer = threading.Timer(timeout, cursor.interrupt) if timeout else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         try:
             return duck.arrow(cursor, sql)
         except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
             raise AccessDeniedError(duckdb_message(e)) from None
+        except duckdb.InterruptException:
+            raise StatementTimeoutError(f"statement cancelled after the statement timeout of {timeout:g} s "
+                                        "(statement_timeout, ivm serve --statement-timeout); nothing changed") from None
         except duckdb.CatalogException as e:
             raise UnknownObjectError(duckdb_message(e)) from None
         except (duckdb.BinderException, duckdb.ParserException) as e:
             raise BindError(duckdb_message(e)) from None
         except duckdb.Error as e:
             raise ExecutionError(duckdb_message(e)) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _input(self, lease: Lease, name: str) -> pa.Table | None:
         """The Arrow rows registered for ``name`` on this cursor (None: a DuckDB view over large state)."""

@@ -28,6 +28,7 @@ import re
 from sqlglot import exp
 
 from sql_frontend.errors import AccessDeniedError
+from sql_frontend.limits import echo
 
 # Table functions that only compute rows from their arguments. TUMBLE, HOP and
 # SESSION are ivm's window functions (expanded into plain SELECTs).
@@ -44,10 +45,10 @@ DUCKDB_STATEMENTS = re.compile(
 TABLES_ONLY = "SQL reads only this database's tables and views"
 
 
-def check_text(text: str) -> None:
+def check_statement(text: str) -> None:
     """Refuse a statement of DuckDB's own; ``text`` is one statement as the user wrote it."""
     if DUCKDB_STATEMENTS.match(text):
-        raise AccessDeniedError(f"statement {shown(text)} is not allowed: {TABLES_ONLY} "
+        raise AccessDeniedError(f"statement {echo(text)} is not allowed: {TABLES_ONLY} "
                                 "(files, extensions, secrets and DuckDB settings are not available)")
 
 
@@ -64,8 +65,3 @@ def function_name(call: exp.Func) -> str:
     """The function's name, lower case (sqlglot renames a few: ``range`` is GENERATE_SERIES)."""
     return (call.name if isinstance(call, exp.Anonymous) else call.sql_name()).lower()
 
-
-def shown(text: str, limit: int = 200) -> str:
-    """A statement as the user wrote it (a slice of their text, never regenerated), cut at ``limit`` characters."""
-    text = text.strip()
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -58,5 +58,13 @@ class OffsetError(IvmError, ValueError):
     """An offset outside the retained change history (or ahead of the log)."""
 
 
+class TooComplexError(IvmError, ValueError):
+    """A statement over a limit (size, nesting, time): the message names the limit."""
+
+
+class StatementTimeoutError(IvmError, TimeoutError):
+    """A statement ran past the statement timeout and was cancelled; nothing changed."""
+
+
 class InternalError(IvmError, RuntimeError):
     """An invariant of the engine was violated; this is a bug in ivm."""

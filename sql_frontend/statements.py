@@ -20,9 +20,10 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
-from sql_frontend.access import check_text, check_tree, shown
+from sql_frontend.access import check_statement, check_tree
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
+from sql_frontend.limits import check_text, check_view_nesting, ensure_recursion_limit, echo, too_complex
 from sql_frontend.session_windows import quote_session_calls
 
 DIALECT = "duckdb"
@@ -30,6 +31,8 @@ DIALECT = "duckdb"
 # sqlglot logs a warning for every construct it only half understands; our own
 # checks report what matters, so keep its logger quiet.
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
+# Statements within sql_frontend/limits.py's nesting limits need more than Python's default 1,000 frames.
+ensure_recursion_limit()
 
 
 @dataclass
@@ -214,7 +217,19 @@ def normalize_name(identifier: exp.Expression | str) -> str:
 
 
 def parse(sql: str) -> list[Statement]:
-    """Parse one or more ';'-separated statements."""
+    """Parse one or more ';'-separated statements.
+
+    A text nested beyond sql_frontend/limits.py's limits is refused before
+    it is parsed; one that still runs out of recursion is a TooComplexError.
+    """
+    check_text(sql)
+    try:
+        return _parse(sql)
+    except RecursionError as e:
+        raise too_complex(e) from None
+
+
+def _parse(sql: str) -> list[Statement]:
     source = _source_statement(sql)
     if source is not None:
         return [source]
@@ -233,7 +248,7 @@ def parse(sql: str) -> list[Statement]:
 def _parse_trees(sql: str) -> list[Statement]:
     texts = statement_texts(sql)
     for text in texts or ():
-        check_text(text)  # before parsing: sqlglot cannot parse every statement of DuckDB's own
+        check_statement(text)  # before parsing: sqlglot cannot parse every statement of DuckDB's own
     try:
         trees = [t for t in sqlglot.parse(quote_session_calls(sql), dialect=DIALECT) if t is not None]
     except (ParseError, TokenError) as e:
@@ -332,7 +347,7 @@ def _statement(tree: exp.Expression, text: str) -> Statement:
         return _command(tree, text)
     if isinstance(tree, exp.Show):
         return _show(tree.name)
-    raise UnsupportedError(f"statement {shown(text)} is not supported")
+    raise UnsupportedError(f"statement {echo(text)} is not supported")
 
 
 def _create(tree: exp.Create, text: str) -> Statement:
@@ -347,7 +362,7 @@ def _create(tree: exp.Create, text: str) -> Statement:
                 "CREATE VIEW (a plain view) is not supported; use CREATE MATERIALIZED VIEW"
             )
         return _create_view(tree)
-    raise UnsupportedError(f"CREATE {kind} is not supported" if kind else f"statement {shown(text)} is not supported")
+    raise UnsupportedError(f"CREATE {kind} is not supported" if kind else f"statement {echo(text)} is not supported")
 
 
 def _create_table(tree: exp.Create) -> CreateTable:
@@ -430,6 +445,7 @@ def _create_view(tree: exp.Create) -> CreateView:
     query = tree.expression
     if not isinstance(query, QUERY_TYPES) or isinstance(query, exp.Describe):
         raise SqlSyntaxError("CREATE MATERIALIZED VIEW needs AS SELECT ...")
+    check_view_nesting(query)
     options = _view_options(tree)
     return CreateView(
         name=normalize_name(target),
@@ -560,7 +576,7 @@ def _set(tree: exp.Set, text: str) -> SetOption:
         raise SqlSyntaxError("SET takes exactly one option")
     item = items[0].this if isinstance(items[0], exp.SetItem) else items[0]
     if not isinstance(item, exp.EQ):
-        raise SqlSyntaxError(f"expected SET name = value, got {shown(text)}")
+        raise SqlSyntaxError(f"expected SET name = value, got {echo(text)}")
     name = item.this.sql(DIALECT).replace('"', "").lower()
     value = item.expression
     value_text = value.name if isinstance(value, (exp.Literal, exp.Column, exp.Identifier)) else value.sql(DIALECT)
@@ -582,8 +598,8 @@ def _command(tree: exp.Command, text: str) -> Statement:
         return Maintenance(what=word.lower())
     if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
         # sqlglot falls back to a raw command when it cannot parse a statement.
-        raise SqlSyntaxError(f"syntax error in: {shown(text, 80)}")
-    raise UnsupportedError(f"statement {shown(text)} is not supported")
+        raise SqlSyntaxError(f"syntax error in: {echo(text, 80)}")
+    raise UnsupportedError(f"statement {echo(text)} is not supported")
 
 
 def _explain(rest: str) -> Explain:
