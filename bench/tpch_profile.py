@@ -67,7 +67,6 @@ def load_views(sf: float, views: str, engine_memory: str | None, maintenance: st
     memory = Memory(engine_limit=engine_memory)
     con = tpch.reference(directory, directory / "reference.duckdb", memory.reference_limit)
     db = ivm.connect(maintenance=maintenance, **memory.spill_options(directory))
-    memory.limit_engine(db, directory)
     tpch.create_tables(db)
     tpch.load_files(db, directory, con, lambda table: None, memory.load_rows)
     queries = tpch.query_files()

@@ -313,7 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference-in-memory", action="store_true",
                         help="keep the reference in memory (native tables) instead of a file")
     parser.add_argument("--engine-memory", default="",
-                        help="memory_limit of ivm's DuckDB (e.g. 6GB; its queries spill to the data directory "
+                        help="memory_limit of ivm's DuckDB (e.g. 6GB; its queries spill to a scratch directory under $TMPDIR "
                              "beyond it; default: DuckDB's, 80%% of RAM)")
     parser.add_argument("--spill", action=argparse.BooleanOptionalAction, default=True,
                         help="spill ivm's large runs to memory-mapped files under the data directory "

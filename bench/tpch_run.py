@@ -206,7 +206,6 @@ def run_scale(sf: float, batch: int, refreshes: int, warmup: int, names: list[st
     phases("DuckDB reference loaded")
     db = ivm.connect(**memory.spill_options(directory))
     try:
-        memory.limit_engine(db, directory)
         progress(f"SF {sf:g}: loading ivm's tables", 0, 1)
         started = time.perf_counter()
         tpch.create_tables(db)
@@ -259,19 +258,13 @@ class Memory:
     load_rows: int = 4_000_000  # rows per apply_changes call of the initial load (bounds its transient)
 
     def spill_options(self, directory: Path) -> dict:
-        return {"spill_dir": str(directory / "ivm-runs") if self.spill else False, "spill_rows": self.spill_rows}
+        """ivm.connect options: runs spilled under ``directory``, and ivm's DuckDB capped at ``engine_limit``
+        (past it DuckDB spills to the engine's scratch directory under $TMPDIR)."""
+        return {"spill_dir": str(directory / "ivm-runs") if self.spill else False, "spill_rows": self.spill_rows,
+                "memory_limit": self.engine_limit}
 
     def describe_spill(self, directory: Path) -> str:
         return f"runs of >= {self.spill_rows:,} rows in {directory / 'ivm-runs'}" if self.spill else "off"
-
-    def limit_engine(self, db, directory: Path) -> None:  # noqa: ANN001
-        """Cap ivm's DuckDB and its mirrors' (native copies of tables that recomputed views read):
-        beyond the cap both spill to files under the data directory."""
-        if self.engine_limit:
-            spill = directory / "ivm-spill"
-            db._engine.duck.execute(f"SET memory_limit = '{self.engine_limit}'")
-            db._engine.duck.execute(f"SET temp_directory = '{spill}'")
-            db._engine.mirrors._config.update(memory_limit=self.engine_limit, temp_directory=str(spill / "mirrors"))
 
     def describe(self, database: Path | None) -> str:
         where = f"a DuckDB file ({database.name}, buffer pool {self.reference_limit or 'DuckDB default'})" \

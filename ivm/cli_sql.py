@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from sql_frontend.statements import statement_texts
+
 POLL_SECONDS = 0.2
 
 
@@ -23,9 +25,13 @@ def run_sql(path: str, statements: str, options: dict) -> int:
     except ivm.IvmError as e:
         print(f"ivm sql: {e}", file=sys.stderr)
         return 1
+    # Like psql -c: a script runs one statement at a time, in order (db.sql takes one),
+    # stops at the first error, and prints the last statement's result.
+    texts = statement_texts(statements) or [statements]  # None: let db.sql report the syntax error
     with db:
         try:
-            result = _with_progress(db, lambda: db.sql(statements))
+            for text in texts:
+                result = _with_progress(db, lambda text=text: db.sql(text))
         except ivm.IvmError as e:
             print(f"ivm sql: {e}", file=sys.stderr)
             return 1

@@ -48,12 +48,14 @@ LOCKDOWN = (
 )
 
 
-def connect(threads: int | None = None, temp_directory: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+def connect(threads: int | None = None, temp_directory: str | os.PathLike | None = None,
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB instance that sees only what ivm registers on it (see LOCKDOWN).
 
     ``temp_directory``: where DuckDB may spill operators larger than memory; it
     is the only directory the instance can reach, so it must be one the engine
-    made for it alone (``Scratch``). None: it never spills.
+    made for it alone (``Scratch``). None: it never spills. ``memory_limit``
+    (DuckDB's, e.g. "6GB"): set here because the configuration is locked after.
     Python replacement scans are off as well: a query naming a variable of the
     calling frame would otherwise read that object.
     """
@@ -61,6 +63,8 @@ def connect(threads: int | None = None, temp_directory: str | os.PathLike | None
                               "temp_directory": str(temp_directory) if temp_directory is not None else ""}
     if threads:
         config["threads"] = threads
+    if memory_limit:
+        config["memory_limit"] = memory_limit
     con = duckdb.connect(config=config)
     try:
         for name, value in LOCKDOWN:

@@ -92,6 +92,9 @@ class Settings:
     # so reads in the same process get a core first (ivm/group_commit.py). Not for durable
     # databases: there reads wait for the maintainer's folds, which must not be slowed.
     ingest_nice: int = 0
+    # DuckDB's memory_limit (e.g. "6GB") of the instances that run reads, large batches and
+    # mirrors; past it they spill to the engine's scratch directory. None: DuckDB's default.
+    memory_limit: str | None = None
     # Runs of stored relations with at least spill_rows rows are written to this directory and
     # memory-mapped (storage/spill.py), so the kernel can evict them instead of running out of
     # memory. None: <dir>/spill for durable databases, off in memory; False: off.
@@ -205,10 +208,10 @@ class Engine:
         # the steady stream of small deltas runs single-threaded, where DuckDB
         # spends less on scheduling than a second thread would save (measured:
         # 58 -> 46 ms per 1,000-row batch of the core benchmark).
-        self.duck = duck.connect(threads, self.scratch.directory("reads"))
+        self.duck = duck.connect(threads, self.scratch.directory("reads"), self.settings.memory_limit)
         self._small_db = duck.connect(1, self.scratch.directory("small"))
         # Native copies of the tables recomputed views read.
-        self.mirrors = Mirrors(lambda: duck.connect(threads, self.scratch.directory("mirrors")))
+        self.mirrors = Mirrors(lambda: duck.connect(threads, self.scratch.directory("mirrors"), self.settings.memory_limit))
         self.large = Worker(self.duck.cursor())
         self.small = Worker(self._small_db.cursor())
         self.binder = Binder()

@@ -65,9 +65,12 @@ def test_a_bound_query_reads_like_the_same_text(db):
     template = "SELECT * FROM v WHERE grp = $1 "
     assert db.bound_query(template, "SELECT * FROM v WHERE grp = 1").to_pylist() == \
         db.sql("SELECT * FROM v WHERE grp = 1").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
-    # Anything but one query (here two) takes the ordinary path.
-    assert db.bound_query("SELECT $1 ; SELECT * FROM v WHERE grp = $2 ",
-                          "SELECT 1; SELECT * FROM v WHERE grp = 2").to_pylist() == [{"grp": 2, "n": 1, "s": 4.0}]
+    # Anything but one query takes the ordinary path, where a query is one statement (issue 23).
+    with pytest.raises(ivm.IvmError, match="runs one statement; this text holds 2"):
+        db.bound_query("SELECT $1 ; SELECT * FROM v WHERE grp = $2 ", "SELECT 1; SELECT * FROM v WHERE grp = 2")
+    assert db.bound_query("DELETE FROM t WHERE id = $1 ", "DELETE FROM t WHERE id = 3").to_pylist() == \
+        [{"rows_affected": 1}]
+    assert db.sql("SELECT * FROM v ORDER BY grp").to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
     with pytest.raises(ivm.UnknownObjectError, match="nope"):
         db.bound_query("SELECT * FROM nope WHERE a = $1 ", "SELECT * FROM nope WHERE a = 1")
 
