@@ -178,6 +178,23 @@ def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.S
     return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
 
 
+def _dump(step: Query, inputs: dict[str, pa.Table], ours: pa.Table, theirs: pa.Table, difference: str) -> None:
+    """With IVM_SHADOW_DUMP=dir, keep a differing step's SQL, inputs and both results there (to replay it)."""
+    directory = os.environ.get("IVM_SHADOW_DUMP")
+    if not directory:
+        return
+    import pickle
+    from pathlib import Path
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / f"{step.out}-{os.getpid()}-{next(_dumps)}.pickle", "wb") as f:
+        pickle.dump({"sql": step.sql, "inputs": inputs, "ours": ours, "theirs": theirs, "difference": difference}, f)
+
+
+_dumps = itertools.count()
+
+
 class StepRunner:
     """Runs a program's steps over Arrow temporaries; subclasses run its queries.
 
@@ -497,6 +514,7 @@ class Executor(StepRunner):
             difference = same_rows(ours, theirs)
             if difference is not None:
                 self.counts["mismatch"] += 1
+                _dump(step, inputs, ours, theirs, difference)
                 if shadow:
                     raise InternalError(f"{label}: compiled step {step.out} differs from DuckDB: {difference}")
                 log.warning("compiled step %s differs from DuckDB, it runs on DuckDB from now on: %s",

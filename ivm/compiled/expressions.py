@@ -231,19 +231,18 @@ class _Compiler:
     # --- comparisons ------------------------------------------------------------
     def _compare(self, node: exp.Expression, op: str, null_safe: bool = False) -> Expr:
         a, b = self.compile(node.this), self.compile(node.expression)
-        kernel = _comparison(a, b, op)
+        kernel = _comparison(a, b, "eq" if null_safe else op)
 
         def run(f):
             x, y = a.fn(f), b.fn(f)
             data = kernel(x, y)
             vx, vy = x.valid(), y.valid()
             if null_safe:
-                if vx is None and vy is None:
-                    return Vec.of("BOOLEAN", data)
-                vx = np.ones(f.n, bool) if vx is None else vx
-                vy = np.ones(f.n, bool) if vy is None else vy
-                same = np.where(vx & vy, data, ~vx & ~vy)
-                return Vec.of("BOOLEAN", same if op == "eq" else ~same)
+                if vx is not None or vy is not None:
+                    vx = np.ones(f.n, bool) if vx is None else vx
+                    vy = np.ones(f.n, bool) if vy is None else vy
+                    data = np.where(vx & vy, data, ~vx & ~vy)
+                return Vec.of("BOOLEAN", data if op == "eq" else ~data)
             valid = vx if vy is None else (vy if vx is None else vx & vy)
             return Vec.of("BOOLEAN", data, valid)
         return Expr("BOOLEAN", run)

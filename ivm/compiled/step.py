@@ -112,7 +112,9 @@ def same_rows(ours: pa.Table, theirs: pa.Table) -> str | None:
         return f"{ours.num_rows} rows compiled, {theirs.num_rows} on DuckDB"
     if ours.num_rows == 0:
         return None
-    names = ours.schema.names
+    positions = [f"c{i}" for i in range(ours.num_columns)]  # names may repeat (SELECT * of a join)
+    ours, theirs = ours.rename_columns(positions), theirs.rename_columns(positions)
+    names = positions
     floats = [n for n in names if pa.types.is_floating(ours.schema.field(n).type)]
     exact = [n for n in names if n not in floats]
     order = [(n, "ascending") for n in exact + floats]
