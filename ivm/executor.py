@@ -178,6 +178,12 @@ def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.S
     return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
 
 
+def planned_status(step: Query) -> str:
+    """How a query step will run, from its SQL alone: on DuckDB and why, or compiled if its types allow."""
+    reason = static_reason(step.sql)
+    return f"duckdb: {reason}" if reason else "compiled after its first run, if its types allow"
+
+
 def _dump(step: Query, inputs: dict[str, pa.Table], ours: pa.Table, theirs: pa.Table, difference: str) -> None:
     """With IVM_SHADOW_DUMP=dir, keep a differing step's SQL, inputs and both results there (to replay it)."""
     directory = os.environ.get("IVM_SHADOW_DUMP")
@@ -377,19 +383,20 @@ class Executor(StepRunner):
         # Step runs by path: compiled, duckdb, fallback (compiled step, batch on DuckDB), shadowed, mismatch.
         self.counts: Counter = Counter()
 
-    def step_status(self, step: Query) -> str:
-        """How a query step runs: compiled, or on DuckDB and why (EXPLAIN)."""
+    def step_status(self, step: Query) -> str | None:
+        """How a query step runs here: compiled, or on DuckDB and why; None: it has not run here."""
         entry = self._steps.get(id(step))
         state = entry[1] if entry is not None and entry[0] is step else None
-        if state is not None and state.compiled is not None:
+        if state is None:
+            return None
+        if state.compiled is not None:
             text = "compiled"
             if state.fallbacks:
                 text += f"; {state.fallbacks} batch(es) on DuckDB, last: {state.last_fallback}"
             return text
-        if state is not None and state.reason is not None:
+        if state.reason is not None:
             return f"duckdb: {state.reason}"
-        reason = static_reason(step.sql)
-        return f"duckdb: {reason}" if reason else "compiled from its second run, if its types allow"
+        return "duckdb: first run (compiled from the next, if its types allow)"
 
     def _release(self, registered: dict[str, pa.Table]) -> None:
         for name in registered:

@@ -14,7 +14,7 @@ two columns of one other type (strings by bytes, dates...); ``IS [NOT]
 DISTINCT FROM`` of the same; AND/OR/NOT with three-valued logic; ``IS
 NULL``; searched CASE, COALESCE, GREATEST/LEAST (skip NULLs) over numbers
 and booleans (COALESCE also other types); CAST among integers, DOUBLE and
-BOOLEAN (DOUBLE to integer rounds half to even; NaN, infinities and values
+BOOLEAN and DECIMAL(38,0) (DOUBLE to integer rounds half to even; NaN, infinities and values
 out of range fall back), CAST of a string literal to DOUBLE (folded);
 ISFINITE, ISNAN. Anything else raises ``Unsupported`` at compile time.
 """
@@ -419,8 +419,10 @@ class _Compiler:
 
     def _cast(self, node: exp.Cast) -> Expr:
         to = node.args["to"]
-        target = CASTS.get(to.this)
-        if target is None or to.expressions:
+        target = CASTS.get(to.this) if not to.expressions else None
+        if to.this == exp.DataType.Type.DECIMAL and [p.sql() for p in to.expressions] == ["38", "0"]:
+            target = "HUGEINT"  # DECIMAL(38,0): integers whose + - * and SUM are HUGEINT's (same Arrow type)
+        if target is None:
             raise Unsupported(f"CAST to {to.sql(dialect='duckdb')}")
         a = self.compile(node.this)
         if a.literal:

@@ -30,7 +30,8 @@ SUPPORTED_NODES = (
     exp.Having, exp.Distinct, exp.Table, exp.Subquery, exp.Exists, exp.Identifier, exp.Column, exp.Star,
     exp.Alias, exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.EQ,
     exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not,
-    exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.IsNan,
+    exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
+    exp.IsNan,
     exp.Count, exp.Sum, exp.Min, exp.Max,
 )
 FUNCTIONS = {"ISFINITE", "ISNAN", "GREATEST", "LEAST"}
