@@ -124,7 +124,8 @@ def group_sum(data: np.ndarray, valid, order, starts) -> np.ndarray:
         biggest = np.abs(values).max() if len(values) else 0
         if biggest and (biggest >= 2**62 or float(biggest) * len(values) >= 2.0**62):
             raise Fallback("a SUM that may leave BIGINT")
-    return np.add.reduceat(values, starts)
+    with np.errstate(all="ignore"):  # inf + -inf is NaN, as in DuckDB
+        return np.add.reduceat(values, starts)
 
 
 def group_extreme(data: np.ndarray, valid, order, starts, largest: bool) -> np.ndarray:

@@ -401,6 +401,8 @@ def _distinct(rel: Rel) -> Rel:
         frame = rel.run(ctx)
         if frame.n == 0:
             return frame
+        if any(c.type == "DOUBLE" and negative_zero(*c.np()) for c in frame.cols):
+            raise Fallback("DISTINCT over a DOUBLE -0.0 (DuckDB keeps the zero it met first)")
         _, _, first = groups(codes(frame.cols, frame.n))
         return frame.take(np.sort(first))
     return Rel(rel.shape, run)

@@ -58,9 +58,14 @@ def logical(arrow_type: pa.DataType):
 
 
 class Vec:
-    """One column: Arrow ``array`` or numpy ``data`` + ``valid`` (None: all valid); see the module doc."""
+    """One column: Arrow ``array`` or numpy ``data`` + ``valid`` (None: all valid); see the module doc.
 
-    __slots__ = ("type", "_array", "_data", "_valid")
+    A ``take`` is lazy: it keeps the source column and the row positions, and
+    gathers only when the column is read, so joins that pass columns along
+    (``SELECT *`` over three LEFT JOINs) gather each column once, at the end.
+    """
+
+    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing")
 
     def __init__(self, type_, array: pa.Array | None = None, data: np.ndarray | None = None,
                  valid: np.ndarray | None = None):
@@ -68,6 +73,9 @@ class Vec:
         self._array = array
         self._data = data
         self._valid = valid
+        self._source: Vec | None = None  # a lazy take: rows ``_index`` of ``_source`` (NULL where ``_missing``)
+        self._index: np.ndarray | None = None
+        self._missing: np.ndarray | None = None
 
     @staticmethod
     def of(type_, data: np.ndarray, valid: np.ndarray | None = None) -> "Vec":
@@ -76,6 +84,8 @@ class Vec:
         return Vec(type_, data=data, valid=valid)
 
     def __len__(self) -> int:
+        if self._source is not None:
+            return len(self._index)
         return len(self._array) if self._array is not None else len(self._data)
 
     @property
@@ -84,53 +94,99 @@ class Vec:
 
     def np(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(data, valid) with values at NULL positions unspecified; only for our computed types."""
+        if self._source is not None:
+            self._gather()
         if self._data is None:
             arr = self._array
-            valid = None
-            if arr.null_count:
-                valid = np.asarray(arr.is_valid())
-                arr = arr.fill_null(False if self.type == "BOOLEAN" else 0)
+            valid = np.asarray(arr.is_valid()) if arr.null_count else None
             if self.type == "HUGEINT":
-                try:
-                    arr = arr.cast(pa.int64())
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    raise Fallback("a HUGEINT/DECIMAL(38,0) value outside BIGINT") from None
-            data = arr.to_numpy(zero_copy_only=False)
-            if self.type != "BOOLEAN" and self.type != "DOUBLE":
-                data = data.astype(np.int64, copy=False)
+                data = _decimal_to_int64(arr, valid)
+            else:
+                if arr.null_count:
+                    arr = arr.fill_null(False if self.type == "BOOLEAN" else 0)
+                data = arr.to_numpy(zero_copy_only=False)
+                if self.type != "BOOLEAN" and self.type != "DOUBLE":
+                    data = data.astype(np.int64, copy=False)
             self._data, self._valid = data, valid
         return self._data, self._valid
 
     def valid(self) -> np.ndarray | None:
+        if self._source is not None:
+            self._gather()
         if self._data is None and self._array is not None:
             return np.asarray(self._array.is_valid()) if self._array.null_count else None
         return self._valid
 
     def arrow(self) -> pa.Array:
+        if self._source is not None:
+            self._gather()
         if self._array is None:
             data, valid = self._data, self._valid
             mask = None if valid is None else ~valid
             if self.type == "NULL":
                 self._array = pa.nulls(len(data))
             elif self.type == "HUGEINT":
-                self._array = pa.array(data, pa.int64(), mask=mask).cast(HUGE_ARROW)
+                self._array = _int64_to_decimal(data, mask)
             else:
                 self._array = pa.array(data, TO_ARROW[self.type], mask=mask)
         return self._array
 
     def take(self, index: np.ndarray, missing: np.ndarray | None = None) -> "Vec":
-        """Rows at ``index``; where ``missing`` is true a NULL (outer joins)."""
-        if self._data is not None:
-            data, valid = self._data, self._valid
+        """Rows at ``index``; where ``missing`` is true a NULL (outer joins). Gathered when read."""
+        out = Vec(self.type)
+        if missing is not None and not missing.any():
+            missing = None
+        if self._source is not None:  # compose with the pending take
             if missing is not None:
                 index = np.where(missing, 0, index)
-            out = data[index] if len(data) else np.zeros(len(index), data.dtype)
+            inner = self._index[index] if len(self._index) else np.zeros(len(index), np.int64)
+            if self._missing is not None:
+                inherited = self._missing[index] if len(self._index) else np.ones(len(index), bool)
+                missing = inherited if missing is None else (missing | inherited)
+            out._source, out._index, out._missing = self._source, inner, missing
+        else:
+            out._source, out._index, out._missing = self, index, missing
+        return out
+
+    def _gather(self) -> None:
+        source, index, missing = self._source, self._index, self._missing
+        self._source = self._index = self._missing = None
+        if source._data is not None:
+            data, valid = source._data, source._valid
+            if missing is not None:
+                index = np.where(missing, 0, index)
+            self._data = data[index] if len(data) else np.zeros(len(index), data.dtype)
             v = None if valid is None else (valid[index] if len(data) else np.zeros(len(index), bool))
             if missing is not None:
                 v = ~missing if v is None else (v & ~missing)
-            return Vec.of(self.type, out, v)
-        indices = pa.array(index, pa.int64(), mask=missing)
-        return Vec(self.type, array=self._array.take(indices))
+            self._valid = None if v is not None and v.all() else v
+        else:
+            indices = pa.array(index, pa.int64(), mask=missing)
+            self._array = source._array.take(indices)
+
+
+def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
+    """DECIMAL(38,0) values as int64 (their low 8 bytes); Fallback when one does not fit."""
+    pairs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))
+    pairs = pairs[2 * arr.offset:].reshape(-1, 2)
+    low, high = pairs[:, 0], pairs[:, 1]
+    fits = high == (low >> 63)
+    if not (fits if valid is None else (fits | ~valid)).all():
+        raise Fallback("a HUGEINT/DECIMAL(38,0) value outside BIGINT")
+    return low.copy()
+
+
+def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None) -> pa.Array:
+    """int64 values as DECIMAL(38,0) (sign-extended to 16 bytes), without a cast kernel."""
+    pairs = np.empty((len(data), 2), np.int64)
+    pairs[:, 0] = data
+    pairs[:, 1] = data >> 63
+    validity = None
+    nulls = 0
+    if mask is not None:
+        ints = pa.array(data, pa.int64(), mask=mask)
+        validity, nulls = ints.buffers()[0], ints.null_count
+    return pa.Array.from_buffers(HUGE_ARROW, len(data), [validity, pa.py_buffer(pairs)], null_count=nulls)
 
 
 def constant(type_, value, n: int) -> Vec:
