@@ -73,11 +73,6 @@ def lit_type(value: int) -> str:
     raise Unsupported(f"integer literal {value} outside BIGINT")
 
 
-def final_type(t):
-    """The type a value ends with: an integer literal on its own is an INTEGER (or wider)."""
-    return t if t != INTLIT else None
-
-
 def unify(exprs: list[Expr], what: str):
     """The common type of CASE/COALESCE/GREATEST arguments, as DuckDB binds it."""
     types = [e.type for e in exprs if e.type != "NULL"]

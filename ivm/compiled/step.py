@@ -1,6 +1,6 @@
 """A delta program's Query step compiled once into our operators, checked against DuckDB.
 
-``compile_step(sql, schemas, expected)`` builds the physical operators for
+``CompiledStep(sql, schemas, expected)`` builds the physical operators for
 one step (relational.py) for the input schemas it has, and checks that its
 output has exactly the names and Arrow types DuckDB's binder gave the same
 step (``expected``: the schema of a DuckDB run), so DuckDB types the result
@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from ivm.compiled.relational import compile_query
-from ivm.compiled.vectors import Fallback, Unsupported
+from ivm.compiled.vectors import TO_ARROW, Fallback, Unsupported
 
-__all__ = ["CompiledStep", "Fallback", "Unsupported", "compile_step", "same_rows", "static_reason"]
+__all__ = ["CompiledStep", "Fallback", "Unsupported", "same_rows", "static_reason"]
 
 # Node types the compiled set may hold; anything else names the step's reason to stay on DuckDB.
 SUPPORTED_NODES = (
@@ -92,8 +92,6 @@ class CompiledStep:
 
 
 def _arrow_type(t) -> pa.DataType:
-    from ivm.compiled.vectors import TO_ARROW
-
     if isinstance(t, str):
         return TO_ARROW.get(t, pa.null())
     return t
