@@ -36,7 +36,11 @@ def _column_codes(v: Vec) -> tuple[np.ndarray, int]:
 
 
 def codes(columns: list[Vec], n: int) -> np.ndarray:
-    """One int64 code per row, equal exactly where all ``columns`` are equal (NULL-safe)."""
+    """One int64 code per row, equal exactly where all ``columns`` are equal (NULL-safe); not dense."""
+    if len(columns) == 1 and is_int(columns[0].type):
+        data, valid = columns[0].np()
+        if valid is None:  # one integer key without NULLs is its own code
+            return data
     out = np.zeros(n, np.int64)
     span = 1
     for v in columns:
@@ -53,7 +57,7 @@ def codes(columns: list[Vec], n: int) -> np.ndarray:
 def joint_codes(left: list[Vec], right: list[Vec], nl: int, nr: int) -> tuple[np.ndarray, np.ndarray]:
     """Codes of two sides' keys, comparable across the sides (pairs of columns of one type each)."""
     merged = [concat(a, b) for a, b in zip(left, right)]
-    both = codes(merged, nl + nr)
+    both = codes(merged, nl + nr)  # one integer key without NULLs: the values themselves
     return both[:nl], both[nl:]
 
 
@@ -77,16 +81,22 @@ def concat(a: Vec, b: Vec) -> Vec:
     return Vec(a.type, array=pa.concat_arrays([a.arrow(), b.arrow()]))
 
 
-def matches(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def matches(left: np.ndarray, right: np.ndarray, left_skip: np.ndarray | None = None,
+            right_skip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (left row, right row) with equal codes; and per left row how many it has.
 
-    Codes below zero never match (NULL keys of an ``=`` join).
+    Rows where ``left_skip``/``right_skip`` is true match nothing (NULL keys of an ``=`` join).
     """
-    order = np.argsort(right, kind="stable")
+    if right_skip is not None:
+        kept = np.flatnonzero(~right_skip)
+        order = kept[np.argsort(right[kept], kind="stable")]
+    else:
+        order = np.argsort(right, kind="stable")
     ordered = right[order]
     start = np.searchsorted(ordered, left, "left")
     count = np.searchsorted(ordered, left, "right") - start
-    count[left < 0] = 0
+    if left_skip is not None:
+        count[left_skip] = 0
     total = int(count.sum())
     left_rows = np.repeat(np.arange(len(left)), count)
     offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)

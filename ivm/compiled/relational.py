@@ -200,8 +200,7 @@ class _Query:
 
         def run(ctx):
             lf, rf = left.run(ctx), right.run(ctx)
-            lc, rc = _pair_codes(pairs, lf, rf)
-            li, ri, count = matches(lc, rc)
+            li, ri, count = matches(*_pair_codes(pairs, lf, rf))
             missing = None
             if outer:
                 lonely = np.flatnonzero(count == 0)
@@ -252,8 +251,7 @@ class _Query:
             of, inf = outer.run(ctx), inner.run(ctx)
             for cond in local:
                 inf = inf.take(np.flatnonzero(truth(cond.fn(inf))[0]))
-            oc, ic = _pair_codes(pairs, of, inf)
-            _, _, count = matches(oc, ic)
+            _, _, count = matches(*_pair_codes(pairs, of, inf))
             return of.take(np.flatnonzero(count == 0 if anti else count > 0))
         return Rel(outer.shape, run)
 
@@ -382,18 +380,20 @@ def _keyable(a, b) -> bool:
     return a == b and not (isinstance(a, pa.DataType) and pa.types.is_floating(a))
 
 
-def _pair_codes(pairs, lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray]:
+def _pair_codes(pairs, lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Both sides' key codes, and the rows whose NULL key in an ``=`` pair matches nothing."""
     lv = [x.fn(lf) for x, _, _ in pairs]
     rv = [y.fn(rf) for _, y, _ in pairs]
     lc, rc = joint_codes(lv, rv, lf.n, rf.n)
+    lskip = rskip = None
     for (_, _, null_safe), a, b in zip(pairs, lv, rv):
         if not null_safe:
             va, vb = a.valid(), b.valid()
             if va is not None:
-                lc = np.where(va, lc, -1)
+                lskip = ~va if lskip is None else (lskip | ~va)
             if vb is not None:
-                rc = np.where(vb, rc, -2)
-    return lc, rc
+                rskip = ~vb if rskip is None else (rskip | ~vb)
+    return lc, rc, lskip, rskip
 
 
 def _distinct(rel: Rel) -> Rel:
