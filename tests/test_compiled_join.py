@@ -58,3 +58,4 @@ def test_union_all_and_key_types():
     assert check("SELECT l.k, r.k AS rk FROM l LEFT JOIN r ON l.k IS NOT DISTINCT FROM r.k", data) == "compiled"
     assert check("SELECT l.f, r.f AS rf FROM l JOIN r ON l.f = r.f", data) == "compiled"
     assert check("SELECT k FROM l UNION ALL SELECT k FROM l", data) == "compiled"
+    assert check("SELECT l.k, r.f FROM l CROSS JOIN r WHERE l.k = r.k AND r.f > 0", data) == "compiled"

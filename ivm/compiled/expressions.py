@@ -5,7 +5,7 @@
 
 Implements, with DuckDB's meaning (DuckDB is the reference):
 integer (TINYINT..BIGINT, HUGEINT held in int64) and DOUBLE ``+ - *`` and
-unary minus, with DuckDB's result types (the wider integer; DOUBLE when
+unary minus, ``/`` (always DOUBLE; a zero divisor falls back), with DuckDB's result types (the wider integer; DOUBLE when
 either side is; an integer literal takes the other side's type when it fits);
 an integer result outside its type is a ``Fallback`` (DuckDB raises, numpy
 wraps); comparisons ``= <> < <= > >=`` of numbers (DOUBLE: NaN equals NaN
@@ -204,6 +204,25 @@ class _Compiler:
 
     def _mul(self, node):
         return self._arith(node, "mul")
+
+    def _div(self, node: exp.Div) -> Expr:
+        """``/``: DOUBLE division (of integers too); a zero divisor falls back (DuckDB's x/-0.0 is +inf)."""
+        if node.args.get("typed") or node.args.get("safe"):
+            raise Unsupported("typed or safe division")
+        a, b = self.compile(node.this), self.compile(node.expression)
+        if not all(is_number(e.type) or e.type in (INTLIT, "NULL") for e in (a, b)) or INTLIT == a.type == b.type:
+            raise Unsupported(f"division of {a.type} by {b.type}")
+        fa, fb = as_type(a, "DOUBLE"), as_type(b, "DOUBLE")
+
+        def run(f):
+            (x, vx), (y, vy) = fa(f), fb(f)
+            valid = vx if vy is None else (vy if vx is None else vx & vy)
+            zero = y == 0
+            if (zero.any() if valid is None else (zero & valid).any()):
+                raise Fallback("division by zero")
+            with np.errstate(all="ignore"):
+                return Vec.of("DOUBLE", x / np.where(zero, 1.0, y), valid)
+        return Expr("DOUBLE", run)
 
     def _neg(self, node: exp.Neg) -> Expr:
         a = self.compile(node.this)

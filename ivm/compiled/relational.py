@@ -8,7 +8,8 @@ The operators and the SQL shapes they implement (each with DuckDB's meaning):
 - ``scan``: ``FROM temp [AS a]``, a CTE, or ``(SELECT ...) AS a``.
 - ``join``: ``[INNER|LEFT] JOIN r ON`` a conjunction of ``x = y`` / ``x IS NOT
   DISTINCT FROM y`` with ``x`` over the left and ``y`` over the right side
-  (an inner join may add other conjuncts: a filter after it). Keys are coded
+  (an inner join may add other conjuncts: a filter after it); ``CROSS JOIN
+  r`` with such equalities in the WHERE is an inner join on them. Keys are coded
   together (kernels.codes), so a join is a sort and a gather; a LEFT join
   pads unmatched rows with NULLs.
 - ``exists``: ``WHERE [NOT] EXISTS (SELECT ... FROM r WHERE <equalities
@@ -143,9 +144,10 @@ class _Query:
         if from_ is None:
             raise Unsupported("SELECT without FROM")
         rel = self.source(from_.this, env)
+        where = conjuncts(node.args["where"].this) if node.args.get("where") else []
         for join in node.args.get("joins") or []:
-            rel = self.join(rel, join, env)
-        rel = self.where(rel, conjuncts(node.args["where"].this) if node.args.get("where") else [], env)
+            rel, where = self.join(rel, join, env, where)
+        rel = self.where(rel, where, env)
         group = node.args.get("group")
         having = node.args.get("having")
         aggs = [a for e in node.expressions for a in _aggregates(e)]
@@ -186,13 +188,19 @@ class _Query:
             return requalify(rel, (node.alias or "").lower())
         raise Unsupported(f"FROM {type(node).__name__}")
 
-    def join(self, left: Rel, join: exp.Join, env) -> Rel:
+    def join(self, left: Rel, join: exp.Join, env, where: list) -> tuple[Rel, list]:
+        """The join and the WHERE conditions left; a CROSS JOIN takes its equalities from the WHERE."""
         side, kind = (join.args.get("side") or "").upper(), (join.args.get("kind") or "").upper()
-        if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or join.args.get("using") \
-                or join.args.get("on") is None:
-            raise Unsupported(f"{side} {kind} JOIN without an equality ON".replace("  ", " "))
+        cross = kind == "CROSS" or (not side and not kind and join.args.get("on") is None)
+        if join.args.get("using") or not cross and (
+                side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or join.args.get("on") is None):
+            raise Unsupported(f"{side} {kind} JOIN".replace("  ", " "))
         right = self.source(join.this, env)
-        pairs, rest = _key_pairs(conjuncts(join.args["on"]), left.shape, right.shape)
+        if cross:  # FROM a CROSS JOIN b WHERE a.x = b.y: an inner join on the WHERE's equalities
+            pairs, where = _key_pairs(where, left.shape, right.shape)
+            rest = []
+        else:
+            pairs, rest = _key_pairs(conjuncts(join.args["on"]), left.shape, right.shape)
         if not pairs or (rest and side == "LEFT"):
             raise Unsupported("a join whose ON is not a conjunction of equalities")
         outer = side == "LEFT"
@@ -212,7 +220,7 @@ class _Query:
             cols = [c.take(li) for c in lf.cols] + [c.take(ri, missing) for c in rf.cols]
             return Frame(cols, len(li))
         rel = Rel(shape, run)
-        return self.filter(rel, rest, None) if rest else rel
+        return (self.filter(rel, rest, None) if rest else rel), where
 
     def where(self, rel: Rel, conds: list[exp.Expression], env) -> Rel:
         plain = []

@@ -28,7 +28,7 @@ __all__ = ["CompiledStep", "Fallback", "Unsupported", "same_rows", "static_reaso
 SUPPORTED_NODES = (
     exp.Select, exp.Union, exp.With, exp.CTE, exp.TableAlias, exp.From, exp.Join, exp.Where, exp.Group,
     exp.Having, exp.Distinct, exp.Table, exp.Subquery, exp.Exists, exp.Identifier, exp.Column, exp.Star,
-    exp.Alias, exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.EQ,
+    exp.Alias, exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.EQ,
     exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not,
     exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
     exp.IsNan,
@@ -47,8 +47,8 @@ def static_reason(sql: exp.Expression) -> str | None:
             return "UNION without ALL"
         elif isinstance(node, (exp.Except, exp.Intersect)):
             return type(node).__name__.upper()
-        elif isinstance(node, exp.Div | exp.IntDiv | exp.Mod):
-            return "division"
+        elif isinstance(node, exp.IntDiv | exp.Mod):
+            return "integer division or modulo"
         elif not isinstance(node, SUPPORTED_NODES):
             return f"{type(node).__name__} ({node.sql(dialect='duckdb')[:40]})"
     return None
