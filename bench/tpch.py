@@ -357,7 +357,7 @@ def incrementality(explain: list[str]) -> tuple[list[str], dict[str, list[str]]]
         elif source and " := " in line and "[reads all of " in line:
             step, _, relations = line.split(" := ", 1)[1].partition("  [reads all of ")
             kind = "top-K refill" if step.startswith("refill:") else step.strip()
-            reads[source].append(f"{relations.rstrip(']')} ({kind})")
+            reads[source].append(f"{relations.split(']')[0]} ({kind})")
     return notes, {s: sorted(set(r)) for s, r in reads.items()}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from sqlglot import exp
 
@@ -205,21 +206,23 @@ class Program:
     scans: set[str] = field(default_factory=set)  # relations read in full
     indexes: set[IndexSpec] = field(default_factory=set)
 
-    def describe(self, dialect: str = "duckdb") -> list[str]:
-        lines = describe_steps(self.steps)
+    def describe(self, dialect: str = "duckdb", annotate: Callable[[Query], str] | None = None) -> list[str]:
+        """A line per step (and per Replace); ``annotate(query)`` adds how the engine runs a query step."""
+        lines = describe_steps(self.steps, annotate=annotate)
         for r in self.replaces:
             lines.append(f"replace rows of {r.relation}")
         return lines
 
 
-def describe_steps(steps: list[Step], indent: str = "") -> list[str]:
+def describe_steps(steps: list[Step], indent: str = "", annotate: Callable[[Query], str] | None = None) -> list[str]:
     lines = []
     prefix = scan_name("")
     for step in steps:
         if isinstance(step, Query):
             scanned = sorted({t.name[len(prefix):] for t in step.sql.find_all(exp.Table) if t.name.startswith(prefix)})
             reads = f"  [reads all of {', '.join(scanned)}]" if scanned else ""
-            lines.append(f"{indent}{step.out} := {step.note or 'query'}{reads}")
+            how = f"  ({annotate(step)})" if annotate is not None else ""
+            lines.append(f"{indent}{step.out} := {step.note or 'query'}{reads}{how}")
         elif isinstance(step, Lookup) and step.between is not None:
             lines.append(f"{indent}{step.out} := rows of {step.relation} with {step.between} within the range of "
                          f"{step.probe}.{step.probe_columns[0]}")
@@ -230,7 +233,7 @@ def describe_steps(steps: list[Step], indent: str = "") -> list[str]:
             lines.append(f"{indent}{step.out} := {step.note or 'stack rows of ' + step.source}")
         elif isinstance(step, Loop):
             lines.append(f"{indent}repeat until {step.until} is empty (at most {step.max_rounds} rounds): {step.note}")
-            lines.extend(describe_steps(step.body, indent + "    "))
+            lines.extend(describe_steps(step.body, indent + "    ", annotate))
     return lines
 
 

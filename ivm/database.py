@@ -534,7 +534,8 @@ class Database:
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources
         }
-        lines = explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view))
+        lines = explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view),
+                             engine.step_status)
         mode = engine.settings.maintenance
         if stmt.view is None:
             return lines + [f"maintenance: {'cost-based per batch' if mode == 'auto' else 'forced ' + mode}"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
-from delta_operators.program import Program
+from delta_operators.program import Program, Query
 from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
 from delta_operators.zset import WEIGHT
 from ivm import duck, keyed_once
@@ -45,7 +46,7 @@ from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table
                             stored_watermark, view_query, watermark_batch, watermark_name)
 from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
                                view_interval)
-from ivm.executor import Executor, RowChanges, StepRunner
+from ivm.executor import Executor, RowChanges, StepRunner, planned_status
 from ivm.group_commit import Committer, take_and_commit
 from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
@@ -474,6 +475,21 @@ class Engine:
     def engine_setting(self, view: ViewDef) -> str:
         """The view's own engine setting, else the database's."""
         return view.engine or self.settings.engine
+
+    def step_status(self, step: Query) -> str:
+        """How a query step of a program runs (EXPLAIN): compiled or on DuckDB, and why."""
+        for worker in (self.small, self.large):
+            status = worker.executor.step_status(step)
+            if status is not None:
+                return status
+        return planned_status(step)
+
+    def step_counts(self) -> dict[str, int]:
+        """Query step runs since start by path: compiled, duckdb, fallback, shadowed, mismatch."""
+        total = Counter()
+        for worker in (self.small, self.large):
+            total.update(worker.executor.counts)
+        return {k: total.get(k, 0) for k in ("compiled", "duckdb", "fallback", "shadowed", "mismatch")}
 
     def executor_for(self, view: ViewDef, program: Program, delta_rows: int, snapshot: Snapshot,
                      worker: Worker) -> StepRunner:

@@ -10,11 +10,24 @@ DuckDB prepared statement over *holders*: objects registered once under the
 query's input names whose Arrow data is swapped before each execution. That
 skips parsing, binding and optimizing (most of the cost of a query over a
 small delta); the prepared plan reads whatever the holders hold when it runs.
+
+DuckDB still binds and optimizes each EXECUTE (1.5-3.5 ms a step), so after
+its first run on DuckDB a query is compiled into our own operators over
+Arrow/numpy (ivm/compiled/), typed by that run's result, and runs there
+from then on; a step outside the compiled set, or a batch the compiled
+step cannot compute exactly as DuckDB would (``Fallback``: an overflow, a
+-0.0 key...), runs on DuckDB. Shadow runs execute both and compare: every
+run with ``IVM_SHADOW=1`` (the test suites), else a step's first
+``SHADOW_RUNS``; a difference raises under IVM_SHADOW, and otherwise turns
+the step's compiled path off and logs it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+from collections import Counter
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -29,12 +42,20 @@ from sql_frontend.plan_sql import quoted, render
 from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
+from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, static_reason
 from ivm.duck import Holder
 from storage.keys import KeyCoder
 from storage.store import Snapshot
 
 DIALECT = "duckdb"
 SCAN_PREFIX = scan_name("")
+SHADOW_RUNS = 3  # a compiled step's first runs also run on DuckDB and must agree
+log = logging.getLogger("ivm.compiled")
+
+
+def shadow_mode() -> bool:
+    """IVM_SHADOW=1: every compiled step run is checked against DuckDB (differences raise)."""
+    return os.environ.get("IVM_SHADOW", "") not in ("", "0")
 
 
 @dataclass
@@ -60,6 +81,11 @@ class StepState:
     runs: int = 0
     prepared: Prepared | None = None
     empty: pa.Schema | None = None  # result schema, for skipped runs
+    compiled: CompiledStep | None = None  # our operators, once a DuckDB run typed the result
+    reason: str | None = None  # why the step runs on DuckDB (None: not decided, or compiled)
+    shadowed: int = 0  # compiled runs checked against DuckDB
+    fallbacks: int = 0  # batches a compiled step handed to DuckDB
+    last_fallback: str = ""
 
 
 def duckdb_message(error: Exception) -> str:
@@ -150,6 +176,29 @@ def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.S
     if np.isfinite(high):
         high += abs(high) * 1e-9 + 1e-12
     return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
+
+
+def planned_status(step: Query) -> str:
+    """How a query step will run, from its SQL alone: on DuckDB and why, or compiled if its types allow."""
+    reason = static_reason(step.sql)
+    return f"duckdb: {reason}" if reason else "compiled after its first run, if its types allow"
+
+
+def _dump(step: Query, inputs: dict[str, pa.Table], ours: pa.Table, theirs: pa.Table, difference: str) -> None:
+    """With IVM_SHADOW_DUMP=dir, keep a differing step's SQL, inputs and both results there (to replay it)."""
+    directory = os.environ.get("IVM_SHADOW_DUMP")
+    if not directory:
+        return
+    import pickle
+    from pathlib import Path
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / f"{step.out}-{os.getpid()}-{next(_dumps)}.pickle", "wb") as f:
+        pickle.dump({"sql": step.sql, "inputs": inputs, "ours": ours, "theirs": theirs, "difference": difference}, f)
+
+
+_dumps = itertools.count()
 
 
 class StepRunner:
@@ -331,6 +380,23 @@ class Executor(StepRunner):
         # reused by a new step (programs are recompiled), which must never find
         # the old step's prepared statement.
         self._steps: dict[int, tuple[Query, StepState]] = {}
+        # Step runs by path: compiled, duckdb, fallback (compiled step, batch on DuckDB), shadowed, mismatch.
+        self.counts: Counter = Counter()
+
+    def step_status(self, step: Query) -> str | None:
+        """How a query step runs here: compiled, or on DuckDB and why; None: it has not run here."""
+        entry = self._steps.get(id(step))
+        state = entry[1] if entry is not None and entry[0] is step else None
+        if state is None:
+            return None
+        if state.compiled is not None:
+            text = "compiled"
+            if state.fallbacks:
+                text += f"; {state.fallbacks} batch(es) on DuckDB, last: {state.last_fallback}"
+            return text
+        if state.reason is not None:
+            return f"duckdb: {state.reason}"
+        return "duckdb: first run (compiled from the next, if its types allow)"
 
     def _release(self, registered: dict[str, pa.Table]) -> None:
         for name in registered:
@@ -392,11 +458,76 @@ class Executor(StepRunner):
         state = self._state(step)
         if state.empty is not None and (self._skippable(step.drivers, step.skip, temps) or self._guarded(step, temps)):
             return state.empty.empty_table()
-        try:
-            result = self._execute(step, temps, snapshot, registered)
-        except duckdb.Error as e:
-            raise ExecutionError(f"{label}: {duckdb_message(e)}" if label else duckdb_message(e)) from None
+        if state.compiled is not None:
+            result = self._compiled(step, state, temps, snapshot, registered, label)
+            if result is not None:
+                return result
+        result = self._duckdb(step, temps, snapshot, registered, label)
+        self.counts["duckdb"] += 1
         if state.empty is None:
             state.empty = result.schema
+        if state.compiled is None and state.reason is None:
+            self._compile(step, state, self._inputs(state, temps, snapshot), result.schema)
         return result
+
+    def _duckdb(self, step: Query, temps, snapshot: Snapshot, registered, label: str) -> pa.Table:
+        try:
+            return self._execute(step, temps, snapshot, registered)
+        except duckdb.Error as e:
+            raise ExecutionError(f"{label}: {duckdb_message(e)}" if label else duckdb_message(e)) from None
+
+    def _inputs(self, state: StepState, temps: dict[str, pa.Table], snapshot: Snapshot) -> dict[str, pa.Table]:
+        found = {name: self._data(name, temps, snapshot) for name in state.names}
+        return {name: data for name, data in found.items() if data is not None}
+
+    def _compile(self, step: Query, state: StepState, inputs: dict[str, pa.Table], schema: pa.Schema) -> None:
+        """Compile the step for these inputs, typed by DuckDB's result ``schema``; else note why not."""
+        try:
+            state.compiled = CompiledStep(step.sql, {n: t.schema for n, t in inputs.items()}, schema)
+        except Unsupported as e:
+            state.reason = str(e)
+        except Exception as e:  # a compiler bug must not stop maintenance; the step stays on DuckDB
+            if shadow_mode():
+                raise
+            log.warning("compiling step %s failed, it runs on DuckDB: %r", step.out, e)
+            state.reason = f"compiler error: {e!r}"
+
+    def _compiled(self, step: Query, state: StepState, temps, snapshot: Snapshot, registered,
+                  label: str) -> pa.Table | None:
+        """The compiled step's result, shadowed while it is new; None: run this batch on DuckDB."""
+        inputs = self._inputs(state, temps, snapshot)
+        compiled = state.compiled
+        if not compiled.fits(inputs):  # new input types: DuckDB types the result again
+            state.compiled = None
+            return None
+        shadow = shadow_mode()
+        try:
+            ours = compiled.run(inputs)
+        except Fallback as e:
+            self.counts["fallback"] += 1
+            state.fallbacks += 1
+            state.last_fallback = str(e)
+            return None
+        except Exception as e:
+            if shadow:
+                raise
+            log.warning("compiled step %s failed, it runs on DuckDB from now on: %r", step.out, e)
+            state.compiled, state.reason = None, f"disabled after an error: {e!r}"
+            return None
+        if shadow or state.shadowed < SHADOW_RUNS:
+            state.shadowed += 1
+            self.counts["shadowed"] += 1
+            theirs = self._duckdb(step, temps, snapshot, registered, label)
+            difference = same_rows(ours, theirs)
+            if difference is not None:
+                self.counts["mismatch"] += 1
+                _dump(step, inputs, ours, theirs, difference)
+                if shadow:
+                    raise InternalError(f"{label}: compiled step {step.out} differs from DuckDB: {difference}")
+                log.warning("compiled step %s differs from DuckDB, it runs on DuckDB from now on: %s",
+                            step.out, difference)
+                state.compiled, state.reason = None, f"shadow run differed: {difference}"
+                return theirs
+        self.counts["compiled"] += 1
+        return ours
 

@@ -2,10 +2,13 @@
 
 For each plan node: what it computes, how its delta is computed, and the
 state it keeps; then, for each source, the steps a change to that source
-runs (which relations are looked up by which index, which are scanned).
+runs (which relations are looked up by which index, which are scanned, and
+whether a query step runs compiled or on DuckDB, and why).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from sqlglot import exp
 
@@ -15,7 +18,7 @@ from sql_frontend.plan import (
 )
 from sql_frontend.plan_sql import match_condition, render
 from delta_operators.compiler import Context, Options
-from delta_operators.program import Program, StateSpec
+from delta_operators.program import Program, Query, StateSpec
 
 RULES = {
     Source: "incremental: its delta is the change batch",
@@ -94,7 +97,7 @@ def _describe_ordered_or_recursive(node: Node) -> str:
 
 
 def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: dict[str, Program],
-                 engine: str = "duckdb") -> list[str]:
+                 engine: str = "duckdb", step_status: Callable[[Query], str] | None = None) -> list[str]:
     lines = [f"materialized view {name}  (engine: {engine})"]
     lines.append("columns: " + ", ".join(f"{c.name} {c.type}" for c in plan.columns))
     lines.append("plan:")
@@ -123,7 +126,7 @@ def explain_view(name: str, plan: ViewPlan, states: list[StateSpec], programs: d
         lines.append("output: not stored; read from the state of the operators above")
     for source, program in programs.items():
         lines.append(f"on a change to {source}:")
-        for step in program.describe():
+        for step in program.describe(annotate=step_status):
             lines.append(f"  {step}")
         if program.scans:
             lines.append("  not incremental: the steps marked [reads all of …] read whole relations "

@@ -10,7 +10,8 @@ changes and seconds (of the oldest change to the relation's tables that is
 not stored yet), the stored size, and the buffer: changed rows acknowledged
 but not yet folded into views, and (views) how the last batches were
 maintained: incremental or recompute (ivm/maintenance.py; the estimates
-are in ``facts["maintenance"]``). Database-wide facts (log segments,
+are in ``facts["maintenance"]``), and how many query steps ran compiled or
+on DuckDB (``facts["steps"]``). Database-wide facts (log segments,
 truncations repaired at open, recovery, checkpoints) come alongside.
 """
 
@@ -92,6 +93,8 @@ def engine_status(engine: "Engine") -> dict:
              "maintenance": {"mode": engine.settings.maintenance,
                              "views": {v.name: maintenance_facts(v) for v in catalog.views.values()}},
              "engine": engine.settings.engine, "backfills": backfills(engine),
+             # query step runs by path (ivm/executor.py): compiled operators or DuckDB statements
+             "steps": engine.step_counts(),
              # large runs in memory-mapped files (storage/spill.py): where, from how many rows, bytes now
              "spill": {"dir": str(engine.spill.directory) if engine.spill else None,
                        "rows": engine.spill.rows if engine.spill else None,

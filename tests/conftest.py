@@ -3,6 +3,11 @@
 Hypothesis profiles bound the randomized suites: ``ci`` (default) keeps the
 whole run well under CI's budget, ``thorough`` (HYPOTHESIS_PROFILE=thorough)
 explores much more for local soak runs.
+
+Every suite runs in shadow mode (IVM_SHADOW=1, ivm/executor.py): each
+compiled step also runs on DuckDB and any difference in rows or types fails
+the test, so the oracle suites check the compiled operators against DuckDB.
+IVM_SHADOW=0 in the environment turns it off.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+os.environ.setdefault("IVM_SHADOW", "1")  # inherited by the subprocesses tests start
 
 
 @pytest.fixture

@@ -1,0 +1,139 @@
+"""A delta program's Query step compiled once into our operators, checked against DuckDB.
+
+``CompiledStep(sql, schemas, expected)`` builds the physical operators for
+one step (relational.py) for the input schemas it has, and checks that its
+output has exactly the names and Arrow types DuckDB's binder gave the same
+step (``expected``: the schema of a DuckDB run), so DuckDB types the result
+once and the compiled step keeps to it. ``CompiledStep.run`` takes and
+returns Arrow; a ``Fallback`` from it means: run this batch on DuckDB.
+
+``same_rows`` is the shadow-mode comparison: rows as multisets, types
+exactly; DOUBLE columns within a relative 1e-9 (and 1e-9 absolute near 0),
+because sums in a different order legitimately differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from ivm.compiled.relational import compile_query
+from ivm.compiled.vectors import TO_ARROW, Fallback, Unsupported
+
+__all__ = ["CompiledStep", "Fallback", "Unsupported", "same_rows", "static_reason"]
+
+# Node types the compiled set may hold; anything else names the step's reason to stay on DuckDB.
+SUPPORTED_NODES = (
+    exp.Select, exp.Union, exp.With, exp.CTE, exp.TableAlias, exp.From, exp.Join, exp.Where, exp.Group,
+    exp.Having, exp.Distinct, exp.Table, exp.Subquery, exp.Exists, exp.Identifier, exp.Column, exp.Star,
+    exp.Alias, exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.EQ,
+    exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not,
+    exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
+    exp.IsNan,
+    exp.Count, exp.Sum, exp.Min, exp.Max,
+)
+FUNCTIONS = {"ISFINITE", "ISNAN", "GREATEST", "LEAST"}
+
+
+def static_reason(sql: exp.Expression) -> str | None:
+    """Why a step cannot be compiled, from its SQL alone (None: it may be; types decide at its first run)."""
+    for node in sql.walk():
+        if isinstance(node, exp.Anonymous):
+            if str(node.this).upper() not in FUNCTIONS:
+                return f"function {str(node.this).upper()}"
+        elif isinstance(node, exp.Union) and node.args.get("distinct"):
+            return "UNION without ALL"
+        elif isinstance(node, (exp.Except, exp.Intersect)):
+            return type(node).__name__.upper()
+        elif isinstance(node, exp.IntDiv | exp.Mod):
+            return "integer division or modulo"
+        elif not isinstance(node, SUPPORTED_NODES):
+            return f"{type(node).__name__} ({node.sql(dialect='duckdb')[:40]})"
+    return None
+
+
+class CompiledStep:
+    """One query compiled for given input schemas; ``run`` maps input tables to DuckDB's result schema."""
+
+    def __init__(self, sql: exp.Expression, schemas: dict[str, pa.Schema], expected: pa.Schema):
+        reason = static_reason(sql)
+        if reason is not None:
+            raise Unsupported(reason)
+        self.schemas = schemas
+        self.rel, names = compile_query(sql, schemas)
+        self.expected = expected
+        if names != expected.names:
+            raise Unsupported(f"output names {names} differ from DuckDB's {expected.names}")
+        self.casts: dict[int, pa.DataType] = {}
+        for i, ((_, _, t), field) in enumerate(zip(self.rel.shape.columns, expected)):
+            ours = _arrow_type(t)
+            if ours == field.type:
+                continue
+            if _lossless(ours, field.type):
+                self.casts[i] = field.type
+            else:
+                raise Unsupported(f"column {field.name}: {t} here, {field.type} in DuckDB")
+
+    def fits(self, inputs: dict[str, pa.Table]) -> bool:
+        """True when the inputs have the schemas this step was compiled for."""
+        return all(inputs[name].schema.equals(schema) for name, schema in self.schemas.items())
+
+    def run(self, inputs: dict[str, pa.Table]) -> pa.Table:
+        frame = self.rel.run(dict(inputs))
+        columns = []
+        for i, vec in enumerate(frame.cols):
+            array = vec.arrow()
+            if i in self.casts:
+                array = array.cast(self.casts[i])
+            columns.append(array)
+        return pa.Table.from_arrays(columns, schema=self.expected) if columns else self.expected.empty_table()
+
+
+def _arrow_type(t) -> pa.DataType:
+    if isinstance(t, str):
+        return TO_ARROW.get(t, pa.null())
+    return t
+
+
+def _lossless(ours: pa.DataType, theirs: pa.DataType) -> bool:
+    pairs = {(pa.string(), pa.large_string()), (pa.large_string(), pa.string()),
+             (pa.binary(), pa.large_binary()), (pa.large_binary(), pa.binary())}
+    return (ours, theirs) in pairs
+
+
+def same_rows(ours: pa.Table, theirs: pa.Table) -> str | None:
+    """None when both tables hold the same rows (as multisets) with the same types; else the difference."""
+    if not ours.schema.equals(theirs.schema):
+        return f"types differ: {ours.schema} vs {theirs.schema}"
+    if ours.num_rows != theirs.num_rows:
+        return f"{ours.num_rows} rows compiled, {theirs.num_rows} on DuckDB"
+    if ours.num_rows == 0:
+        return None
+    positions = [f"c{i}" for i in range(ours.num_columns)]  # names may repeat (SELECT * of a join)
+    ours, theirs = ours.rename_columns(positions), theirs.rename_columns(positions)
+    names = positions
+    floats = [n for n in names if pa.types.is_floating(ours.schema.field(n).type)]
+    exact = [n for n in names if n not in floats]
+    order = [(n, "ascending") for n in exact + floats]
+    a = ours.take(pc.sort_indices(ours, sort_keys=order))
+    b = theirs.take(pc.sort_indices(theirs, sort_keys=order))
+    for n in exact:
+        x, y = a.column(n), b.column(n)
+        if not x.equals(y):
+            return f"column {n} differs: {x.to_pylist()[:8]} vs {y.to_pylist()[:8]}"
+    for n in floats:
+        x = a.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
+        y = b.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
+        nx, ny = np.asarray(a.column(n).is_null()), np.asarray(b.column(n).is_null())
+        if not (nx == ny).all():
+            return f"column {n}: NULLs differ"
+        x, y = x[~nx], y[~ny]
+        both_nan = np.isnan(x) & np.isnan(y)
+        with np.errstate(all="ignore"):
+            close = (x == y) | both_nan | (np.abs(x - y) <= 1e-9 * np.maximum(np.abs(x), np.abs(y)) + 1e-9)
+        if not close.all():
+            i = int(np.flatnonzero(~close)[0])
+            return f"column {n} differs: {x[i]!r} vs {y[i]!r}"
+    return None

@@ -1,0 +1,228 @@
+"""Columns of a compiled step: DuckDB's logical types over numpy data with NULL masks.
+
+A ``Vec`` is one column in one of two forms, converted lazily: an Arrow
+array (as it came in, or as it goes out), or numpy ``data`` with a boolean
+``valid`` mask (None: no NULLs). Numbers and booleans are computed in the
+numpy form; every other type (strings, dates, decimals other than
+DECIMAL(38,0)) stays an Arrow array that compiled steps only move, compare
+for equality and group by.
+
+Types are DuckDB's names for the ones we compute (``INT_RANK`` and
+``DOUBLE``, ``BOOLEAN``, ``NULL``) or an Arrow type for the ones we only
+move. HUGEINT (DuckDB's SUM of integers, and DECIMAL(38,0), which behaves
+alike for + - * and SUM) is held in int64: a value outside int64 is a
+``Fallback`` (the batch runs on DuckDB), never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class Fallback(Exception):
+    """This batch of a compiled step must run on DuckDB (the reason says why)."""
+
+
+class Unsupported(Exception):
+    """A step's SQL is outside the compiled set (the reason says which construct)."""
+
+
+INT_RANK = {"TINYINT": 0, "SMALLINT": 1, "INTEGER": 2, "BIGINT": 3, "HUGEINT": 4}
+INT_RANGE = {
+    "TINYINT": (-(2**7), 2**7 - 1), "SMALLINT": (-(2**15), 2**15 - 1), "INTEGER": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1), "HUGEINT": (-(2**63), 2**63 - 1),  # held in int64 (see above)
+}
+HUGE_ARROW = pa.decimal128(38, 0)
+TO_ARROW = {
+    "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INTEGER": pa.int32(), "BIGINT": pa.int64(),
+    "HUGEINT": HUGE_ARROW, "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+}
+FROM_ARROW = {v: k for k, v in TO_ARROW.items()}
+NUMPY = {"TINYINT": np.int64, "SMALLINT": np.int64, "INTEGER": np.int64, "BIGINT": np.int64,
+         "HUGEINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
+
+
+def is_int(t) -> bool:
+    return isinstance(t, str) and t in INT_RANK
+
+
+def is_number(t) -> bool:
+    return is_int(t) or t == "DOUBLE"
+
+
+def logical(arrow_type: pa.DataType):
+    """DuckDB's logical type for an Arrow column: a name we compute with, or the Arrow type itself."""
+    return FROM_ARROW.get(arrow_type, arrow_type)
+
+
+class Vec:
+    """One column: Arrow ``array`` or numpy ``data`` + ``valid`` (None: all valid); see the module doc.
+
+    A ``take`` is lazy: it keeps the source column and the row positions, and
+    gathers only when the column is read, so joins that pass columns along
+    (``SELECT *`` over three LEFT JOINs) gather each column once, at the end.
+    """
+
+    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing")
+
+    def __init__(self, type_, array: pa.Array | None = None, data: np.ndarray | None = None,
+                 valid: np.ndarray | None = None):
+        self.type = type_
+        self._array = array
+        self._data = data
+        self._valid = valid
+        self._source: Vec | None = None  # a lazy take: rows ``_index`` of ``_source`` (NULL where ``_missing``)
+        self._index: np.ndarray | None = None
+        self._missing: np.ndarray | None = None
+
+    @staticmethod
+    def of(type_, data: np.ndarray, valid: np.ndarray | None = None) -> "Vec":
+        if valid is not None and valid.all():
+            valid = None
+        return Vec(type_, data=data, valid=valid)
+
+    def __len__(self) -> int:
+        if self._source is not None:
+            return len(self._index)
+        return len(self._array) if self._array is not None else len(self._data)
+
+    @property
+    def numeric(self) -> bool:
+        return isinstance(self.type, str)
+
+    def np(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(data, valid) with values at NULL positions unspecified; only for our computed types."""
+        if self._source is not None:
+            self._gather()
+        if self._data is None:
+            arr = self._array
+            valid = np.asarray(arr.is_valid()) if arr.null_count else None
+            if self.type == "HUGEINT":
+                data = _decimal_to_int64(arr, valid)
+            else:
+                if arr.null_count:
+                    arr = arr.fill_null(False if self.type == "BOOLEAN" else 0)
+                data = arr.to_numpy(zero_copy_only=False)
+                if self.type != "BOOLEAN" and self.type != "DOUBLE":
+                    data = data.astype(np.int64, copy=False)
+            self._data, self._valid = data, valid
+        return self._data, self._valid
+
+    def valid(self) -> np.ndarray | None:
+        if self._source is not None:
+            self._gather()
+        if self._data is None and self._array is not None:
+            return np.asarray(self._array.is_valid()) if self._array.null_count else None
+        return self._valid
+
+    def arrow(self) -> pa.Array:
+        if self._source is not None:
+            self._gather()
+        if self._array is None:
+            data, valid = self._data, self._valid
+            mask = None if valid is None else ~valid
+            if self.type == "NULL":
+                self._array = pa.nulls(len(data))
+            elif self.type == "HUGEINT":
+                self._array = _int64_to_decimal(data, mask)
+            else:
+                self._array = pa.array(data, TO_ARROW[self.type], mask=mask)
+        return self._array
+
+    def take(self, index: np.ndarray, missing: np.ndarray | None = None) -> "Vec":
+        """Rows at ``index``; where ``missing`` is true a NULL (outer joins). Gathered when read."""
+        out = Vec(self.type)
+        if missing is not None and not missing.any():
+            missing = None
+        if self._source is not None:  # compose with the pending take
+            if missing is not None:
+                index = np.where(missing, 0, index)
+            inner = self._index[index] if len(self._index) else np.zeros(len(index), np.int64)
+            if self._missing is not None:
+                inherited = self._missing[index] if len(self._index) else np.ones(len(index), bool)
+                missing = inherited if missing is None else (missing | inherited)
+            out._source, out._index, out._missing = self._source, inner, missing
+        else:
+            out._source, out._index, out._missing = self, index, missing
+        return out
+
+    def _gather(self) -> None:
+        source, index, missing = self._source, self._index, self._missing
+        self._source = self._index = self._missing = None
+        if source._data is not None:
+            data, valid = source._data, source._valid
+            if missing is not None:
+                index = np.where(missing, 0, index)
+            self._data = data[index] if len(data) else np.zeros(len(index), data.dtype)
+            v = None if valid is None else (valid[index] if len(data) else np.zeros(len(index), bool))
+            if missing is not None:
+                v = ~missing if v is None else (v & ~missing)
+            self._valid = None if v is not None and v.all() else v
+        else:
+            indices = pa.array(index, pa.int64(), mask=missing)
+            self._array = source._array.take(indices)
+
+
+def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
+    """DECIMAL(38,0) values as int64 (their low 8 bytes); Fallback when one does not fit."""
+    pairs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))
+    pairs = pairs[2 * arr.offset:].reshape(-1, 2)
+    low, high = pairs[:, 0], pairs[:, 1]
+    fits = high == (low >> 63)
+    if not (fits if valid is None else (fits | ~valid)).all():
+        raise Fallback("a HUGEINT/DECIMAL(38,0) value outside BIGINT")
+    return low.copy()
+
+
+def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None) -> pa.Array:
+    """int64 values as DECIMAL(38,0) (sign-extended to 16 bytes), without a cast kernel."""
+    pairs = np.empty((len(data), 2), np.int64)
+    pairs[:, 0] = data
+    pairs[:, 1] = data >> 63
+    validity = None
+    nulls = 0
+    if mask is not None:
+        ints = pa.array(data, pa.int64(), mask=mask)
+        validity, nulls = ints.buffers()[0], ints.null_count
+    return pa.Array.from_buffers(HUGE_ARROW, len(data), [validity, pa.py_buffer(pairs)], null_count=nulls)
+
+
+def constant(type_, value, n: int) -> Vec:
+    if value is None:
+        return Vec(type_, data=np.zeros(n, NUMPY.get(type_, np.int64)), valid=np.zeros(n, bool))
+    return Vec(type_, data=np.full(n, value, NUMPY[type_]))
+
+
+def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return Vec(logical(array.type), array=array)
+
+
+def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: str) -> None:
+    """Fallback unless every valid value fits ``type_`` (DuckDB raises where numpy would wrap)."""
+    if type_ in ("BIGINT", "HUGEINT") or not len(data):
+        return
+    low, high = INT_RANGE[type_]
+    values = data if valid is None else data[valid]
+    if len(values) and (values.min() < low or values.max() > high):
+        raise Fallback(f"{what} outside {type_}")
+
+
+def negative_zero(data: np.ndarray, valid: np.ndarray | None) -> bool:
+    """True when a valid double is -0.0 (DuckDB keeps whichever zero it met first: we cannot tell)."""
+    hit = (data == 0) & np.signbit(data)
+    if valid is not None:
+        hit &= valid
+    return bool(hit.any())
+
+
+def nulls_of(arrays: list[pa.Array]) -> np.ndarray:
+    """Positions where any of ``arrays`` is NULL."""
+    out = np.zeros(len(arrays[0]) if arrays else 0, bool)
+    for a in arrays:
+        if a.null_count:
+            out |= np.asarray(pc.is_null(a))
+    return out
