@@ -123,3 +123,32 @@ def test_statement_counts_are_per_view_and_inside_the_programs_time(monkeypatch)
     for statements, in_statements, in_program in stats.values():
         assert statements >= 1 and 0 < in_statements <= in_program
     assert tpch_statements.trivial_statement_seconds(runs=20) > 0
+
+
+def test_compiled_census_counts_runs_by_view_path_and_reason(monkeypatch):
+    """bench.tpch_compiled counts each view's query step runs: compiled, or on DuckDB grouped by reason."""
+    import pyarrow as pa
+
+    import ivm
+    from bench.tpch_compiled import Census, construct
+    from ivm import executor as ex
+
+    monkeypatch.setattr(ex.Executor, "_query", ex.Executor._query)  # restored after the test
+    monkeypatch.setattr(ex.StepRunner, "run", ex.StepRunner.run)
+    census = Census()
+    census.install()
+    with ivm.connect(maintenance="incremental") as db:
+        db.execute("CREATE TABLE t (k BIGINT PRIMARY KEY, g INTEGER, v INTEGER, s VARCHAR)")
+        db.execute("CREATE MATERIALIZED VIEW sums AS SELECT g, SUM(v) AS s FROM t GROUP BY g")
+        db.execute("CREATE MATERIALIZED VIEW odd AS SELECT k FROM t WHERE regexp_matches(s, 'a.c')")
+        for i in range(4):
+            census.active = i >= 2  # the first runs are on DuckDB by design
+            db.apply_changes("t", pa.table({"k": [i], "g": [i % 2], "v": [i], "s": ["abc"], "__op": ["c"]}))
+    assert census.runs["sums"]["compiled"] >= 2 and census.runs["sums"]["duckdb"] == 0
+    assert census.runs["odd"]["duckdb"] == 2  # its delta step; the state merge after it is compiled
+    assert all(set(views) <= {"odd"} for views in census.reasons.values())
+    report = census.report(["sums", "odd"])
+    assert report[0].split() == ["view", "compiled", "duckdb", "fallback", "skipped", "compiled%"]
+    assert any(line.startswith("total") for line in report)
+    assert any("duckdb: RegexpLike" in line and "[odd]" in line for line in report)
+    assert construct("duckdb: Like (a LIKE 'x%')") == "duckdb: Like"
