@@ -156,3 +156,44 @@ def group_extreme(data: np.ndarray, valid, order, starts, largest: bool) -> np.n
         # maximum propagates NaN (NaN is the largest); fmin skips it unless all are NaN
         return np.maximum.reduceat(values, starts) if largest else np.fmin.reduceat(values, starts)
     return (np.maximum if largest else np.minimum).reduceat(values, starts)
+
+
+def group_all(data: np.ndarray, valid, order, starts, conjunction: bool) -> np.ndarray:
+    """BOOL_AND (``conjunction``) or BOOL_OR per group over the valid rows (a group without one: unspecified)."""
+    if not len(starts):
+        return np.empty(0, bool)
+    values = data[order].astype(bool, copy=False)
+    if valid is not None:
+        values = np.where(valid[order], values, conjunction)  # a NULL changes neither
+    return (np.logical_and if conjunction else np.logical_or).reduceat(values, starts)
+
+
+def order_ranks(v: Vec, desc: bool, nulls_first: bool) -> np.ndarray:
+    """Ranks of one ORDER BY key, in DuckDB's order: equal values rank alike, NULLs first or last.
+
+    Numbers as numpy orders them (DOUBLE: NaN above +inf, -0.0 equal to 0.0,
+    as DuckDB sorts); other types by Arrow's order (strings by bytes, as
+    DuckDB's default collation; decimals, dates and timestamps by value).
+    """
+    if v.numeric:
+        data, valid = v.np()
+        if v.type == "DOUBLE":
+            data = data + 0.0  # -0.0 -> 0.0
+        present = data if valid is None else data[valid]
+        uniques, inverse = np.unique(present, return_inverse=True)  # NaNs are one value, the largest
+        ranks_present, width = inverse.astype(np.int64).reshape(-1), len(uniques)
+    else:
+        array = v.arrow()
+        if pa.types.is_nested(array.type) or pa.types.is_floating(array.type):
+            raise Fallback(f"ORDER BY a key of type {array.type}")
+        valid = np.asarray(array.is_valid()) if array.null_count else None
+        present = array if valid is None else array.filter(pa.array(valid))
+        ranks_present = np.asarray(pc.rank(present, sort_keys="ascending", tiebreaker="dense")).astype(np.int64) - 1
+        width = int(ranks_present.max()) + 1 if len(ranks_present) else 0
+    if desc:
+        ranks_present = width - 1 - ranks_present
+    if valid is None:
+        return ranks_present
+    out = np.full(len(valid), -1 if nulls_first else width, np.int64)
+    out[valid] = ranks_present
+    return out

@@ -35,12 +35,15 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
-from ivm.compiled.kernels import codes, group_count, group_extreme, group_sum, groups, joint_codes, matches
+from ivm.compiled.kernels import (
+    codes, group_all, group_count, group_extreme, group_sum, groups, joint_codes, matches, order_ranks,
+)
 from ivm.compiled.vectors import (
-    Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
+    INT_RANK, Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
 )
 
-SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_"}
+SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_",
+               "order", "limit", "offset"}
 
 
 class Frame:
@@ -98,7 +101,7 @@ class _Query:
             return self.query(node.this, env)
         if isinstance(node, exp.Select):
             return self.select(node, env)
-        if isinstance(node, exp.Union) and not isinstance(node, (exp.Except, exp.Intersect)):
+        if isinstance(node, exp.SetOperation):
             return self.union(node, env)
         raise Unsupported(f"query {type(node).__name__}")
 
@@ -114,18 +117,51 @@ class _Query:
             return frame
         return Rel(rel.shape, run), names
 
-    def union(self, node: exp.Union, env) -> tuple[Rel, list[str]]:
-        if node.args.get("distinct") or any(node.args.get(k) for k in ("order", "limit", "offset")):
-            raise Unsupported("UNION without ALL (or with ORDER BY/LIMIT)")
+    def union(self, node: exp.SetOperation, env) -> tuple[Rel, list[str]]:
+        """UNION ALL; UNION, EXCEPT and INTERSECT (DuckDB's set forms: distinct rows, NULL equal to NULL).
+
+        The sides' columns must have one type each, or integer types (the
+        result is the widest, as DuckDB casts a union), or NULL against a type.
+        A DOUBLE -0.0 in a set operation falls back (DuckDB keeps the zero it
+        met first); NaN equals NaN. EXCEPT ALL / INTERSECT ALL stay on DuckDB.
+        """
+        what = type(node).__name__.upper()
+        distinct = bool(node.args.get("distinct"))
+        if any(node.args.get(k) for k in ("order", "limit", "offset")):
+            raise Unsupported(f"{what} with ORDER BY/LIMIT")
+        if what != "UNION" and not distinct:
+            raise Unsupported(f"{what} ALL")
         (left, names), (right, _) = self.query(node.this, env), self.query(node.expression, env)
         lt, rt = [t for *_, t in left.shape.columns], [t for *_, t in right.shape.columns]
-        if len(lt) != len(rt) or any(str(a) != str(b) for a, b in zip(lt, rt)):
-            raise Unsupported("UNION ALL of inputs with different column types (DuckDB casts them)")
+        if len(lt) != len(rt):
+            raise Unsupported(f"{what} of inputs with different numbers of columns")
+        types = [_set_type(a, b, what) for a, b in zip(lt, rt)]
+        shape = Shape([("", n.lower(), t) for n, t in zip(names, types)])
 
-        def run(ctx):
+        def sides(ctx):
             a, b = left.run(ctx), right.run(ctx)
-            return Frame([_concat(x, y) for x, y in zip(a.cols, b.cols)], a.n + b.n)
-        return Rel(Shape([("", n, t) for n, t in zip(names, lt)]), run), names
+            return [_as(c, t) for c, t in zip(a.cols, types)], a.n, [_as(c, t) for c, t in zip(b.cols, types)], b.n
+
+        if what == "UNION":
+            def run(ctx):
+                a, na, b, nb = sides(ctx)
+                return Frame([_concat(x, y) for x, y in zip(a, b)], na + nb)
+            rel = Rel(shape, run)
+            return (_distinct(rel) if distinct else rel), names
+        keep_found = what == "INTERSECT"
+
+        def run_set(ctx):
+            a, na, b, nb = sides(ctx)
+            if any(c.type == "DOUBLE" and negative_zero(*c.np()) for c in a + b):
+                raise Fallback(f"{what} over a DOUBLE -0.0 (DuckDB keeps the zero it met first)")
+            if na == 0:
+                return Frame(a, 0)
+            ca, cb = joint_codes(a, b, na, nb) if a else (np.zeros(na, np.int64), np.zeros(nb, np.int64))
+            _, _, first = groups(ca)
+            first = np.sort(first)
+            chosen = first[np.isin(ca[first], cb) == keep_found]
+            return Frame([c.take(chosen) for c in a], len(chosen))
+        return Rel(shape, run_set), names
 
     # --- SELECT -----------------------------------------------------------------
     def select(self, node: exp.Select, env) -> tuple[Rel, list[str]]:
@@ -150,20 +186,29 @@ class _Query:
         rel = self.where(rel, where, env)
         group = node.args.get("group")
         having = node.args.get("having")
+        ordered = node.args["order"].expressions if node.args.get("order") else []
+        if ordered and distinct is not None:
+            raise Unsupported("DISTINCT with ORDER BY")
         aggs = [a for e in node.expressions for a in _aggregates(e)]
         if having is not None:
             aggs += _aggregates(having.this)
+        aggs += [a for o in ordered for a in _aggregates(o.this)]
+        keys = [o.this for o in ordered]
         if group is not None or aggs:
             rel, subst = self.aggregate(rel, group, aggs)
             if having is not None:
                 rel = self.filter(rel, [having.this], subst)
-            out, names = self.project(rel, node.expressions, subst)
+            out, names = self.project(rel, node.expressions, subst, keys)
         else:
             if having is not None:
                 raise Unsupported("HAVING without aggregates")
-            out, names = self.project(rel, node.expressions, None)
+            out, names = self.project(rel, node.expressions, None, keys)
         if distinct is not None:
             out = _distinct(out)
+        if ordered or node.args.get("limit") or node.args.get("offset"):
+            out = _limit(out, len(names), [(bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+                                           for o in ordered],
+                         _count(node.args.get("limit")), _count(node.args.get("offset")) or 0)
         return out, names
 
     def source(self, node: exp.Expression, env) -> Rel:
@@ -189,29 +234,44 @@ class _Query:
         raise Unsupported(f"FROM {type(node).__name__}")
 
     def join(self, left: Rel, join: exp.Join, env, where: list) -> tuple[Rel, list]:
-        """The join and the WHERE conditions left; a CROSS JOIN takes its equalities from the WHERE."""
+        """The join and the WHERE conditions left; a CROSS JOIN takes its equalities from the WHERE.
+
+        ``ON`` is split into equalities between the sides (the keys) and the
+        rest (the residual). Rows are paired on the keys (or, with no keys,
+        every left row with every right row: at most ``CROSS_PAIRS`` pairs per
+        batch, else a Fallback), then the residual keeps the pairs where it is
+        true. In a LEFT join the residual decides what matches: a left row
+        none of whose pairs pass is kept once, NULL-extended (SQL's ON, not a
+        WHERE after the join). An INNER join ON TRUE is a CROSS JOIN.
+        """
         side, kind = (join.args.get("side") or "").upper(), (join.args.get("kind") or "").upper()
-        cross = kind == "CROSS" or (not side and not kind and join.args.get("on") is None)
-        if join.args.get("using") or not cross and (
-                side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or join.args.get("on") is None):
+        on = join.args.get("on")
+        ons = [c for c in conjuncts(on) if not _is_true(c)]
+        cross = kind == "CROSS" or (not side and kind in ("", "INNER") and not ons)
+        if join.args.get("using") or not cross and (side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER")
+                                                    or on is None):
             raise Unsupported(f"{side} {kind} JOIN".replace("  ", " "))
         right = self.source(join.this, env)
         if cross:  # FROM a CROSS JOIN b WHERE a.x = b.y: an inner join on the WHERE's equalities
             pairs, where = _key_pairs(where, left.shape, right.shape)
             rest = []
         else:
-            pairs, rest = _key_pairs(conjuncts(join.args["on"]), left.shape, right.shape)
-        if not pairs or (rest and side == "LEFT"):
-            raise Unsupported("a join whose ON is not a conjunction of equalities")
+            pairs, rest = _key_pairs(ons, left.shape, right.shape)
         outer = side == "LEFT"
         shape = Shape(left.shape.columns + right.shape.columns)
+        residual = self._predicates(rest, shape, None)
 
         def run(ctx):
             lf, rf = left.run(ctx), right.run(ctx)
-            li, ri, count = matches(*_pair_codes(pairs, lf, rf))
+            if pairs:
+                li, ri, _ = matches(*_pair_codes(pairs, lf, rf))
+                if residual:
+                    li, ri = _passing(residual, lf, rf, li, ri)
+            else:
+                li, ri = _cross(residual, lf, rf)
             missing = None
             if outer:
-                lonely = np.flatnonzero(count == 0)
+                lonely = np.flatnonzero(np.bincount(li, minlength=lf.n) == 0)
                 if len(lonely):
                     li = np.concatenate([li, lonely])
                     ri = np.concatenate([ri, np.zeros(len(lonely), np.int64)])
@@ -219,8 +279,7 @@ class _Query:
                     missing[len(li) - len(lonely):] = True
             cols = [c.take(li) for c in lf.cols] + [c.take(ri, missing) for c in rf.cols]
             return Frame(cols, len(li))
-        rel = Rel(shape, run)
-        return (self.filter(rel, rest, None) if rest else rel), where
+        return Rel(shape, run), where
 
     def where(self, rel: Rel, conds: list[exp.Expression], env) -> Rel:
         plain = []
@@ -235,7 +294,8 @@ class _Query:
     def exists(self, outer: Rel, node: exp.Exists, anti: bool, env) -> Rel:
         inner_q = node.this
         if not isinstance(inner_q, exp.Select) or any(inner_q.args.get(k) for k in ("joins", "group", "having",
-                                                                                     "with_", "distinct")):
+                                                                                     "with_", "distinct", "limit",
+                                                                                     "offset")):
             raise Unsupported("EXISTS over more than one filtered relation")
         extra = [k for k, v in inner_q.args.items() if v and k not in SELECT_ARGS]
         if extra or inner_q.args.get("from_") is None:
@@ -263,11 +323,16 @@ class _Query:
             return of.take(np.flatnonzero(count == 0 if anti else count > 0))
         return Rel(outer.shape, run)
 
-    def filter(self, rel: Rel, conds: list[exp.Expression], subst) -> Rel:
-        predicates = [compile_expr(c, rel.shape, subst) for c in conds]
+    @staticmethod
+    def _predicates(conds: list[exp.Expression], shape: Shape, subst) -> list[Expr]:
+        predicates = [compile_expr(c, shape, subst) for c in conds]
         for p in predicates:
             if p.type not in ("BOOLEAN", "NULL"):
                 raise Unsupported(f"a condition of type {p.type}")
+        return predicates
+
+    def filter(self, rel: Rel, conds: list[exp.Expression], subst) -> Rel:
+        predicates = self._predicates(conds, rel.shape, subst)
 
         def run(ctx):
             frame = rel.run(ctx)
@@ -322,7 +387,8 @@ class _Query:
             return Frame(cols, len(starts) if not (global_ and frame.n == 0) else 1)
         return Rel(shape, run), subst
 
-    def project(self, rel: Rel, items: list[exp.Expression], subst) -> tuple[Rel, list[str]]:
+    def project(self, rel: Rel, items: list[exp.Expression], subst, hidden=()) -> tuple[Rel, list[str]]:
+        """The select list over ``rel``; ``hidden`` expressions (ORDER BY keys) follow as unnamed columns."""
         exprs: list[Expr] = []
         names: list[str] = []
         for item in items:
@@ -339,7 +405,10 @@ class _Query:
             body = item.this if isinstance(item, exp.Alias) else item
             exprs.append(finish(compile_expr(body, rel.shape, subst)))
             names.append(item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else item.sql("duckdb"))
-        shape = Shape([("", n.lower(), e.type) for n, e in zip(names, exprs)])
+        keys = [compile_expr(k, rel.shape, subst) for k in hidden]
+        shape = Shape([("", n.lower(), e.type) for n, e in zip(names, exprs)]
+                      + [("", f"#order{i}", k.type) for i, k in enumerate(keys)])
+        exprs += keys
 
         def run(ctx):
             frame = rel.run(ctx)
@@ -404,6 +473,122 @@ def _pair_codes(pairs, lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray, np
     return lc, rc, lskip, rskip
 
 
+
+CROSS_PAIRS = 4_000_000  # row pairs a join without equalities may form per batch (else Fallback)
+CROSS_CHUNK = 65_536  # pairs whose residual is computed at once (bounds the memory of a large cross)
+
+
+def _is_true(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Boolean) and node.this is True
+
+
+def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.ndarray):
+    """The pairs (li, ri) on which every residual condition is true."""
+    frame = Frame([c.take(li) for c in lf.cols] + [c.take(ri) for c in rf.cols], len(li))
+    keep = np.ones(len(li), bool)
+    for p in residual:
+        keep &= truth(p.fn(frame))[0]
+    return li[keep], ri[keep]
+
+
+def _cross(residual: list[Expr], lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """Every (left row, right row) pair where the residual is true, formed in chunks of left rows."""
+    total = lf.n * rf.n
+    if total > CROSS_PAIRS:
+        raise Fallback(f"a join without equalities over {lf.n} x {rf.n} rows")
+    if not residual or total <= CROSS_CHUNK:
+        li, ri = np.repeat(np.arange(lf.n), rf.n), np.tile(np.arange(rf.n), lf.n)
+        return _passing(residual, lf, rf, li, ri) if residual else (li, ri)
+    step = max(1, CROSS_CHUNK // rf.n)
+    parts = []
+    for start in range(0, lf.n, step):  # chunks of rows, not a loop over rows
+        rows = np.arange(start, min(start + step, lf.n))
+        parts.append(_passing(residual, lf, rf, np.repeat(rows, rf.n), np.tile(np.arange(rf.n), len(rows))))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+
+def _set_type(a, b, what: str):
+    """The type of a set operation's column whose sides have types ``a`` and ``b`` (DuckDB's cast)."""
+    if str(a) == str(b):
+        return a
+    if is_int(a) and is_int(b):
+        return max(a, b, key=INT_RANK.get)
+    if a == "NULL" or b == "NULL":
+        return b if a == "NULL" else a
+    raise Unsupported(f"{what} of inputs with different column types ({a}, {b}: DuckDB casts them)")
+
+
+def _as(v: Vec, t) -> Vec:
+    """A column of a set operation's side as the operation's type ``t`` (integers widen; NULLs take it)."""
+    if v.type == t or str(v.type) == str(t):
+        return v
+    if v.type == "NULL":
+        if isinstance(t, str):
+            return constant(t, None, len(v))
+        return Vec(t, array=pa.nulls(len(v), t))
+    data, valid = v.np()
+    return Vec.of(t, data, valid)  # integers are all held in int64
+
+
+
+def _count(node: exp.Expression | None) -> int | None:
+    """The row count of a LIMIT/OFFSET clause: a non-negative integer literal (None: no clause)."""
+    if node is None:
+        return None
+    value = node.args.get("expression")
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()) or node.args.get(
+            "percent") or node.args.get("with_ties") or node.args.get("expressions"):
+        raise Unsupported(f"{node.sql(dialect='duckdb')[:40]}")
+    return int(value.this)
+
+
+def _limit(rel: Rel, visible: int, keys: list[tuple[bool, bool]], count: int | None, skip: int) -> Rel:
+    """ORDER BY the columns after the first ``visible`` (``keys``: (descending, NULLs first) each), then
+    OFFSET ``skip`` LIMIT ``count``; the ordering columns are dropped.
+
+    The result must be the one DuckDB gives, which is a choice when rows tie:
+    where rows equal in every ORDER BY key straddle the cut (the OFFSET or the
+    LIMIT), DuckDB may take any of them, so they must be the same row in the
+    output columns, else the batch falls back. Without ORDER BY, a LIMIT is
+    exact only when it takes every row (more rows fall back), and an OFFSET
+    is Unsupported. ORDER BY alone orders rows (a result is a multiset).
+    """
+    if not keys and skip:
+        raise Unsupported("OFFSET without ORDER BY (DuckDB's choice of rows is arbitrary)")
+    shape = Shape(rel.shape.columns[:visible])
+
+    def run(ctx):
+        frame = rel.run(ctx)
+        cols, n = frame.cols[:visible], frame.n
+        if not keys:
+            if count is not None and n > count:
+                raise Fallback(f"LIMIT {count} without ORDER BY over {n} rows (DuckDB's choice is arbitrary)")
+            return Frame(cols, n)
+        ranks = [order_ranks(v, desc, first) for v, (desc, first) in zip(frame.cols[visible:], keys)]
+        order = np.lexsort(ranks[::-1]) if n else np.empty(0, np.int64)
+        end = n if count is None else min(n, skip + count)
+        for cut in (skip, end) if count is not None or skip else ():
+            if 0 < cut < n and all(r[order[cut - 1]] == r[order[cut]] for r in ranks):
+                tied = np.ones(n, bool)
+                for r in ranks:
+                    tied &= r == r[order[cut]]
+                _same_rows_or_fallback(cols, np.flatnonzero(tied))
+        chosen = order[skip:end]
+        return Frame([c.take(chosen) for c in cols], len(chosen))
+    return Rel(shape, run)
+
+
+def _same_rows_or_fallback(cols: list[Vec], rows: np.ndarray) -> None:
+    """Fallback unless ``rows`` hold one row in ``cols`` (rows tied in ORDER BY across a LIMIT's cut)."""
+    taken = [c.take(rows) for c in cols]
+    for c in taken:
+        if c.type == "DOUBLE" and negative_zero(*c.np()):
+            raise Fallback("rows tied across a LIMIT with a DOUBLE -0.0 (DuckDB may take either zero)")
+    if taken and len(np.unique(codes(taken, len(rows)))) > 1:
+        raise Fallback("different rows tie in ORDER BY across a LIMIT/OFFSET (DuckDB's choice is arbitrary)")
+
+
 def _distinct(rel: Rel) -> Rel:
     def run(ctx):
         frame = rel.run(ctx)
@@ -428,7 +613,10 @@ def _concat(a: Vec, b: Vec) -> Vec:
 
 
 class _Call:
-    """One aggregate call: COUNT(*), COUNT(x), SUM(x), MIN(x), MAX(x)."""
+    """One aggregate call: COUNT(*), COUNT(x), SUM(x), MIN(x), MAX(x), BOOL_AND(x), BOOL_OR(x).
+
+    Each ignores NULLs and gives NULL over a group without a value (COUNT: 0).
+    """
 
     def __init__(self, func: str, arg: Expr | None, type_):
         self.func, self.arg, self.type = func, arg, type_
@@ -441,6 +629,8 @@ class _Call:
             return Vec.of("BIGINT", group_count(vec.valid(), order, starts, frame.n))
         data, valid = vec.np()
         count = group_count(valid, order, starts, frame.n)
+        if self.func in ("bool_and", "bool_or"):
+            return Vec.of("BOOLEAN", group_all(data, valid, order, starts, self.func == "bool_and"), count > 0)
         if self.func == "sum":
             out = group_sum(data, valid, order, starts)
         else:
@@ -454,7 +644,8 @@ class _Call:
 
 
 def _aggregate_call(node: exp.AggFunc, shape: Shape) -> _Call:
-    name = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max"}.get(type(node))
+    name = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.LogicalAnd: "bool_and",
+            exp.LogicalOr: "bool_or"}.get(type(node))
     if name is None:
         raise Unsupported(f"aggregate {node.sql(dialect='duckdb')[:40]}")
     arg = node.this
@@ -468,6 +659,10 @@ def _aggregate_call(node: exp.AggFunc, shape: Shape) -> _Call:
     t = compiled.type
     if name == "count":
         return _Call("count", compiled, "BIGINT")
+    if name in ("bool_and", "bool_or"):
+        if t != "BOOLEAN":  # DuckDB casts the argument to BOOLEAN; only booleans are taken as they are
+            raise Unsupported(f"{name.upper()} of {t}")
+        return _Call(name, compiled, "BOOLEAN")
     if name == "sum":
         if is_int(t):
             return _Call("sum", compiled, "HUGEINT")

@@ -33,6 +33,7 @@ SUPPORTED_NODES = (
     exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
     exp.IsNan,
     exp.Count, exp.Sum, exp.Min, exp.Max,
+    exp.LogicalAnd, exp.LogicalOr, exp.Order, exp.Ordered, exp.Limit, exp.Offset, exp.Except, exp.Intersect,
 )
 FUNCTIONS = {"ISFINITE", "ISNAN", "GREATEST", "LEAST"}
 
@@ -43,10 +44,6 @@ def static_reason(sql: exp.Expression) -> str | None:
         if isinstance(node, exp.Anonymous):
             if str(node.this).upper() not in FUNCTIONS:
                 return f"function {str(node.this).upper()}"
-        elif isinstance(node, exp.Union) and node.args.get("distinct"):
-            return "UNION without ALL"
-        elif isinstance(node, (exp.Except, exp.Intersect)):
-            return type(node).__name__.upper()
         elif isinstance(node, exp.IntDiv | exp.Mod):
             return "integer division or modulo"
         elif not isinstance(node, SUPPORTED_NODES):
