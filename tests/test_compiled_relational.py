@@ -1,5 +1,5 @@
-"""Compiled joins with residual conditions and without equalities, set operations, BOOL_AND/BOOL_OR and
-ORDER BY ... LIMIT (ivm/compiled/relational.py) against DuckDB.
+"""Compiled joins with residual conditions and without equalities, set operations, BOOL_AND/BOOL_OR,
+ORDER BY ... LIMIT and windowed SUM/COUNT (ivm/compiled/relational.py) against DuckDB.
 
 Inputs hold NULL keys, duplicates, NaN, -0.0 and may be empty. A LEFT join's
 residual decides the match (unmatched rows NULL-extended); a join without
@@ -142,6 +142,38 @@ def test_limit_forms_outside_the_set():
                         ("SELECT k FROM d WHERE EXISTS (SELECT 1 FROM d AS e WHERE e.k = d.k LIMIT 0)", "EXISTS")]:
         with pytest.raises(Unsupported, match=reason):
             CompiledStep(parse_one(sql, read="duckdb"), schemas, expected)
+
+
+WINDOWED = {"p": (pa.int64(), SMALL_INTS), "a": (pa.int32(), SMALL_INTS), "s": (pa.string(), STRINGS),
+            "w": (pa.int64(), SMALL_INTS), "f": (pa.float64(), DOUBLES)}
+WINDOWS = st.sampled_from([
+    "SUM(w) OVER (ORDER BY a DESC, s ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)",
+    "SUM(w) OVER (PARTITION BY p ORDER BY a NULLS FIRST ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)",
+    "SUM(w) OVER (ORDER BY a)", "SUM(w) OVER (PARTITION BY p, s ORDER BY a DESC, w > 0 DESC)",
+    "SUM(w) OVER (PARTITION BY p)", "SUM(w) OVER ()", "COUNT(*) OVER (PARTITION BY s ORDER BY p)",
+    "COUNT(w) OVER (ORDER BY a ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)",
+    "SUM(a) OVER (ORDER BY p RANGE BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)",
+])
+
+
+@settings(max_examples=60)
+@given(table=tables(WINDOWED, max_rows=15), window=WINDOWS)
+def test_window_sums_equal_duckdb(table, window):
+    """Running sums (the TPC-H top-K ranks rows by one): ROWS frames with differing peers fall back."""
+    data = {"j": table}
+    outcomes.append(check(f"SELECT p, a, s, w, {window} AS t FROM j", data))
+    check(f"SELECT j.*, CAST({window} - j.w AS BIGINT) AS t FROM j AS j WHERE j.w <> 0", data)
+
+
+def test_window_forms_outside_the_set():
+    schemas = {"j": pa.schema([("k", pa.int64()), ("f", pa.float64())])}
+    for sql, reason in [("SELECT SUM(f) OVER (ORDER BY k) AS t FROM j", "SUM OVER of DOUBLE"),
+                        ("SELECT MIN(k) OVER (ORDER BY k) AS t FROM j", "window function MIN"),
+                        ("SELECT SUM(k) OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS t FROM j",
+                         "window frame"),
+                        ("SELECT k, SUM(k) OVER () AS t FROM j GROUP BY k", "GROUP BY")]:
+        with pytest.raises(Unsupported, match=reason):
+            CompiledStep(parse_one(sql, read="duckdb"), schemas, pa.schema([("t", pa.decimal128(38, 0))]))
 
 
 TOPK = {"x": (pa.int64(), SMALL_INTS), "y": (pa.int32(), SMALL_INTS), "s": (pa.string(), STRINGS),

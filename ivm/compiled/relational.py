@@ -174,8 +174,8 @@ class _Query:
         if node.args.get("kind"):
             raise Unsupported(f"SELECT {node.args['kind']}")
         for e in node.expressions:
-            if e.find(exp.Window, exp.Subquery, exp.Select, exp.Exists):
-                raise Unsupported("a window function or subquery in the select list")
+            if e.find(exp.Subquery, exp.Select, exp.Exists):
+                raise Unsupported("a subquery in the select list")
         from_ = node.args.get("from_")
         if from_ is None:
             raise Unsupported("SELECT without FROM")
@@ -186,10 +186,15 @@ class _Query:
         rel = self.where(rel, where, env)
         group = node.args.get("group")
         having = node.args.get("having")
+        items = node.expressions
+        if any(e.find(exp.Window) for e in items):
+            if group is not None or having is not None or any(_aggregates(e) for e in items):
+                raise Unsupported("a window function with GROUP BY or aggregates")
+            rel, items = self.windows(rel, items)
         ordered = node.args["order"].expressions if node.args.get("order") else []
         if ordered and distinct is not None:
             raise Unsupported("DISTINCT with ORDER BY")
-        aggs = [a for e in node.expressions for a in _aggregates(e)]
+        aggs = [a for e in items for a in _aggregates(e)]
         if having is not None:
             aggs += _aggregates(having.this)
         aggs += [a for o in ordered for a in _aggregates(o.this)]
@@ -198,11 +203,11 @@ class _Query:
             rel, subst = self.aggregate(rel, group, aggs)
             if having is not None:
                 rel = self.filter(rel, [having.this], subst)
-            out, names = self.project(rel, node.expressions, subst, keys)
+            out, names = self.project(rel, items, subst, keys)
         else:
             if having is not None:
                 raise Unsupported("HAVING without aggregates")
-            out, names = self.project(rel, node.expressions, None, keys)
+            out, names = self.project(rel, items, None, keys)
         if distinct is not None:
             out = _distinct(out)
         if ordered or node.args.get("limit") or node.args.get("offset"):
@@ -387,6 +392,19 @@ class _Query:
             return Frame(cols, len(starts) if not (global_ and frame.n == 0) else 1)
         return Rel(shape, run), subst
 
+    def windows(self, rel: Rel, items: list[exp.Expression]) -> tuple[Rel, list[exp.Expression]]:
+        """Each window function of the select list computed as a column of ``rel`` ("#win<i>"), and the
+        select list reading those columns."""
+        items = [item.copy() for item in items]
+        count = 0
+        for item in items:
+            for node in list(item.find_all(exp.Window)):
+                name = f"#win{count}"
+                rel = _window(rel, node, name)
+                node.replace(exp.column(name))
+                count += 1
+        return rel, items
+
     def project(self, rel: Rel, items: list[exp.Expression], subst, hidden=()) -> tuple[Rel, list[str]]:
         """The select list over ``rel``; ``hidden`` expressions (ORDER BY keys) follow as unnamed columns."""
         exprs: list[Expr] = []
@@ -398,7 +416,7 @@ class _Query:
                     raise Unsupported("* with GROUP BY")
                 table = item.table.lower() if isinstance(item, exp.Column) else ""
                 for i, (q, n, t) in enumerate(rel.shape.columns):
-                    if not table or q == table:
+                    if (not table or q == table) and not n.startswith("#"):  # "#...": a window's column
                         exprs.append(Expr(t, _slot(i)))
                         names.append(n)
                 continue
@@ -423,7 +441,7 @@ def _slot(i: int):
 def _aggregates(node: exp.Expression) -> list[exp.AggFunc]:
     found = []
     for a in node.find_all(exp.AggFunc):
-        if a.find_ancestor(exp.AggFunc) is None:
+        if a.find_ancestor(exp.AggFunc, exp.Window) is None:  # a window's function is not a grouping one
             found.append(a)
     return found
 
@@ -587,6 +605,110 @@ def _same_rows_or_fallback(cols: list[Vec], rows: np.ndarray) -> None:
             raise Fallback("rows tied across a LIMIT with a DOUBLE -0.0 (DuckDB may take either zero)")
     if taken and len(np.unique(codes(taken, len(rows)))) > 1:
         raise Fallback("different rows tie in ORDER BY across a LIMIT/OFFSET (DuckDB's choice is arbitrary)")
+
+
+
+def _window(rel: Rel, node: exp.Window, name: str) -> Rel:
+    """``rel`` with the window function ``node`` as one more column ``name``.
+
+    SUM (of integers) or COUNT over ``PARTITION BY ... ORDER BY ...`` with
+    DuckDB's frames: without ORDER BY the whole partition; with it and no
+    frame clause, RANGE from the partition's start to the current row's last
+    peer (rows equal in every ORDER BY key); ``ROWS BETWEEN UNBOUNDED
+    PRECEDING AND CURRENT ROW``, a running sum up to the row itself, which
+    depends on the order DuckDB gives peers: a batch where peers differ in
+    any column falls back. SUM over no non-NULL value is NULL. DOUBLE sums
+    stay on DuckDB (its segment tree adds in another order: inf - inf).
+    """
+    extra = [k for k, v in node.args.items() if v and k not in ("this", "partition_by", "order", "spec", "over")]
+    if extra or node.args.get("over", "OVER").upper() != "OVER":
+        raise Unsupported(f"window {node.sql(dialect='duckdb')[:40]}")
+    func = node.this
+    if not isinstance(func, (exp.Sum, exp.Count)):
+        raise Unsupported(f"window function {type(func).__name__.upper()}")
+    call = _aggregate_call(func, rel.shape)
+    if call.func == "sum" and call.type != "HUGEINT":
+        raise Unsupported(f"SUM OVER of {call.arg.type} (DuckDB's segment tree adds in another order)")
+    parts = [compile_expr(p, rel.shape) for p in node.args.get("partition_by") or []]
+    ordered = node.args["order"].expressions if node.args.get("order") else []
+    keys = [(compile_expr(o.this, rel.shape), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+            for o in ordered]
+    spec = node.args.get("spec")
+    frame = "partition" if not keys else "range"
+    if spec is not None:
+        bounds = (str(spec.args.get("kind") or "").upper(), str(spec.args.get("start") or "").upper(),
+                  str(spec.args.get("start_side") or "").upper(), str(spec.args.get("end") or "").upper(),
+                  str(spec.args.get("end_side") or "").upper())
+        if bounds[1:3] != ("UNBOUNDED", "PRECEDING") or spec.args.get("exclude"):
+            raise Unsupported(f"window frame {spec.sql(dialect='duckdb')}")
+        if bounds[3:] == ("UNBOUNDED", "FOLLOWING"):
+            frame = "partition"
+        elif bounds[3] == "CURRENT ROW" and bounds[0] in ("ROWS", "RANGE"):
+            frame = "rows" if bounds[0] == "ROWS" and keys else frame
+        else:
+            raise Unsupported(f"window frame {spec.sql(dialect='duckdb')}")
+    shape = Shape(rel.shape.columns + [("", name, call.type)])
+
+    def run(ctx):
+        f = rel.run(ctx)
+        n = f.n
+        part = codes([p.fn(f) for p in parts], n) if parts else np.zeros(n, np.int64)
+        ranks = [order_ranks(k.fn(f), desc, first) for k, desc, first in keys]
+        order = np.lexsort(ranks[::-1] + [part]) if n else np.empty(0, np.int64)
+        if call.arg is None:
+            values, valid = np.ones(n, np.int64), None
+        else:
+            values, valid = call.arg.fn(f).np()
+            if call.func == "count":
+                values, valid = (np.ones(n, np.int64) if valid is None else valid.astype(np.int64)), None
+        values = values[order] if valid is None else np.where(valid[order], values[order], 0)
+        if call.func == "sum" and n:
+            biggest = int(np.abs(values).max())
+            if biggest and (biggest >= 2**62 or float(biggest) * n >= 2.0**62):
+                raise Fallback("a windowed SUM that may leave BIGINT")
+        present = np.ones(n, np.int64) if valid is None else valid[order].astype(np.int64)
+        new_part = np.ones(n, bool)
+        new_part[1:] = part[order][1:] != part[order][:-1]
+        new_peer = new_part.copy()
+        for r in ranks:
+            new_peer[1:] |= r[order][1:] != r[order][:-1]
+        totals, counts = _running(values, new_part), _running(present, new_part)
+        if frame != "rows":  # every row takes the value at its last peer (or its partition's last row)
+            last = _group_last(new_part if frame == "partition" else new_peer)
+            totals, counts = totals[last], counts[last]
+        elif n and not new_peer.all():  # peers: the running sums they get depend on DuckDB's order
+            if any(c.type == "DOUBLE" and negative_zero(*c.np()) for c in f.cols):
+                raise Fallback("a ROWS window over rows with a DOUBLE -0.0 (peers may differ in the zero)")
+            rows = codes(f.cols, n)[order]
+            if (rows[1:] != rows[:-1])[~new_peer[1:]].any():
+                raise Fallback("rows that tie in a ROWS window's ORDER BY differ (DuckDB's order among them "
+                               "is arbitrary)")
+        out = np.empty(n, np.int64)
+        out[order] = totals
+        has = np.empty(n, bool)
+        has[order] = counts > 0
+        result = Vec.of(call.type, out, None if call.func == "count" else has)
+        return Frame(f.cols + [result], n)
+    return Rel(shape, run)
+
+
+def _running(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Cumulative sums of ``values`` restarting where ``starts`` is true."""
+    total = np.cumsum(values)
+    if not len(values):
+        return total
+    first = np.maximum.accumulate(np.where(starts, np.arange(len(values)), 0))  # each row's group start
+    return total - (total - values)[first]
+
+
+def _group_last(starts: np.ndarray) -> np.ndarray:
+    """For each position, the last position of the group it is in (groups begin where ``starts``)."""
+    n = len(starts)
+    if not n:
+        return np.empty(0, np.int64)
+    begin = np.flatnonzero(starts)
+    ends = np.append(begin[1:], n) - 1
+    return np.repeat(ends, np.diff(np.append(begin, n)))
 
 
 def _distinct(rel: Rel) -> Rel:

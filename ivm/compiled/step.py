@@ -34,6 +34,7 @@ SUPPORTED_NODES = (
     exp.IsNan,
     exp.Count, exp.Sum, exp.Min, exp.Max,
     exp.LogicalAnd, exp.LogicalOr, exp.Order, exp.Ordered, exp.Limit, exp.Offset, exp.Except, exp.Intersect,
+    exp.Window, exp.WindowSpec,
 )
 FUNCTIONS = {"ISFINITE", "ISNAN", "GREATEST", "LEAST"}
 
