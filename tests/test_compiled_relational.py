@@ -76,11 +76,12 @@ def test_set_operations_equal_duckdb(a, b, op, cols):
 
 @settings(max_examples=30)
 @given(a=tables(SETS), b=tables(SETS), op=st.sampled_from(["UNION", "UNION ALL", "EXCEPT", "INTERSECT"]))
-def test_set_operations_cast_integer_sides_as_duckdb(a, b, op):
+def test_set_operations_cast_numeric_sides_as_duckdb(a, b, op):
     data = {"a": a, "b": b}
     check(f"SELECT k, s FROM a {op} SELECT i, s FROM b", data)  # BIGINT against INTEGER
     check(f"SELECT i, 0 AS z FROM a {op} SELECT i, k FROM b", data)  # a literal against BIGINT
     check(f"SELECT s, NULL AS n FROM a {op} SELECT s, k FROM b", data)  # NULL against BIGINT
+    check(f"SELECT f FROM a {op} SELECT k FROM b", data)  # DOUBLE against BIGINT: DOUBLE
     check(f"SELECT k FROM a UNION ALL SELECT i FROM b {op} SELECT k FROM a WHERE k > 0", data)
 
 

@@ -34,12 +34,12 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
-from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
+from ivm.compiled.expressions import Expr, Shape, compile_expr, convert, finish, truth, unify
 from ivm.compiled.kernels import (
     codes, group_all, group_count, group_extreme, group_sum, groups, joint_codes, matches, order_ranks,
 )
 from ivm.compiled.vectors import (
-    INT_RANK, Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
+    Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
 )
 
 SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_",
@@ -527,26 +527,18 @@ def _cross(residual: list[Expr], lf: Frame, rf: Frame) -> tuple[np.ndarray, np.n
 
 
 def _set_type(a, b, what: str):
-    """The type of a set operation's column whose sides have types ``a`` and ``b`` (DuckDB's cast)."""
-    if str(a) == str(b):
-        return a
-    if is_int(a) and is_int(b):
-        return max(a, b, key=INT_RANK.get)
-    if a == "NULL" or b == "NULL":
-        return b if a == "NULL" else a
-    raise Unsupported(f"{what} of inputs with different column types ({a}, {b}: DuckDB casts them)")
+    """The type of a set operation's column whose sides have types ``a`` and ``b``: DuckDB casts both
+    sides to their common type, as it does CASE's branches (integers widen; NULL takes the other type)."""
+    return unify([Expr(a, None), Expr(b, None)], f"{what} of inputs with different column types:")
 
 
 def _as(v: Vec, t) -> Vec:
-    """A column of a set operation's side as the operation's type ``t`` (integers widen; NULLs take it)."""
+    """A column of a set operation's side as the operation's type ``t`` (a _set_type result)."""
     if v.type == t or str(v.type) == str(t):
         return v
     if v.type == "NULL":
-        if isinstance(t, str):
-            return constant(t, None, len(v))
-        return Vec(t, array=pa.nulls(len(v), t))
-    data, valid = v.np()
-    return Vec.of(t, data, valid)  # integers are all held in int64
+        return constant(t, None, len(v)) if isinstance(t, str) else Vec(t, array=pa.nulls(len(v), t))
+    return Vec.of(t, *convert(v, t))
 
 
 
