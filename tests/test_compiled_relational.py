@@ -130,7 +130,7 @@ def test_order_by_limit_equals_duckdb(table, keys, limit, offset, select):
 @given(table=tables(ORDERED, max_rows=15), limit=st.integers(0, 3))
 def test_order_by_aggregate_and_limit_without_order_equal_duckdb(table, limit):
     check(f"SELECT k, SUM(w) AS t FROM d GROUP BY k ORDER BY SUM(w) DESC, k LIMIT {limit}", {"d": table})
-    check(f"SELECT k, s FROM d ORDER BY k DESC, s", {"d": table})
+    check("SELECT k, s FROM d ORDER BY k DESC, s", {"d": table})
     result = check(f"SELECT k, s FROM d LIMIT {limit}", {"d": table})
     assert result == ("compiled" if table.num_rows <= limit else "fallback")
 
@@ -140,6 +140,7 @@ def test_limit_forms_outside_the_set():
     expected = pa.schema([("k", pa.int64())])
     for sql, reason in [("SELECT k FROM d LIMIT 2 OFFSET 1", "OFFSET without ORDER BY"),
                         ("SELECT DISTINCT k FROM d ORDER BY k LIMIT 1", "DISTINCT with ORDER BY"),
+                        ("SELECT k FROM d ORDER BY 1 LIMIT 1", "ORDER BY a position"),
                         ("SELECT k FROM d WHERE EXISTS (SELECT 1 FROM d AS e WHERE e.k = d.k LIMIT 0)", "EXISTS")]:
         with pytest.raises(Unsupported, match=reason):
             CompiledStep(parse_one(sql, read="duckdb"), schemas, expected)
@@ -172,7 +173,8 @@ def test_window_forms_outside_the_set():
                         ("SELECT MIN(k) OVER (ORDER BY k) AS t FROM j", "window function MIN"),
                         ("SELECT SUM(k) OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS t FROM j",
                          "window frame"),
-                        ("SELECT k, SUM(k) OVER () AS t FROM j GROUP BY k", "GROUP BY")]:
+                        ("SELECT k, SUM(k) OVER () AS t FROM j GROUP BY k", "GROUP BY"),
+                        ("SELECT SUM(k) OVER () FROM j", "without an alias")]:
         with pytest.raises(Unsupported, match=reason):
             CompiledStep(parse_one(sql, read="duckdb"), schemas, pa.schema([("t", pa.decimal128(38, 0))]))
 
@@ -203,8 +205,8 @@ def test_top_k_program_shapes_equal_duckdb(old, delta, candidates):
         SELECT x.x, x.s, COALESCE(c.__weight, 0) AS w FROM (
             SELECT c.x, c.s FROM tkcand AS c WHERE c.__weight > 0 UNION SELECT o.x, o.s FROM tkold AS o) AS x
         LEFT JOIN tkcand AS c ON x.x IS NOT DISTINCT FROM c.x AND x.s IS NOT DISTINCT FROM c.s
-        WHERE NOT EXISTS (SELECT 1 FROM tkin AS n WHERE n.x IS NOT DISTINCT FROM x.x AND n.s IS NOT DISTINCT FROM x.s)""",
-          data)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM tkin AS n WHERE n.x IS NOT DISTINCT FROM x.x AND n.s IS NOT DISTINCT FROM x.s)""", data)
 
 
 def test_most_examples_ran_compiled():

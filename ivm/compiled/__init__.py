@@ -13,6 +13,6 @@ on DuckDB), and shadow runs compare the two.
 - ``vectors``: columns (numpy + NULL masks, or Arrow), DuckDB's types.
 - ``expressions``: scalar SQL compiled into closures over columns.
 - ``kernels``: key codes, join matches, grouped reductions in numpy.
-- ``relational``: SELECT/JOIN/EXISTS/GROUP BY/UNION ALL as operators.
+- ``relational``: SELECT/JOIN/EXISTS/GROUP BY/windows/ORDER BY LIMIT/set operations as operators.
 - ``step``: one step compiled and type-checked; the shadow comparison.
 """

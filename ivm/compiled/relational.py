@@ -6,23 +6,34 @@
 The operators and the SQL shapes they implement (each with DuckDB's meaning):
 
 - ``scan``: ``FROM temp [AS a]``, a CTE, or ``(SELECT ...) AS a``.
-- ``join``: ``[INNER|LEFT] JOIN r ON`` a conjunction of ``x = y`` / ``x IS NOT
-  DISTINCT FROM y`` with ``x`` over the left and ``y`` over the right side
-  (an inner join may add other conjuncts: a filter after it); ``CROSS JOIN
-  r`` with such equalities in the WHERE is an inner join on them. Keys are coded
-  together (kernels.codes), so a join is a sort and a gather; a LEFT join
-  pads unmatched rows with NULLs.
+- ``join``: ``[INNER|LEFT] JOIN r ON`` a condition: its conjuncts ``x = y`` /
+  ``x IS NOT DISTINCT FROM y`` with ``x`` over the left and ``y`` over the
+  right side are the keys, the others a residual. Keys are coded together
+  (kernels.codes), so a join is a sort and a gather; without keys (``ON
+  TRUE``, ``ON a.x < b.y``, ``FROM a, b``) every pair is formed, at most
+  ``CROSS_PAIRS`` per batch (more fall back). The residual keeps the pairs
+  where it is true; in a LEFT join it decides the match, and a left row with
+  no match is padded with NULLs. ``CROSS JOIN r`` (or ``JOIN r ON TRUE``)
+  with equalities in the WHERE is an inner join on them.
 - ``exists``: ``WHERE [NOT] EXISTS (SELECT ... FROM r WHERE <equalities
   between outer and r> AND <conditions on r>)``: a semi (anti) join.
 - ``filter``: ``WHERE``/``HAVING`` (rows where the predicate is true).
 - ``aggregate``: ``GROUP BY`` expressions with COUNT(*), COUNT(x), SUM, MIN,
-  MAX (and a global aggregate: one row, also over no rows). SUM of integers
-  is HUGEINT (held in int64; a sum that may leave it falls back).
+  MAX, BOOL_AND, BOOL_OR (and a global aggregate: one row, also over no
+  rows). SUM of integers is HUGEINT (held in int64; a sum that may leave it
+  falls back).
+- ``window``: SUM (of integers) / COUNT ``OVER (PARTITION BY ... ORDER BY
+  ...)`` in the select list, with DuckDB's default frame, the whole
+  partition, or ``ROWS`` up to the current row (peers that differ fall back).
 - ``project``: the select list (``*``, ``t.*``, expressions), ``DISTINCT``.
-- ``union``: ``UNION ALL`` of inputs with the same column types.
+- ``limit``: ``ORDER BY`` keys (ASC/DESC, NULLS FIRST/LAST) with ``LIMIT``/
+  ``OFFSET``, where DuckDB's rows are determined (rows tied across the cut
+  that differ fall back; a LIMIT without ORDER BY must take every row).
+- ``union``: ``UNION [ALL]``, ``EXCEPT``, ``INTERSECT`` (set forms: distinct
+  rows, NULL equals NULL), each side cast to the columns' common type.
 
-Anything else (ORDER BY, LIMIT, window functions, other joins, UNION
-without ALL, subqueries in expressions...) raises ``Unsupported``.
+Anything else (other window functions and frames, RIGHT/FULL joins, EXCEPT
+ALL, subqueries in expressions...) raises ``Unsupported``.
 """
 
 from __future__ import annotations
@@ -192,6 +203,8 @@ class _Query:
                 raise Unsupported("a window function with GROUP BY or aggregates")
             rel, items = self.windows(rel, items)
         ordered = node.args["order"].expressions if node.args.get("order") else []
+        if any(isinstance(o.this, exp.Literal) for o in ordered):
+            raise Unsupported("ORDER BY a position")
         if ordered and distinct is not None:
             raise Unsupported("DISTINCT with ORDER BY")
         aggs = [a for e in items for a in _aggregates(e)]
@@ -399,6 +412,8 @@ class _Query:
         count = 0
         for item in items:
             for node in list(item.find_all(exp.Window)):
+                if node is item:
+                    raise Unsupported("a window function without an alias")
                 name = f"#win{count}"
                 rel = _window(rel, node, name)
                 node.replace(exp.column(name))
@@ -623,6 +638,8 @@ def _window(rel: Rel, node: exp.Window, name: str) -> Rel:
         raise Unsupported(f"SUM OVER of {call.arg.type} (DuckDB's segment tree adds in another order)")
     parts = [compile_expr(p, rel.shape) for p in node.args.get("partition_by") or []]
     ordered = node.args["order"].expressions if node.args.get("order") else []
+    if any(isinstance(o.this, exp.Literal) for o in ordered):
+        raise Unsupported("a window ordered by a constant")
     keys = [(compile_expr(o.this, rel.shape), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
             for o in ordered]
     spec = node.args.get("spec")
