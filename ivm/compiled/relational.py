@@ -17,7 +17,9 @@ The operators and the SQL shapes they implement (each with DuckDB's meaning):
   with equalities in the WHERE is an inner join on them.
 - ``exists``: ``WHERE [NOT] EXISTS (SELECT ... FROM r WHERE <equalities
   between outer and r> AND <conditions on r>)``: a semi (anti) join.
-- ``filter``: ``WHERE``/``HAVING`` (rows where the predicate is true).
+- ``filter``: ``WHERE``/``HAVING`` (rows where the predicate is true); an
+  uncorrelated scalar subquery in the WHERE is computed once per batch
+  (NULL without a row; more than one row falls back, as DuckDB raises).
 - ``aggregate``: ``GROUP BY`` expressions with COUNT(*), COUNT(x), SUM, MIN,
   MAX, BOOL_AND, BOOL_OR (and a global aggregate: one row, also over no
   rows). SUM of integers is HUGEINT (held in int64; a sum that may leave it
@@ -194,6 +196,7 @@ class _Query:
         where = conjuncts(node.args["where"].this) if node.args.get("where") else []
         for join in node.args.get("joins") or []:
             rel, where = self.join(rel, join, env, where)
+        rel, where = self.scalars(rel, where, env)
         rel = self.where(rel, where, env)
         group = node.args.get("group")
         having = node.args.get("having")
@@ -404,6 +407,32 @@ class _Query:
                 cols = [c.empty_result() for c in calls]
             return Frame(cols, len(starts) if not (global_ and frame.n == 0) else 1)
         return Rel(shape, run), subst
+
+    def scalars(self, rel: Rel, conds: list[exp.Expression], env) -> tuple[Rel, list[exp.Expression]]:
+        """Each scalar subquery in the WHERE conditions computed as a column of ``rel`` ("#sub<i>"), and the
+        conditions reading those columns (a correlated one does not compile: its outer columns are unknown
+        inside it)."""
+        out, count = [], 0
+        for cond in conds:
+            if not cond.find(exp.Subquery):
+                out.append(cond)
+                continue
+            cond = cond.copy()  # detached: its ancestors are its own nodes
+            for sub in list(cond.find_all(exp.Subquery)):
+                if isinstance(sub.parent, (exp.In, exp.Exists)) or (
+                        sub.parent is not None and sub.parent.find_ancestor(exp.Subquery, exp.Exists, exp.In)):
+                    continue  # not a scalar subquery, or one inside another subquery
+                name = f"#sub{count}"
+                inner, _ = self.query(sub.this, env)
+                rel = _scalar(rel, inner, name)
+                column = exp.column(name)
+                if sub is cond:
+                    cond = column
+                else:
+                    sub.replace(column)
+                count += 1
+            out.append(cond)
+        return rel, out
 
     def windows(self, rel: Rel, items: list[exp.Expression]) -> tuple[Rel, list[exp.Expression]]:
         """Each window function of the select list computed as a column of ``rel`` ("#win<i>"), and the
@@ -718,6 +747,23 @@ def _group_last(starts: np.ndarray) -> np.ndarray:
     begin = np.flatnonzero(starts)
     ends = np.append(begin[1:], n) - 1
     return np.repeat(ends, np.diff(np.append(begin, n)))
+
+
+
+def _scalar(rel: Rel, sub: Rel, name: str) -> Rel:
+    """``rel`` with the value of the uncorrelated scalar subquery ``sub`` as one more column ``name``:
+    NULL when it has no row, and (as DuckDB raises there) a fallback when it has more than one."""
+    if len(sub.shape.columns) != 1:
+        raise Unsupported("a scalar subquery with more than one column")
+    shape = Shape(rel.shape.columns + [("", name, sub.shape.columns[0][2])])
+
+    def run(ctx):
+        f, s = rel.run(ctx), sub.run(ctx)
+        if s.n > 1:
+            raise Fallback("a scalar subquery returned more than one row (DuckDB raises)")
+        value = s.cols[0].take(np.zeros(f.n, np.int64), None if s.n else np.ones(f.n, bool))
+        return Frame(f.cols + [value], f.n)
+    return Rel(shape, run)
 
 
 def _distinct(rel: Rel) -> Rel:
