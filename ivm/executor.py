@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 from collections import Counter
+from contextlib import contextmanager
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -178,6 +179,42 @@ def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.S
     return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
 
 
+class SharedLookups:
+    """The lookups of one maintenance pass, shared among the views that make the same one.
+
+    Differential dataflow shares one arrangement among every dataflow that
+    reads it; here the arrangement is a stored relation's index, and what is
+    shared is a probe of it: the views of one pass see one snapshot, and
+    their programs probe with the very same delta tables (the engine hands
+    every view the same pruned delta of a source), so TPC-H's views probing
+    ``orders`` or ``lineitem`` by the same keys of the same delta run that
+    lookup once. A hit needs the same relation *object* (one version), the
+    same index, columns, range, probe filter and probe columns, and the same
+    probe table object; the entry holds both objects, so their ids stay
+    theirs while it lives. Results are immutable Arrow tables. Entries stop
+    being added past ``budget`` bytes of results (memory, not correctness).
+    """
+
+    def __init__(self, budget: int = 256 << 20):
+        self.budget = budget
+        self.held = 0
+        self.hits = 0
+        self._found: dict[tuple, tuple[pa.Table, object, pa.Table]] = {}
+
+    def lookup(self, step: Lookup, probe: pa.Table, relation, run: Callable[[], pa.Table]) -> pa.Table:
+        key = (step.relation, id(relation), step.index, step.positions, step.columns, step.between,
+               step.probe_filter, step.probe_columns, id(probe))
+        found = self._found.get(key)
+        if found is not None and found[0] is probe and found[1] is relation:
+            self.hits += 1
+            return found[2]
+        result = run()
+        if self.held + result.nbytes <= self.budget:
+            self._found[key] = (probe, relation, result)
+            self.held += result.nbytes
+        return result
+
+
 def planned_status(step: Query) -> str:
     """How a query step will run, from its SQL alone: on DuckDB and why, or compiled if its types allow."""
     reason = static_reason(step.sql)
@@ -213,6 +250,18 @@ class StepRunner:
 
     def __init__(self, coder: KeyCoder):
         self.coder = coder
+        # Lookups shared by the views of one maintenance pass (``sharing_lookups``); None: not shared.
+        self.shared: SharedLookups | None = None
+
+    @contextmanager
+    def sharing_lookups(self):
+        """Within the block, a lookup identical to one already run (same relation version, index,
+        columns and probe data) returns that result instead of probing again."""
+        self.shared = SharedLookups()
+        try:
+            yield self.shared
+        finally:
+            self.shared = None
 
     def run(
         self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = "",
@@ -256,7 +305,7 @@ class StepRunner:
                    registered: dict[str, pa.Table], label: str) -> None:
         for step in steps:
             if isinstance(step, Lookup):
-                temps[step.out] = self._lookup(step, temps, snapshot)
+                temps[step.out] = self._shared_lookup(step, temps, snapshot)
             elif isinstance(step, Query):
                 temps[step.out] = self._query(step, temps, snapshot, registered, label)
             elif isinstance(step, Stack):
@@ -288,6 +337,12 @@ class StepRunner:
             temps[out] = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
     # --- steps -----------------------------------------------------------------
+    def _shared_lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
+        if self.shared is None or step.relation not in snapshot:
+            return self._lookup(step, temps, snapshot)
+        return self.shared.lookup(step, temps[step.probe], snapshot[step.relation],
+                                  lambda: self._lookup(step, temps, snapshot))
+
     def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
         probe = temps[step.probe]
         relation = snapshot[step.relation]
