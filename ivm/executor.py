@@ -184,33 +184,36 @@ class SharedLookups:
 
     Differential dataflow shares one arrangement among every dataflow that
     reads it; here the arrangement is a stored relation's index, and what is
-    shared is a probe of it: the views of one pass see one snapshot, and
-    their programs probe with the very same delta tables (the engine hands
-    every view the same pruned delta of a source), so TPC-H's views probing
-    ``orders`` or ``lineitem`` by the same keys of the same delta run that
-    lookup once. A hit needs the same relation *object* (one version), the
-    same index, columns, range, probe filter and probe columns, and the same
-    probe table object; the entry holds both objects, so their ids stay
-    theirs while it lives. Results are immutable Arrow tables. Entries stop
-    being added past ``budget`` bytes of results (memory, not correctness).
+    shared is a probe of it: the views of one pass see one snapshot, so two
+    views probing one relation version by the same index with the same probe
+    keys (TPC-H's views probing ``orders`` by the ``l_orderkey`` of one
+    lineitem delta) get the same rows, and the second reuses the first's
+    result. A hit needs the same relation *object* (one version; the entry
+    holds it, so its id stays its own), the same index, columns, range and
+    probe columns, and probe key values equal as Arrow data (a view's delta
+    may be another table object holding the same keys). Results are
+    immutable Arrow tables. Entries stop being added past ``budget`` bytes
+    of results (memory, not correctness).
     """
 
     def __init__(self, budget: int = 256 << 20):
         self.budget = budget
         self.held = 0
         self.hits = 0
-        self._found: dict[tuple, tuple[pa.Table, object, pa.Table]] = {}
+        self._found: dict[tuple, list[tuple[pa.Table, object, pa.Table]]] = {}
 
     def lookup(self, step: Lookup, probe: pa.Table, relation, run: Callable[[], pa.Table]) -> pa.Table:
         key = (step.relation, id(relation), step.index, step.positions, step.columns, step.between,
-               step.probe_filter, step.probe_columns, id(probe))
-        found = self._found.get(key)
-        if found is not None and found[0] is probe and found[1] is relation:
-            self.hits += 1
-            return found[2]
+               step.probe_filter, step.probe_columns, probe.num_rows)
+        keys = probe.select(list(step.probe_columns) + ([step.probe_filter] if step.probe_filter else []))
+        entries = self._found.setdefault(key, [])
+        for held_keys, held_relation, result in entries:
+            if held_relation is relation and held_keys.equals(keys):
+                self.hits += 1
+                return result
         result = run()
         if self.held + result.nbytes <= self.budget:
-            self._found[key] = (probe, relation, result)
+            entries.append((keys, relation, result))
             self.held += result.nbytes
         return result
 
