@@ -189,9 +189,10 @@ class SharedLookups:
     keys (TPC-H's views probing ``orders`` by the ``l_orderkey`` of one
     lineitem delta) get the same rows, and the second reuses the first's
     result. A hit needs the same relation *object* (one version; the entry
-    holds it, so its id stays its own), the same index, columns, range and
-    probe columns, and probe key values equal as Arrow data (a view's delta
-    may be another table object holding the same keys). Results are
+    holds it, so its id stays its own), the same index, range and probe
+    columns, probe key values equal as Arrow data (a view's delta may be
+    another table object holding the same keys), and a held result with every
+    column the lookup copies (it is narrowed to them). Results are
     immutable Arrow tables. Entries stop being added past ``budget`` bytes
     of results (memory, not correctness).
     """
@@ -203,14 +204,18 @@ class SharedLookups:
         self._found: dict[tuple, list[tuple[pa.Table, object, pa.Table]]] = {}
 
     def lookup(self, step: Lookup, probe: pa.Table, relation, run: Callable[[], pa.Table]) -> pa.Table:
-        key = (step.relation, id(relation), step.index, step.positions, step.columns, step.between,
+        key = (step.relation, id(relation), step.index, step.positions, step.between,
                step.probe_filter, step.probe_columns, probe.num_rows)
         keys = probe.select(list(step.probe_columns) + ([step.probe_filter] if step.probe_filter else []))
+        wanted = _taken(relation.schema, step.columns) or relation.schema.names
+        if step.positions:
+            wanted = [*wanted, RUN, POS]
         entries = self._found.setdefault(key, [])
         for held_keys, held_relation, result in entries:
-            if held_relation is relation and held_keys.equals(keys):
+            # Views read different columns of the rows (narrow_lookups): a result holding them all serves.
+            if held_relation is relation and set(wanted) <= set(result.column_names) and held_keys.equals(keys):
                 self.hits += 1
-                return result
+                return result if result.column_names == wanted else result.select(wanted)
         result = run()
         if self.held + result.nbytes <= self.budget:
             entries.append((keys, relation, result))
