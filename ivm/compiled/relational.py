@@ -17,7 +17,8 @@ The operators and the SQL shapes they implement (each with DuckDB's meaning):
 - ``filter``: ``WHERE``/``HAVING`` (rows where the predicate is true).
 - ``aggregate``: ``GROUP BY`` expressions with COUNT(*), COUNT(x), SUM, MIN,
   MAX (and a global aggregate: one row, also over no rows). SUM of integers
-  is HUGEINT (held in int64; a sum that may leave it falls back).
+  is HUGEINT, SUM of DECIMAL(p,s) is DECIMAL(38,s) (both held in int64; a
+  sum that may leave it falls back); MIN/MAX also of decimals and dates.
 - ``project``: the select list (``*``, ``t.*``, expressions), ``DISTINCT``.
 - ``union``: ``UNION ALL`` of inputs with the same column types.
 
@@ -37,7 +38,8 @@ from sqlglot import exp
 from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
 from ivm.compiled.kernels import codes, group_count, group_extreme, group_sum, groups, joint_codes, matches
 from ivm.compiled.vectors import (
-    Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
+    TEMPORAL, Fallback, Unsupported, Vec, column_of, constant, decimal, decimal_of, is_decimal, is_int, is_number,
+    logical, negative_zero,
 )
 
 SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_"}
@@ -473,6 +475,8 @@ def _aggregate_call(node: exp.AggFunc, shape: Shape) -> _Call:
             return _Call("sum", compiled, "HUGEINT")
         if t == "DOUBLE":
             return _Call("sum", compiled, "DOUBLE")
-    elif is_number(t):
+        if is_decimal(t):  # DuckDB: SUM(DECIMAL(p,s)) is DECIMAL(38,s); held in int64 (a sum past it falls back)
+            return _Call("sum", compiled, decimal(38, decimal_of(t)[1]))
+    elif is_number(t) or is_decimal(t) or t in TEMPORAL:
         return _Call(name, compiled, t)
     raise Unsupported(f"{name.upper()} of {t}")
