@@ -6,15 +6,18 @@ result types are the ones DuckDB 2.0's binder gives (checked against
 
 - an integer operand counts as DECIMAL(3,0) TINYINT, (5,0) SMALLINT, (10,0)
   INTEGER, (19,0) BIGINT, (38,0) HUGEINT; an integer literal as the
-  narrowest of INTEGER/BIGINT holding it;
+  narrowest of INTEGER/BIGINT holding it (Arrow's decimal128(38,0) is a
+  DECIMAL(38,0) to DuckDB, not a HUGEINT);
 - ``+``/``-``: scale max(s), width max(max(p - s) + max(s), max(p)) + 1,
   capped at 38;
 - ``*``: width pa + pb, scale sa + sb; a width over 18 from two operands of
   at most 18 digits is cut to 18 when the scale is below 18 (DuckDB then
   checks the product against 10^18), a width over 38 to 38; a scale over 38
   is an error in DuckDB (here: Unsupported);
-- the common type of CASE/COALESCE/GREATEST/comparisons: max(p - s) + max(s)
-  digits, and when that passes 38 the scale shrinks to fit;
+- the common type of CASE/COALESCE/GREATEST/comparisons, pairwise: of two
+  decimals max(p - s) + max(s) digits (past 38 the scale shrinks to fit);
+  of an integer of d digits and DECIMAL(p,s), DECIMAL(min(d + s, 38), s)
+  when d > p - s, else the decimal;
 - ``/`` of decimals is DOUBLE; DOUBLE with a decimal is DOUBLE.
 
 Values: a result whose magnitude reaches 10^p is an error in DuckDB, and a
@@ -63,13 +66,30 @@ def mul_type(a, b) -> str:
 
 
 def common_type(types: list) -> str:
-    """The decimal all of ``types`` (decimals and integers) are cast to when they meet (CASE, COALESCE, =)."""
-    pairs = [props(t) for t in types]
-    over = max(p - s for p, s in pairs)
-    scale = max(s for _, s in pairs)
-    if over + scale > MAX_WIDTH:
-        scale = max(MAX_WIDTH - over, 0)
-    return decimal(min(over + scale, MAX_WIDTH), scale)
+    """The type all of ``types`` (decimals and integers, one decimal at least) are cast to when they meet
+    (CASE, COALESCE, comparisons): DuckDB's pairwise max type, left to right."""
+    out = types[0]
+    for t in types[1:]:
+        out = _max_type(out, t)
+    return out
+
+
+def _max_type(a, b):
+    if a in INT_DECIMAL and b in INT_DECIMAL:
+        return max(a, b, key=list(INT_DECIMAL).index)
+    if a in INT_DECIMAL or b in INT_DECIMAL:
+        # an integer meets a decimal: the decimal, widened for the integer's digits (the scale is kept)
+        integer, dec = (a, b) if a in INT_DECIMAL else (b, a)
+        width, scale = props(dec)
+        digits = INT_DECIMAL[integer][0]
+        if digits > width - scale:
+            return decimal(min(digits + scale, MAX_WIDTH), scale)
+        return dec
+    (pa_, sa), (pb, sb) = props(a), props(b)
+    over, scale = max(pa_ - sa, pb - sb), max(sa, sb)
+    if over + scale > MAX_WIDTH:  # it does not fit: DuckDB keeps the integer digits and cuts the scale
+        return decimal(MAX_WIDTH, MAX_WIDTH - over)
+    return decimal(over + scale, scale)
 
 
 def scale_of(t) -> int:

@@ -43,6 +43,7 @@ CASTS = {
     exp.DataType.Type.TINYINT: "TINYINT", exp.DataType.Type.SMALLINT: "SMALLINT", exp.DataType.Type.INT: "INTEGER",
     exp.DataType.Type.BIGINT: "BIGINT", exp.DataType.Type.INT128: "HUGEINT", exp.DataType.Type.DOUBLE: "DOUBLE",
     exp.DataType.Type.BOOLEAN: "BOOLEAN", exp.DataType.Type.DATE: "DATE", exp.DataType.Type.TIMESTAMP: "TIMESTAMP",
+    exp.DataType.Type.TIMESTAMPNTZ: "TIMESTAMP",
 }
 DAY_MICROS = 86_400_000_000
 EPOCH = datetime.date(1970, 1, 1)
@@ -664,7 +665,7 @@ class _Compiler:
             params = [p.sql() for p in to.expressions] or ["18", "3"]  # DuckDB's DECIMAL is DECIMAL(18,3)
             if len(params) == 2 and all(p.isdigit() for p in params) and 0 <= int(params[1]) <= int(params[0]) <= 38 \
                     and int(params[0]) >= 1:
-                target = decimal(int(params[0]), int(params[1]))  # DECIMAL(38,0) is HUGEINT (vectors.py)
+                target = decimal(int(params[0]), int(params[1]))
         if target is None:
             raise Unsupported(f"CAST to {to.sql(dialect='duckdb')}")
         a = self.compile(node.this)

@@ -36,7 +36,9 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
-from ivm.compiled.kernels import codes, group_count, group_extreme, group_sum, groups, joint_codes, matches
+from ivm.compiled.kernels import (
+    codes, group_count, group_extreme, group_sum, groups, joint_codes, matches, same_scale,
+)
 from ivm.compiled.vectors import (
     TEMPORAL, Fallback, Unsupported, Vec, column_of, constant, decimal, decimal_of, is_decimal, is_int, is_number,
     logical, negative_zero,
@@ -385,7 +387,7 @@ def _key_pairs(conds, left: Shape, right: Shape) -> tuple[list, list]:
 def _keyable(a, b) -> bool:
     if a in ("NULL", "INTLIT") or b in ("NULL", "INTLIT"):
         return False
-    if is_number(a) and is_number(b):
+    if is_number(a) and is_number(b) or same_scale(a, b):
         return True
     return a == b and not (isinstance(a, pa.DataType) and pa.types.is_floating(a))
 

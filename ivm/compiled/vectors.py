@@ -10,8 +10,8 @@ for equality and group by.
 Types are DuckDB's names for the ones we compute (``INT_RANK`` and
 ``DOUBLE``, ``BOOLEAN``, ``NULL``, ``DECIMAL(p,s)``, ``DATE``,
 ``TIMESTAMP``) or an Arrow type for the ones we only move. HUGEINT
-(DuckDB's SUM of integers, and DECIMAL(38,0), which behaves alike for + - *
-and SUM) is held in int64, and so is every other DECIMAL(p,s), as its
+(DuckDB's SUM of integers; Arrow's decimal128(38,0) like DECIMAL(38,0)) is
+held in int64, and so is every DECIMAL(p,s), as its
 value times 10^s (read from Arrow's decimal128 buffer, little-endian): a
 value outside int64 is a ``Fallback`` (the batch runs on DuckDB), never a
 wrong answer. DATE is held as int64 days since 1970-01-01 (Arrow date32),
@@ -63,8 +63,8 @@ def is_number(t) -> bool:
 
 
 def decimal(width: int, scale: int) -> str:
-    """The name of DECIMAL(width, scale); DECIMAL(38,0) is HUGEINT here (the same Arrow type, the same sums)."""
-    return "HUGEINT" if (width, scale) == (38, 0) else f"DECIMAL({width},{scale})"
+    """The name of DECIMAL(width, scale) (DECIMAL(38,0) is not HUGEINT: they combine differently with decimals)."""
+    return f"DECIMAL({width},{scale})"
 
 
 def decimal_of(t) -> tuple[int, int] | None:
@@ -81,7 +81,7 @@ def is_decimal(t) -> bool:
 
 def logical(arrow_type: pa.DataType):
     """DuckDB's logical type for an Arrow column: a name we compute with, or the Arrow type itself."""
-    if pa.types.is_decimal128(arrow_type):
+    if pa.types.is_decimal128(arrow_type):  # decimal128(38,0) too: DuckDB reads it as DECIMAL(38,0)
         return decimal(arrow_type.precision, arrow_type.scale)
     return FROM_ARROW.get(arrow_type, arrow_type)
 
