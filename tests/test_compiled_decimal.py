@@ -175,3 +175,26 @@ def test_integer_division_truncates(sql):
     assert check(sql, {"v": table}) == "compiled"
     zero = pa.table({"a": pa.array([1], pa.int64()), "b": pa.array([0], pa.int64())})
     assert check(sql, {"v": zero}) == "fallback"  # DuckDB raises on a zero divisor
+
+
+@settings(max_examples=40)
+@given(table=tables({"s": (pa.string(), st.one_of(LIKE_STRINGS, st.text(max_size=6))),
+                     "a": (pa.int64(), st.one_of(st.integers(-200, 200), st.sampled_from([2**63 - 1, -(2**63)])))}),
+       start=st.integers(1, 7), length=st.one_of(st.none(), st.integers(0, 4)),
+       target=st.sampled_from(["TINYINT", "SMALLINT", "INTEGER", "BIGINT"]))
+def test_substring_and_try_cast_equal_duckdb(table, start, length, target):
+    """SUBSTRING counts code points (multibyte text included); TRY_CAST outside the target is NULL."""
+    sub = f"SUBSTRING(s, {start}, {length})" if length is not None else f"SUBSTRING(s, {start})"
+    check(f"SELECT {sub} AS p, TRY_CAST(a AS {target}) AS t FROM v", {"v": table})
+    check(f"SELECT s FROM v WHERE {sub} IN ('a', 'ab', 'ß', '')", {"v": table})
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(data=decimal_tables())
+def test_union_all_of_different_types_equals_duckdb(data):
+    """UNION ALL casts each column to the common type (decimals of different widths, integers, DOUBLE)."""
+    table, _, _ = data
+    check("SELECT a AS r, i AS s, CAST(NULL AS TEXT) AS t FROM d UNION ALL SELECT b, a, CAST(NULL AS TEXT) FROM d",
+          {"d": table})
+    check("SELECT a AS r, k AS s FROM d UNION ALL SELECT x, i FROM d", {"d": table})
+    check("SELECT a FROM d WHERE a <= 1 + 10 AND i < 2 * 3", {"d": table})

@@ -277,8 +277,8 @@ class _Compiler:
         a, b = self.compile(node.this), self.compile(node.expression)
         if "INTERVAL" in (a.type, b.type):
             return self._fold_interval(a, b, op)
-        if a.type == INTLIT and b.type == INTLIT:
-            raise Unsupported("arithmetic of two literals (not folded)")
+        if a.type == INTLIT and b.type == INTLIT:  # DuckDB: 1 + 10 is INTEGER (an overflow is an error)
+            a, b = finish(a), finish(b)
         if (is_decimal(a.type) or is_decimal(b.type)) and "DOUBLE" not in (a.type, b.type):
             return self._decimal_arith(a, b, op)
         t = unify([a, b], f"arithmetic {op}")
@@ -323,7 +323,7 @@ class _Compiler:
         wider type; a zero divisor (an error in DuckDB) and MIN // -1 (an overflow) fall back."""
         a, b = self.compile(node.this), self.compile(node.expression)
         if INTLIT == a.type == b.type:
-            raise Unsupported("integer division of two literals (not folded)")
+            a, b = finish(a), finish(b)
         t = unify([a, b], "integer division")
         if not is_int(t):
             raise Unsupported(f"{'//' if op == 'div' else '%'} over {a.type} and {b.type}")
@@ -636,6 +636,45 @@ class _Compiler:
             return Vec.of("BIGINT", out.astype(np.int64), valid)
         return Expr("BIGINT", run)
 
+    def _substring(self, node: exp.Substring) -> Expr:
+        """``SUBSTRING(s, start[, length])`` with constant start >= 1 and length >= 0: characters (code points,
+        as DuckDB and Arrow's utf8_slice_codeunits count them) start .. start + length - 1."""
+        a = self.compile(node.this)
+        if a.type not in (pa.string(), pa.large_string()):
+            raise Unsupported(f"SUBSTRING of {a.type}")
+        start, length = (self.compile(node.args[k]) if node.args.get(k) is not None else None
+                         for k in ("start", "length"))
+        if start is None or start.type != INTLIT or start.value < 1 or (
+                length is not None and (length.type != INTLIT or length.value < 0)):
+            raise Unsupported("SUBSTRING with a start below 1, or not constant")
+        begin = start.value - 1
+        stop = begin + length.value if length is not None else None
+        t = a.type
+
+        def run(f):
+            column = a.fn(f).arrow()
+            return Vec(t, array=pc.utf8_slice_codeunits(column, begin, stop))
+        return Expr(t, run)
+
+    def _trycast(self, node: exp.TryCast) -> Expr:
+        """``TRY_CAST`` between integer types: a value outside the target is NULL (not an error)."""
+        to = node.args["to"]
+        target = _cast_target(to)
+        a = self.compile(node.this)
+        if a.type == target:  # the delta rules' TRY_CAST of a key to its own type
+            return a
+        if not (is_int(target) and is_int(a.type)):
+            raise Unsupported(f"TRY_CAST from {a.type} to {to.sql(dialect='duckdb')}")
+        if a.type == target:
+            return a
+        low, high = INT_RANGE[target]
+
+        def run(f):
+            x, valid = a.fn(f).np()
+            fits = (x >= low) & (x <= high)
+            return Vec.of(target, np.where(fits, x, 0), fits if valid is None else valid & fits)
+        return Expr(target, run)
+
     def _anonymous(self, node: exp.Anonymous) -> Expr:
         name = str(node.this).upper()
         args = node.expressions
@@ -660,12 +699,9 @@ class _Compiler:
 
     def _cast(self, node: exp.Cast) -> Expr:
         to = node.args["to"]
-        target = CASTS.get(to.this) if not to.expressions else None
-        if to.this == exp.DataType.Type.DECIMAL:
-            params = [p.sql() for p in to.expressions] or ["18", "3"]  # DuckDB's DECIMAL is DECIMAL(18,3)
-            if len(params) == 2 and all(p.isdigit() for p in params) and 0 <= int(params[1]) <= int(params[0]) <= 38 \
-                    and int(params[0]) >= 1:
-                target = decimal(int(params[0]), int(params[1]))
+        target = _cast_target(to)
+        if to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR) and not to.expressions:
+            return self._cast_text(node)
         if target is None:
             raise Unsupported(f"CAST to {to.sql(dialect='duckdb')}")
         a = self.compile(node.this)
@@ -725,12 +761,21 @@ class _Compiler:
             return Expr(target, lambda f: _map(a.fn(f), target, lambda x: x.astype(np.int64)))
         raise Unsupported(f"CAST from {source} to {target}")
 
+    def _cast_text(self, node: exp.Cast) -> Expr:
+        """CAST(x AS VARCHAR) of a string (itself) or of NULL (a NULL string column); other sources stay on DuckDB."""
+        a = self.compile(node.this)
+        if a.type in (pa.string(), pa.large_string()):
+            return a
+        if a.type == "NULL":
+            return Expr(pa.string(), lambda f: Vec(pa.string(), array=pa.nulls(f.n, pa.string())), literal=True)
+        raise Unsupported(f"CAST of {a.type} to VARCHAR")
+
     def _cast_literal(self, a: Expr, target: str) -> Expr:
         value = a.value
         if value is None:
             return Expr(target, lambda f: constant(target, None, f.n), literal=True)
-        if target in TEMPORAL and a.type == "TIMESTAMP" and target == "DATE":
-            raise Unsupported("CAST of a TIMESTAMP constant to DATE")
+        if a.type == "TIMESTAMP" and target == "DATE" or a.type in TEMPORAL and target not in TEMPORAL:
+            raise Unsupported(f"CAST of a {a.type} constant to {target}")
         if target in TEMPORAL and a.type in TEMPORAL:
             value = value * DAY_MICROS if a.type == "DATE" and target == "TIMESTAMP" else value
         elif target in TEMPORAL:
@@ -752,6 +797,17 @@ class _Compiler:
         else:
             raise Unsupported(f"CAST of literal {value!r} to {target}")
         return Expr(target, lambda f: constant(target, value, f.n), value=value, literal=True)
+
+
+def _cast_target(to: exp.DataType):
+    """The logical type a CAST names, when it is one we compute (else None)."""
+    if to.this == exp.DataType.Type.DECIMAL:
+        params = [p.sql() for p in to.expressions] or ["18", "3"]  # DuckDB's DECIMAL is DECIMAL(18,3)
+        if len(params) == 2 and all(p.isdigit() for p in params) and 1 <= int(params[0]) <= 38 \
+                and int(params[1]) <= int(params[0]):
+            return decimal(int(params[0]), int(params[1]))
+        return None
+    return CASTS.get(to.this) if not to.expressions else None
 
 
 def _temporal_literal(value, target: str) -> int:

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
-from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
+from ivm.compiled.expressions import Expr, Shape, compile_expr, convert, finish, truth, unify
 from ivm.compiled.kernels import (
     codes, group_count, group_extreme, group_sum, groups, joint_codes, matches, same_scale,
 )
@@ -123,13 +123,15 @@ class _Query:
             raise Unsupported("UNION without ALL (or with ORDER BY/LIMIT)")
         (left, names), (right, _) = self.query(node.this, env), self.query(node.expression, env)
         lt, rt = [t for *_, t in left.shape.columns], [t for *_, t in right.shape.columns]
-        if len(lt) != len(rt) or any(str(a) != str(b) for a, b in zip(lt, rt)):
-            raise Unsupported("UNION ALL of inputs with different column types (DuckDB casts them)")
+        if len(lt) != len(rt):
+            raise Unsupported("UNION ALL of inputs with different numbers of columns")
+        types = [a if str(a) == str(b) else _union_type(a, b) for a, b in zip(lt, rt)]
 
         def run(ctx):
             a, b = left.run(ctx), right.run(ctx)
-            return Frame([_concat(x, y) for x, y in zip(a.cols, b.cols)], a.n + b.n)
-        return Rel(Shape([("", n, t) for n, t in zip(names, lt)]), run), names
+            cols = [_concat(_as(x, t), _as(y, t)) for x, y, t in zip(a.cols, b.cols, types)]
+            return Frame(cols, a.n + b.n)
+        return Rel(Shape([("", n, t) for n, t in zip(names, types)]), run), names
 
     # --- SELECT -----------------------------------------------------------------
     def select(self, node: exp.Select, env) -> tuple[Rel, list[str]]:
@@ -418,6 +420,23 @@ def _distinct(rel: Rel) -> Rel:
         _, _, first = groups(codes(frame.cols, frame.n))
         return frame.take(np.sort(first))
     return Rel(rel.shape, run)
+
+
+def _union_type(a, b):
+    """The type DuckDB gives a UNION ALL column whose sides differ: numbers and decimals meet as in CASE."""
+    if a == "NULL" or b == "NULL":
+        raise Unsupported("UNION ALL of a NULL column with a typed one")
+    t = unify([Expr(a, None), Expr(b, None)], "UNION ALL")
+    if not isinstance(t, str) or not (is_number(t) or is_decimal(t)):
+        raise Unsupported(f"UNION ALL of {a} and {b}")
+    return t
+
+
+def _as(v: Vec, t) -> Vec:
+    """``v`` cast to the union's type ``t`` (a no-op when it has it)."""
+    if v.type == t:
+        return v
+    return Vec.of(t, *convert(v, t))
 
 
 def _concat(a: Vec, b: Vec) -> Vec:

@@ -32,6 +32,7 @@ SUPPORTED_NODES = (
     exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not,
     exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
     exp.IsNan, exp.IntDiv, exp.Mod, exp.Interval, exp.Var, exp.Like, exp.Extract, exp.Between, exp.In,
+    exp.Substring,
     exp.Count, exp.Sum, exp.Min, exp.Max,
 )
 FUNCTIONS = {"ISFINITE", "ISNAN", "GREATEST", "LEAST"}
