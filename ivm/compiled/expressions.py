@@ -5,18 +5,30 @@
 
 Implements, with DuckDB's meaning (DuckDB is the reference):
 integer (TINYINT..BIGINT, HUGEINT held in int64) and DOUBLE ``+ - *`` and
-unary minus, ``/`` (always DOUBLE; a zero divisor falls back), with DuckDB's result types (the wider integer; DOUBLE when
-either side is; an integer literal takes the other side's type when it fits);
-an integer result outside its type is a ``Fallback`` (DuckDB raises, numpy
-wraps); comparisons ``= <> < <= > >=`` of numbers (DOUBLE: NaN equals NaN
-and sorts above everything, -0.0 = 0.0), of booleans, and ``=``/``<>`` of
-two columns of one other type (strings by bytes, dates...); ``IS [NOT]
-DISTINCT FROM`` of the same; AND/OR/NOT with three-valued logic; ``IS
-NULL``; searched CASE, COALESCE, GREATEST/LEAST (skip NULLs) over numbers
-and booleans (COALESCE also other types); CAST among integers, DOUBLE and
-BOOLEAN and DECIMAL(38,0) (DOUBLE to integer rounds half to even; NaN, infinities and values
-out of range fall back), CAST of a string literal to DOUBLE (folded);
-ISFINITE, ISNAN. Anything else raises ``Unsupported`` at compile time.
+unary minus, ``/`` (always DOUBLE; a zero divisor falls back), with DuckDB's
+result types (the wider integer; DOUBLE when either side is; an integer
+literal takes the other side's type when it fits; two literals are
+INTEGERs); an integer result outside its type is a ``Fallback`` (DuckDB
+raises, numpy wraps); integer ``//`` and ``%`` truncating toward zero (a zero
+divisor falls back: DuckDB raises). DECIMAL(p,s) of every width as scaled
+int64 with the binder's types and rounding (decimals.py): ``+ - *`` with
+decimals and integers, ``/`` (DOUBLE), comparisons, casts among decimals,
+integers and DOUBLE, decimal literals (``0.06`` is DECIMAL(3,2)).
+Comparisons ``= <> < <= > >=`` of numbers (DOUBLE: NaN equals NaN and sorts
+above everything, -0.0 = 0.0), of booleans, of DATE/TIMESTAMP (a DATE meets
+a TIMESTAMP as midnight), and ``=``/``<>`` of two columns of one other type
+(strings by bytes...); ``BETWEEN``; ``IN`` a list; ``IS [NOT] DISTINCT
+FROM``; AND/OR/NOT with three-valued logic; ``IS NULL``; searched CASE,
+COALESCE, GREATEST/LEAST (skip NULLs) over numbers, decimals, booleans and
+dates (COALESCE also other types); CAST among integers, DOUBLE, BOOLEAN
+(DOUBLE to integer rounds half to even; NaN, infinities and values out of
+range fall back), DATE to TIMESTAMP, strings to VARCHAR; TRY_CAST between
+integers; constants folded at compile time: CAST of a string literal to
+DOUBLE (infinities, NaN), DATE or TIMESTAMP (ISO forms), DATE/TIMESTAMP +-
+INTERVAL 'n' YEAR/QUARTER/MONTH/WEEK/DAY (a TIMESTAMP; month ends clamp);
+EXTRACT(YEAR/MONTH/DAY); ``[NOT] LIKE`` with a constant pattern of text and
+``%``; SUBSTRING with constant bounds; ISFINITE, ISNAN. Anything else raises
+``Unsupported`` at compile time.
 """
 
 from __future__ import annotations
