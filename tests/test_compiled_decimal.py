@@ -67,7 +67,7 @@ EXPRESSIONS = [
     "CAST(x AS DECIMAL(38, 10))", "CAST(COALESCE(a, 0) AS DECIMAL(38, 4))",
 ]
 CONDITIONS = ["a = b", "a < b", "a >= b", "a <> i", "a > 0", "a <= 0.05", "a = x", "a IS NOT DISTINCT FROM b",
-              "a BETWEEN 0.05 AND 1", "i IN (1, 2, -3)", "a IN (0, 1, b)"]
+              "a BETWEEN 0.05 AND 1", "a BETWEEN b AND 2.5", "i IN (1, 2, -3)", "a IN (0, 1, b)"]
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -116,6 +116,16 @@ def test_rounding_ties_and_overflow():
     assert check("SELECT a * a AS r FROM d", {"d": big}) == "fallback"  # past DECIMAL(18,4): DuckDB raises
     assert check("SELECT CAST(v AS DECIMAL(2, 0)) AS r FROM d", {"d": big}) == "fallback"
     assert check("SELECT w + 1 AS r FROM d", {"d": big}) == "fallback"  # outside int64: held by DuckDB only
+
+
+def test_comparisons_keep_the_larger_scale():
+    """DuckDB compares DECIMAL(37,6) with DECIMAL(30,17) as DECIMAL(38,17) (a value that does not fit raises),
+    not in the common type of CASE, DECIMAL(38,7), which would round b and call unequal values equal."""
+    t = pa.table({"a": pa.array([Decimal("0.000001"), Decimal(0), None], pa.decimal128(37, 6)),
+                  "b": pa.array([Decimal("0.00000100000000001"), Decimal("0.00000000000000001"), Decimal(1)],
+                                pa.decimal128(30, 17))})
+    sql = "SELECT a = b AS e, a < b AS l, a IN (b, 1) AS i, a BETWEEN b AND 1 AS w, COALESCE(a, b) AS c FROM d"
+    assert check(sql, {"d": t}) == "compiled"
 
 
 DATES = st.one_of(st.dates(datetime.date(1900, 1, 1), datetime.date(2100, 12, 31)),
@@ -198,3 +208,13 @@ def test_union_all_of_different_types_equals_duckdb(data):
           {"d": table})
     check("SELECT a AS r, k AS s FROM d UNION ALL SELECT x, i FROM d", {"d": table})
     check("SELECT a FROM d WHERE a <= 1 + 10 AND i < 2 * 3", {"d": table})
+
+
+@settings(max_examples=40)
+@given(table=tables({"x": (pa.float64(), st.one_of(DOUBLES, st.integers(-10**6, 10**6).map(lambda n: n / 1000),
+                                                   st.integers(-10**5, 10**5).map(lambda n: n / 8 + 0.005)))}),
+       width=WIDTHS)
+def test_double_to_decimal_rounds_as_duckdb(table, width):
+    """DOUBLE -> DECIMAL(p,s): round(x * 10^s) half away from zero, in doubles (2.675 -> 2.68, 0.285 -> 0.28)."""
+    p, s = width
+    check(f"SELECT CAST(x AS DECIMAL({p}, {s})) AS r FROM v", {"v": table})

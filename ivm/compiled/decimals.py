@@ -18,6 +18,8 @@ result types are the ones DuckDB 2.0's binder gives (checked against
   decimals max(p - s) + max(s) digits (past 38 the scale shrinks to fit);
   of an integer of d digits and DECIMAL(p,s), DECIMAL(min(d + s, 38), s)
   when d > p - s, else the decimal;
+- comparisons (BETWEEN, IN: over all their sides): the largest scale and
+  integer digits, width capped at 38 with the scale kept;
 - ``/`` of decimals is DOUBLE; DOUBLE with a decimal is DOUBLE.
 
 Values: a result whose magnitude reaches 10^p is an error in DuckDB, and a
@@ -71,6 +73,21 @@ def common_type(types: list) -> str:
     out = types[0]
     for t in types[1:]:
         out = _max_type(out, t)
+    return out
+
+
+def comparison_type(types: list) -> str:
+    """The type DuckDB casts the sides of a comparison to (folded over BETWEEN's and IN's sides): the largest
+    scale and integer digits, the width capped at 38 without cutting the scale (a value that then does not
+    fit is an error in DuckDB: a Fallback here)."""
+    out = types[0]
+    for t in types[1:]:
+        if out in INT_DECIMAL and t in INT_DECIMAL:
+            out = max(out, t, key=list(INT_DECIMAL).index)
+            continue
+        (pa_, sa), (pb, sb) = props(out), props(t)
+        scale = max(sa, sb)
+        out = decimal(min(max(max(pa_ - sa, pb - sb) + scale, pa_, pb), MAX_WIDTH), scale)
     return out
 
 

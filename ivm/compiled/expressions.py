@@ -406,8 +406,11 @@ class _Compiler:
 
     # --- comparisons ------------------------------------------------------------
     def _compare(self, node: exp.Expression, op: str, null_safe: bool = False) -> Expr:
-        a, b = self.compile(node.this), self.compile(node.expression)
-        kernel = _comparison(a, b, "eq" if null_safe else op)
+        return self._compared(self.compile(node.this), self.compile(node.expression), op, null_safe)
+
+    def _compared(self, a: Expr, b: Expr, op: str, null_safe: bool = False, force=None) -> Expr:
+        """``a op b``; ``force``: the type both sides are cast to (BETWEEN and IN bind one for all their sides)."""
+        kernel = _comparison(a, b, "eq" if null_safe else op, force)
 
         def run(f):
             x, y = a.fn(f), b.fn(f)
@@ -572,18 +575,24 @@ class _Compiler:
         return Expr(t, run)
 
     def _between(self, node: exp.Between) -> Expr:
-        """``x BETWEEN lo AND hi``: ``x >= lo AND x <= hi`` (DuckDB's meaning, NULLs included)."""
+        """``x BETWEEN lo AND hi``: ``x >= lo AND x <= hi`` (NULLs included), compared in the one type DuckDB
+        binds for the three."""
         if node.args.get("symmetric"):
             raise Unsupported("BETWEEN SYMMETRIC")
-        low = exp.GTE(this=node.this, expression=node.args["low"])
-        high = exp.LTE(this=node.this, expression=node.args["high"])
-        return self._logic(exp.And(this=low, expression=high), True)
+        x, low, high = (self.compile(n) for n in (node.this, node.args["low"], node.args["high"]))
+        force = _decimal_comparison_type([x, low, high])
+        tests = [self._compared(x, low, "ge", force=force), self._compared(x, high, "le", force=force)]
+        return Expr("BOOLEAN", lambda f: _all_of(tests, f))
 
     def _in(self, node: exp.In) -> Expr:
-        """``x IN (a, b, ...)`` of values: the OR of ``x = a``... (NULL when nothing matches and a side is NULL)."""
+        """``x IN (a, b, ...)`` of values: the OR of ``x = a``... (NULL when nothing matches and a side is NULL),
+        compared in the one type DuckDB binds for all."""
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field") or not node.expressions:
             raise Unsupported("IN over a subquery")
-        tests = [self._compare(exp.EQ(this=node.this, expression=v), "eq") for v in node.expressions]
+        x = self.compile(node.this)
+        values = [self.compile(v) for v in node.expressions]
+        force = _decimal_comparison_type([x, *values])
+        tests = [self._compared(x, v, "eq", force=force) for v in values]
 
         def run(f):
             t = fl = None
@@ -891,13 +900,33 @@ def _order_kernel(op: str, floating: bool):
     return lambda x, y: (x >= y) | np.isnan(x)
 
 
-def _comparison(a: Expr, b: Expr, op: str):
+def _all_of(tests: list[Expr], f) -> Vec:
+    """Three-valued AND of boolean expressions."""
+    t = fl = None
+    for test in tests:
+        ti, fi = truth(test.fn(f))
+        t, fl = (ti, fi) if t is None else (t & ti, fl | fi)
+    return Vec.of("BOOLEAN", t, t | fl)
+
+
+def _decimal_comparison_type(exprs: list[Expr]):
+    """The decimal type DuckDB compares ``exprs`` in (BETWEEN, IN: folded over all sides); None when no side is
+    a decimal or one is a DOUBLE (then each comparison types itself)."""
+    types = [e.type for e in exprs]
+    if not any(is_decimal(t) for t in types) or "DOUBLE" in types or "NULL" in types:
+        return None
+    if not all(is_int(t) or is_decimal(t) or t == INTLIT for t in types):
+        return None
+    return decimals.comparison_type([operand_type(e) for e in exprs])
+
+
+def _comparison(a: Expr, b: Expr, op: str, force=None):
     """kernel(x: Vec, y: Vec) -> bool data (NULLs decided by the caller)."""
     if a.type == "NULL" or b.type == "NULL":
         return lambda x, y: np.zeros(len(x), bool)
     numeric = [is_number(e.type) or is_decimal(e.type) or e.type == INTLIT for e in (a, b)]
     if all(numeric) and (is_decimal(a.type) or is_decimal(b.type)) and "DOUBLE" not in (a.type, b.type):
-        t = decimals.common_type([operand_type(a), operand_type(b)])  # both cast to it, as DuckDB does
+        t = force or decimals.comparison_type([operand_type(a), operand_type(b)])  # both cast to it, as DuckDB
         kernel = _order_kernel(op, False) if op not in ("eq", "ne") else (np.equal if op == "eq" else np.not_equal)
         return lambda x, y: kernel(convert(x, t)[0], convert(y, t)[0])
     if a.type in TEMPORAL and b.type in TEMPORAL:
