@@ -1,11 +1,14 @@
-"""Compiled DECIMAL, dates, LIKE and integer // % (ivm/compiled/decimals.py, expressions.py) against DuckDB.
+"""Compiled DECIMAL, dates, LIKE, SUBSTRING, TRY_CAST, integer // % and UNION ALL casts against DuckDB.
 
-Two DECIMAL columns of random widths 1..38 and scales (values up to the
-width's limit, NULLs, ties at .5 for the rounding casts; past int64 for the
-wide ones, which must fall back), an integer and a DOUBLE column: every
-operator's result type must be DuckDB's (CompiledStep checks it against the
-schema DuckDB gives) and every value the same, or the batch falls back
-where DuckDB raises (an overflow past the result's width).
+(ivm/compiled/decimals.py, expressions.py, relational.py.) Two DECIMAL
+columns of random widths 1..38 and scales (values up to the width's limit,
+NULLs, ties at .5 for the rounding casts; past int64 for the wide ones,
+which must fall back), an integer and a DOUBLE column: every operator's
+result type must be DuckDB's (CompiledStep checks it against the schema
+DuckDB gives) and every value the same, or the batch falls back where
+DuckDB raises (an overflow past the result's width). Dates from year 1 to
+9999 with month ends and leap days against folded DATE +- INTERVAL
+constants; LIKE patterns over multibyte text and newlines.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A ``Vec`` is one column in one of two forms, converted lazily: an Arrow
 array (as it came in, or as it goes out), or numpy ``data`` with a boolean
-``valid`` mask (None: no NULLs). Numbers and booleans are computed in the
-numpy form; every other type (strings, dates, decimals other than
-DECIMAL(38,0)) stays an Arrow array that compiled steps only move, compare
-for equality and group by.
+``valid`` mask (None: no NULLs). Numbers, decimals, dates, timestamps and
+booleans are computed in the numpy form; every other type (strings...)
+stays an Arrow array that compiled steps move, compare for equality, group
+by and hand to Arrow's string kernels.
 
 Types are DuckDB's names for the ones we compute (``INT_RANK`` and
 ``DOUBLE``, ``BOOLEAN``, ``NULL``, ``DECIMAL(p,s)``, ``DATE``,
