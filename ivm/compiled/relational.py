@@ -17,7 +17,8 @@ The operators and the SQL shapes they implement (each with DuckDB's meaning):
 - ``filter``: ``WHERE``/``HAVING`` (rows where the predicate is true).
 - ``aggregate``: ``GROUP BY`` expressions with COUNT(*), COUNT(x), SUM, MIN,
   MAX (and a global aggregate: one row, also over no rows). SUM of integers
-  is HUGEINT (held in int64; a sum that may leave it falls back).
+  is HUGEINT, SUM of DECIMAL(p,s) is DECIMAL(38,s) (both held in int64; a
+  sum that may leave it falls back); MIN/MAX also of decimals and dates.
 - ``project``: the select list (``*``, ``t.*``, expressions), ``DISTINCT``.
 - ``union``: ``UNION ALL`` of inputs with the same column types.
 
@@ -34,10 +35,13 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
-from ivm.compiled.expressions import Expr, Shape, compile_expr, finish, truth
-from ivm.compiled.kernels import codes, group_count, group_extreme, group_sum, groups, joint_codes, matches
+from ivm.compiled.expressions import Expr, Shape, compile_expr, convert, finish, truth, unify
+from ivm.compiled.kernels import (
+    codes, group_count, group_extreme, group_sum, groups, joint_codes, matches, same_scale,
+)
 from ivm.compiled.vectors import (
-    Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
+    TEMPORAL, Fallback, Unsupported, Vec, column_of, constant, decimal, decimal_of, is_decimal, is_int, is_number,
+    logical, negative_zero,
 )
 
 SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_"}
@@ -119,13 +123,15 @@ class _Query:
             raise Unsupported("UNION without ALL (or with ORDER BY/LIMIT)")
         (left, names), (right, _) = self.query(node.this, env), self.query(node.expression, env)
         lt, rt = [t for *_, t in left.shape.columns], [t for *_, t in right.shape.columns]
-        if len(lt) != len(rt) or any(str(a) != str(b) for a, b in zip(lt, rt)):
-            raise Unsupported("UNION ALL of inputs with different column types (DuckDB casts them)")
+        if len(lt) != len(rt):
+            raise Unsupported("UNION ALL of inputs with different numbers of columns")
+        types = [a if str(a) == str(b) else _union_type(a, b) for a, b in zip(lt, rt)]
 
         def run(ctx):
             a, b = left.run(ctx), right.run(ctx)
-            return Frame([_concat(x, y) for x, y in zip(a.cols, b.cols)], a.n + b.n)
-        return Rel(Shape([("", n, t) for n, t in zip(names, lt)]), run), names
+            cols = [_concat(_as(x, t), _as(y, t)) for x, y, t in zip(a.cols, b.cols, types)]
+            return Frame(cols, a.n + b.n)
+        return Rel(Shape([("", n, t) for n, t in zip(names, types)]), run), names
 
     # --- SELECT -----------------------------------------------------------------
     def select(self, node: exp.Select, env) -> tuple[Rel, list[str]]:
@@ -383,7 +389,7 @@ def _key_pairs(conds, left: Shape, right: Shape) -> tuple[list, list]:
 def _keyable(a, b) -> bool:
     if a in ("NULL", "INTLIT") or b in ("NULL", "INTLIT"):
         return False
-    if is_number(a) and is_number(b):
+    if is_number(a) and is_number(b) or same_scale(a, b):
         return True
     return a == b and not (isinstance(a, pa.DataType) and pa.types.is_floating(a))
 
@@ -414,6 +420,23 @@ def _distinct(rel: Rel) -> Rel:
         _, _, first = groups(codes(frame.cols, frame.n))
         return frame.take(np.sort(first))
     return Rel(rel.shape, run)
+
+
+def _union_type(a, b):
+    """The type DuckDB gives a UNION ALL column whose sides differ: numbers and decimals meet as in CASE."""
+    if a == "NULL" or b == "NULL":
+        raise Unsupported("UNION ALL of a NULL column with a typed one")
+    t = unify([Expr(a, None), Expr(b, None)], "UNION ALL")
+    if not isinstance(t, str) or not (is_number(t) or is_decimal(t)):
+        raise Unsupported(f"UNION ALL of {a} and {b}")
+    return t
+
+
+def _as(v: Vec, t) -> Vec:
+    """``v`` cast to the union's type ``t`` (a no-op when it has it)."""
+    if v.type == t:
+        return v
+    return Vec.of(t, *convert(v, t))
 
 
 def _concat(a: Vec, b: Vec) -> Vec:
@@ -473,6 +496,8 @@ def _aggregate_call(node: exp.AggFunc, shape: Shape) -> _Call:
             return _Call("sum", compiled, "HUGEINT")
         if t == "DOUBLE":
             return _Call("sum", compiled, "DOUBLE")
-    elif is_number(t):
+        if is_decimal(t):  # DuckDB: SUM(DECIMAL(p,s)) is DECIMAL(38,s); held in int64 (a sum past it falls back)
+            return _Call("sum", compiled, decimal(38, decimal_of(t)[1]))
+    elif is_number(t) or is_decimal(t) or t in TEMPORAL:
         return _Call(name, compiled, t)
     raise Unsupported(f"{name.upper()} of {t}")
