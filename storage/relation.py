@@ -77,6 +77,15 @@ Key = tuple[str, ...]
 class RunIndex:
     codes: np.ndarray  # sorted key codes (uint64)
     rows: np.ndarray  # row position of each code (int32 below 2**31 rows, else int64)
+    # No code appears twice (a key index of a run, barring collisions): a probe finds at most
+    # one row, where its binary search lands, so a lookup needs no second search.
+    unique: bool = False
+
+
+def run_index(codes: np.ndarray, rows: np.ndarray) -> RunIndex:
+    """The index of sorted ``codes`` (and their rows), knowing whether each code is there once."""
+    unique = len(codes) < 2 or not bool(np.any(codes[1:] == codes[:-1]))
+    return RunIndex(codes=codes, rows=rows, unique=unique)
 
 
 def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:
@@ -159,7 +168,7 @@ def _row_positions(rows: np.ndarray, n_rows: int) -> np.ndarray:
 def build_index(table: pa.Table, key: Key, coder: KeyCoder) -> RunIndex:
     codes = coder.codes(table, key)
     order = np.argsort(codes, kind="stable")
-    return RunIndex(codes=codes[order], rows=_row_positions(order, table.num_rows))
+    return run_index(codes[order], _row_positions(order, table.num_rows))
 
 
 def _one_array(pieces: list[pa.Array], type_: pa.DataType) -> pa.Array:
@@ -183,7 +192,7 @@ def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
 
 
 def _spilled_index(spill: Spill, index: RunIndex) -> RunIndex:
-    return RunIndex(codes=spill.numpy(index.codes), rows=spill.numpy(index.rows))
+    return RunIndex(codes=spill.numpy(index.codes), rows=spill.numpy(index.rows), unique=index.unique)
 
 
 def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill | None = None) -> Run:
@@ -195,6 +204,12 @@ def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill
 def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
     """Live row positions of ``run`` whose code is one of ``probes`` (unique)."""
     lo = np.searchsorted(index.codes, probes, side="left")
+    if index.unique:  # at most one row per probe: where its search landed (a handful of numpy calls)
+        if not len(index.codes):
+            return np.empty(0, dtype=np.int64)
+        found = lo[index.codes.take(lo, mode="clip") == probes]
+        rows = index.rows[found].astype(np.int64, copy=False)
+        return rows if run.live is None else rows[run.is_live(rows)]
     counts = _equal_from(index.codes, probes, lo)
     total = int(counts.sum())
     if total == 0:
@@ -275,14 +290,10 @@ class Relation:
 
     def _with_positions(self, parts: list[tuple[int, np.ndarray]], positions: bool,
                         columns: list[str] | None = None) -> pa.Table:
-        tables = []
-        for r, rows in parts:
-            table = self.runs[r].table
-            t = (table if columns is None else table.select(columns)).take(pa.array(rows))
-            if positions:
-                t = t.append_column(RUN, pa.array(np.full(len(rows), r, dtype=np.int32)))
-                t = t.append_column(POS, pa.array(rows))
-            tables.append(t)
+        """The rows ``parts`` names ((run, row positions) pairs), and with ``positions`` their run and
+        position (one pair of columns for all the parts: two Arrow calls, not two per run)."""
+        tables = [(self.runs[r].table if columns is None else self.runs[r].table.select(columns)).take(rows)
+                  for r, rows in parts]
         if not tables:
             schema = self.schema
             if columns is not None:
@@ -290,7 +301,12 @@ class Relation:
             if positions:
                 schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
             return schema.empty_table()
-        return pa.concat_tables(tables)
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        if positions:
+            runs = np.repeat(np.array([r for r, _ in parts], dtype=np.int32), [len(rows) for _, rows in parts])
+            rows = parts[0][1] if len(parts) == 1 else np.concatenate([rows for _, rows in parts])
+            table = table.append_column(RUN, pa.array(runs)).append_column(POS, pa.array(rows, pa.int64()))
+        return table
 
     def all_rows(self, positions: bool = False, columns: list[str] | None = None) -> pa.Table:
         return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions, columns)
@@ -456,7 +472,7 @@ def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:
         return index
     keep = run.is_live(index.rows)
     rows = index.rows[keep]
-    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live))
+    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live), unique=index.unique)
 
 
 def _renumbering(run: Run) -> np.ndarray | None:
@@ -500,7 +516,7 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunInde
         rows = np.concatenate([part.rows.astype(np.int64) + start for part, start in zip(parts, starts)])
         # Sorted runs: a stable sort (timsort) merges them in O(n log len(runs)).
         order = np.argsort(codes, kind="stable")
-        indexes[k] = RunIndex(codes=codes[order], rows=_row_positions(rows[order], n_rows))
+        indexes[k] = run_index(codes[order], _row_positions(rows[order], n_rows))
     return indexes
 
 
