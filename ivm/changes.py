@@ -230,16 +230,18 @@ class ChangeApplier:
         existing = relation.lookup(identity, codes, positions=True, scan=False)
         if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
             return _all_inserted(table, batch)
+        if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
+            # Every key once (the usual batch), in numpy: keys matched by code and re-checked.
+            done = keyed_once.changes(table.column_names, table.primary_key, batch, codes, existing, policy,
+                                      self.coder)
+            if done.errors.num_rows:
+                self._raise_errors(table, done.errors)
+            return _change(done.olds, done.news, table.column_names, rows)
         try:
-            if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
-                # An integer key is its own code: no collisions, matched in numpy.
-                result = keyed_once.convert(table.column_names, table.primary_key[0], batch, codes, existing,
-                                            policy, self.coder)
-                self._raise_errors(table, result)
-            elif table.primary_key and unique:
-                # Every key once (the usual batch): no ordering within keys to resolve.
-                # Equal codes may be a collision of different keys; those take the
-                # general path, which is never wrong, only slower.
+            if table.primary_key and unique:
+                # Every key once, with columns Arrow does not compare as DuckDB: no ordering
+                # within keys to resolve. Equal codes may be a collision of different keys;
+                # those take the general path, which is never wrong, only slower.
                 result = self._keyed_once(table, batch, existing, policy)
             elif table.primary_key:
                 result = self._keyed(table, batch, existing, policy)
@@ -388,6 +390,20 @@ class ChangeApplier:
         merged = merged.filter(pc.not_equal(change, 0))
         # Only rows whose stored copy changes are deleted and re-inserted.
         return merged
+
+
+def _change(olds: pa.Table, news: pa.Table, names: tuple[str, ...], rows: int) -> ZsetChange:
+    """The change that removes ``olds`` (stored rows with their run and position) and inserts ``news``."""
+    names = list(names)
+    minus = olds.select(names).append_column(WEIGHT, pa.array(np.full(olds.num_rows, -1, np.int64)))
+    inserts = news.append_column(WEIGHT, pa.array(np.ones(news.num_rows, np.int64)))
+    return ZsetChange(
+        delta=pa.concat_tables([minus, inserts]),
+        delete_runs=olds.column(RUN).to_numpy(),
+        delete_rows=olds.column(POS).to_numpy(),
+        inserts=inserts,
+        rows=rows,
+    )
 
 
 def _has_deletes(batch: pa.Table) -> bool:
