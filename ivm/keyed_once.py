@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct
+from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, numpy_not_distinct
 from storage.keys import KeyCoder
 
 OP = "__op"
@@ -162,22 +162,7 @@ def _same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa
 
 def not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     """IS NOT DISTINCT FROM per row, as numpy booleans; numbers without NULLs compare in numpy."""
-    t = a.type
-    if (not a.null_count and not b.null_count and t == b.type
-            and (pa.types.is_integer(t) or pa.types.is_floating(t) or _timelike(t))):
-        x, y = _numbers(a), _numbers(b)
-        equal = x == y  # -0.0 == 0.0, as in DuckDB
-        if pa.types.is_floating(t):
-            equal |= np.isnan(x) & np.isnan(y)
+    equal = numpy_not_distinct(a, b)
+    if equal is not None:
         return equal
     return arrow_not_distinct(a, b).to_numpy(zero_copy_only=False).astype(bool, copy=False)
-
-
-def _timelike(t: pa.DataType) -> bool:
-    return pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t) or pa.types.is_duration(t)
-
-
-def _numbers(column: pa.ChunkedArray) -> np.ndarray:
-    if _timelike(column.type):
-        column = column.cast(pa.int64()) if column.type.bit_width == 64 else column.cast(pa.int32())
-    return column.to_numpy()

@@ -396,7 +396,9 @@ class Relation:
                 runs[int(r)] = replace(run, live=live, n_live=run.n_live - len(rows))
         if inserts is not None and inserts.num_rows:
             if inserts.schema != self.schema:
-                inserts = inserts.select(self.schema.names).cast(self.schema)
+                inserts = inserts.select(self.schema.names)
+                if inserts.schema != self.schema:
+                    inserts = inserts.cast(self.schema)
             runs.append(make_run(inserts, self.index_keys, coder, self.spill))
         runs = [run for run in runs if run.n_live]
         runs = _settle(runs, self.index_keys, self.spill)
