@@ -131,3 +131,10 @@ def test_types_numpy_does_not_hash_go_to_duckdb():
     table = pa.table({"k": pa.array([[1], [1], [2]]), "i": [1, 1, 1]})
     codes = KeyCoder(run).codes(table, ["k", "i"])
     assert statements and codes[0] == codes[1] != codes[2]
+
+
+def test_repeated_strings_hash_as_distinct_ones_do():
+    """Long columns hash each distinct value once (a dictionary); short ones every value: the same codes."""
+    texts = pa.array((["nation_1", None, "", "BUILDING", "nation_1"] * 20))
+    whole = hash_columns([texts])
+    assert np.array_equal(whole, np.concatenate([hash_columns([texts.slice(i, 5)]) for i in range(0, 100, 5)]))
