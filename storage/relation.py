@@ -88,6 +88,41 @@ def run_index(codes: np.ndarray, rows: np.ndarray) -> RunIndex:
     return RunIndex(codes=codes, rows=rows, unique=unique)
 
 
+def _numpy_values(column: pa.ChunkedArray) -> np.ndarray | None:
+    """A one-chunk column of numbers, dates, times or decimals without NULLs, as numpy (decimal128:
+    two int64 words per value); None otherwise."""
+    if column.num_chunks != 1 or column.null_count:
+        return None
+    array = column.chunk(0)
+    t = array.type
+    if pa.types.is_decimal128(t):
+        words = np.frombuffer(array.buffers()[1], dtype=np.int64, count=2 * len(array), offset=16 * array.offset)
+        return words.reshape(-1, 2)
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date(t) or pa.types.is_time(t)
+            or pa.types.is_timestamp(t) or pa.types.is_duration(t)):
+        return None
+    width = t.bit_width // 8
+    kind = "f" if pa.types.is_floating(t) else ("u" if pa.types.is_unsigned_integer(t) else "i")
+    dtype = np.dtype(f"{kind}{width}")
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=width * array.offset)
+
+
+def _gathered(runs: Sequence["Run"], i: int, field_type: pa.DataType, parts: list[tuple[int, np.ndarray]]) -> pa.Array:
+    """Column ``i`` of the rows ``parts`` names, as one array: numpy gathers where every run's column
+    is plain values (a fancy index each), Arrow takes otherwise."""
+    values = [runs[r].values(i) for r, _ in parts]
+    if all(v is not None for v in values):
+        gathered = values[0][parts[0][1]] if len(parts) == 1 else \
+            np.concatenate([v[rows] for v, (_, rows) in zip(values, parts)])
+        return pa.Array.from_buffers(field_type, len(gathered), [None, pa.py_buffer(np.ascontiguousarray(gathered))])
+    pieces = [_one_chunk(runs[r].table.column(i)).take(rows) for r, rows in parts]
+    return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:
     """Packed liveness bits (LSB first; None = all live) as one bool per row."""
     if live is None:
@@ -105,6 +140,16 @@ class Run:
     # Identifies the run (its table and row positions) across versions; never reused.
     serial: int = field(default_factory=lambda: next(_serials))
     origin: Origin | None = None  # the runs a merge copied its rows from (see Origin)
+    # Column number -> its values as a numpy view, or None (see ``values``); the table never
+    # changes, so versions of the run (``replace``) share what was found.
+    _values: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def values(self, i: int) -> np.ndarray | None:
+        """Column ``i`` as a zero-copy numpy array when it is fixed-width (not boolean) and has no NULLs,
+        so lookups gather it with one fancy index; else None (gathered by Arrow)."""
+        if i not in self._values:
+            self._values[i] = _numpy_values(self.table.column(i))
+        return self._values[i]
 
     @property
     def n_rows(self) -> int:
@@ -292,16 +337,15 @@ class Relation:
                         columns: list[str] | None = None) -> pa.Table:
         """The rows ``parts`` names ((run, row positions) pairs), and with ``positions`` their run and
         position (one pair of columns for all the parts: two Arrow calls, not two per run)."""
-        tables = [(self.runs[r].table if columns is None else self.runs[r].table.select(columns)).take(rows)
-                  for r, rows in parts]
-        if not tables:
-            schema = self.schema
-            if columns is not None:
-                schema = pa.schema([schema.field(c) for c in columns])
+        schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        if not parts:
             if positions:
                 schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
             return schema.empty_table()
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        # Column by column across the runs (one array each, not a chunk per run): numbers in numpy.
+        numbers = [self.schema.get_field_index(f.name) for f in schema]
+        table = pa.Table.from_arrays([_gathered(self.runs, i, f.type, parts) for i, f in zip(numbers, schema)],
+                                     schema=schema)
         if positions:
             runs = np.repeat(np.array([r for r, _ in parts], dtype=np.int32), [len(rows) for _, rows in parts])
             rows = parts[0][1] if len(parts) == 1 else np.concatenate([rows for _, rows in parts])
