@@ -119,6 +119,34 @@ def _gathered(runs: Sequence["Run"], i: int, field_type: pa.DataType, parts: lis
     return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
 
 
+def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table.cast(schema)``; DECIMAL(38,0) columns held as BIGINT (state counts: DuckDB's SUM of
+    BIGINT is HUGEINT) are narrowed in numpy, a copy of their low words (~5x Arrow's cast kernel)."""
+    columns = []
+    for column, field_ in zip(table.columns, schema):
+        narrowed = _narrowed(column, field_.type) if column.type != field_.type else column
+        columns.append(column.cast(field_.type) if narrowed is None else narrowed)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
+    """A DECIMAL(p,0) column as int64 when every value fits (else None: Arrow's cast decides, and raises)."""
+    t = column.type
+    if not (pa.types.is_decimal128(t) and t.scale == 0 and target == pa.int64()) or sys.byteorder != "little":
+        return None
+    array = _one_chunk(column)
+    words = np.frombuffer(array.buffers()[1], dtype=np.int64, count=2 * len(array), offset=16 * array.offset)
+    low, high = words[0::2], words[1::2]
+    fits = high == (low >> 63)
+    valid = None
+    if array.null_count:
+        valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
+        fits |= ~valid
+    if not fits.all():
+        return None
+    return pa.array(low.copy(), pa.int64(), mask=None if valid is None else ~valid)
+
+
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
@@ -442,7 +470,7 @@ class Relation:
             if inserts.schema != self.schema:
                 inserts = inserts.select(self.schema.names)
                 if inserts.schema != self.schema:
-                    inserts = inserts.cast(self.schema)
+                    inserts = _cast(inserts, self.schema)
             runs.append(make_run(inserts, self.index_keys, coder, self.spill))
         runs = [run for run in runs if run.n_live]
         runs = _settle(runs, self.index_keys, self.spill)
