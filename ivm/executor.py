@@ -368,7 +368,7 @@ class StepRunner:
                 keep = inserts.column(replace.keep)
                 # The relation's columns only, before filtering: the temp may be several times wider.
                 names = snapshot[replace.relation].schema.names if replace.relation in snapshot else None
-                if names is not None and all(n in inserts.column_names for n in names):
+                if names is not None and set(names) <= set(inserts.column_names):
                     inserts = inserts.select(names)
                 inserts = inserts.filter(keep)
         if not len(runs) and (inserts is None or inserts.num_rows == 0):
