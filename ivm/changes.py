@@ -230,13 +230,15 @@ class ChangeApplier:
         existing = relation.lookup(identity, codes, positions=True, scan=False)
         if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
             return _all_inserted(table, batch)
-        if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
-            # Every key once (the usual batch), in numpy: keys matched by code and re-checked.
-            done = keyed_once.changes(table.column_names, table.primary_key, batch, codes, existing, policy,
-                                      self.coder)
-            if done.errors.num_rows:
-                self._raise_errors(table, done.errors)
-            return _change(done.olds, done.news, table.column_names, rows)
+        if table.primary_key and keyed_once.applies(table.primary_key, batch.schema):
+            # In numpy, keys matched by code and re-checked: every key once (the usual batch),
+            # or keys repeated (ordered by __seq; None: two keys of the batch share a code).
+            convert = keyed_once.changes if unique else keyed_once.repeated
+            done = convert(table.column_names, table.primary_key, batch, codes, existing, policy, self.coder)
+            if done is not None:
+                if done.errors.num_rows:
+                    self._raise_errors(table, done.errors)
+                return _change(done.olds, done.news, table.column_names, rows)
         try:
             if table.primary_key and unique:
                 # Every key once, with columns Arrow does not compare as DuckDB: no ordering

@@ -96,6 +96,59 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     return Conversion(olds, news, errors)
 
 
+def repeated(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch_codes: np.ndarray,
+             existing: pa.Table, policy: str, coder: KeyCoder) -> Conversion | None:
+    """``changes`` for a batch that may name a key several times: ``ChangeApplier._keyed``'s rows.
+
+    Its operations apply in ``__seq`` order: a row's key existed before it
+    if an earlier row of the key left a row (its operation was not 'd'), or,
+    for the key's first row, if a stored row has the key. 'c' of an existing
+    key and 'd' of a missing one (unless ignored) are errors. Per key, with
+    l its last row and o its stored row: -o when o exists and (l deletes or
+    differs from o), +l when l does not delete and (no o, or l differs).
+    Rows are grouped by key code; None when two different keys of the batch
+    share a code (the caller converts that batch on DuckDB).
+    """
+    names = list(names)
+    n = batch.num_rows
+    exact = len(key) == 1 and pa.types.is_integer(batch.schema.field(key[0]).type)
+    order = np.lexsort((batch.column(SEQ).to_numpy(), batch_codes))
+    ordered = batch_codes[order]
+    starts = np.ones(n, dtype=bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    group = np.cumsum(starts) - 1  # per sorted position
+    firsts = order[starts]  # each key's first row
+    lasts = order[np.append(starts[1:], True)]  # each key's last row
+    if not exact and not _same_rows(list(key), batch, order, batch, firsts[group]).all():
+        return None  # a collision inside the batch
+    found = _match(batch.take(firsts), batch_codes[firsts], existing, coder.codes(existing, key), key, exact)
+    ops = batch.column(OP)
+    is_d = pc.equal(ops, "d").to_numpy(zero_copy_only=False)
+    is_c = pc.equal(ops, "c").to_numpy(zero_copy_only=False)
+    # Did the key exist just before each row (in sorted order)?
+    existed = np.empty(n, dtype=bool)
+    existed[starts] = found >= 0
+    later = np.flatnonzero(~starts)
+    existed[later] = ~is_d[order[later - 1]]
+    bad = is_c[order] & existed
+    if policy != "ignore":
+        bad |= is_d[order] & ~existed
+    wrong = np.sort(order[bad])
+    errors = batch.select(names + [OP, SEQ]).take(wrong).rename_columns(names + [ERROR, SEQ])
+    stored = found >= 0
+    deleting = is_d[lasts]
+    same = np.zeros(len(firsts), dtype=bool)
+    compared = np.flatnonzero(stored & ~deleting)
+    if len(compared):
+        same[compared] = _same_rows(names, batch, lasts[compared], existing, found[compared])
+    olds = existing.select(names + [RUN, POS]).take(found[stored & (deleting | ~same)])
+    wanted = batch.schema
+    if any(olds.schema.field(n).type != wanted.field(n).type for n in names):
+        olds = olds.cast(pa.schema([wanted.field(n) for n in names] + [olds.schema.field(RUN), olds.schema.field(POS)]))
+    news = batch.select(names).take(np.sort(lasts[~deleting & ~same]))
+    return Conversion(olds, news, errors)
+
+
 def convert(names: tuple[str, ...], key: str | tuple[str, ...], batch: pa.Table, batch_codes: np.ndarray,
             existing: pa.Table, policy: str, coder: KeyCoder) -> pa.Table:
     """Rows as ``_keyed_once`` returns them: names, weight, run, pos, __new, __error, __seq (for comparisons)."""

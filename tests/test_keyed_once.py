@@ -181,3 +181,69 @@ def test_keys_of_several_columns_convert_as_duckdb_does(seed, colliding):
                 assert multiset_diff(arrow_rows, duck_rows.cast(arrow_rows.schema)) is None, (seed, step, policy)
             if "c" not in ops:
                 db.apply_changes("p", batch(chosen, ops), on_missing_delete="ignore")
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("several", [False, True])
+def test_batches_repeating_keys_convert_as_duckdb_does(seed, several):
+    """Keys named several times apply in __seq order (``repeated``): DuckDB's ``_keyed`` rows and errors.
+    With a coder whose codes collide, a batch is either converted the same or handed back (None)."""
+    rng = random.Random(seed)
+    with ivm.connect() as db:
+        if several:
+            db.execute("CREATE TABLE t (a INTEGER, b VARCHAR, x DOUBLE, s VARCHAR, d DECIMAL(9, 2), t TIMESTAMP, "
+                       "PRIMARY KEY (a, b))")
+        else:
+            db.execute(f"CREATE TABLE t ({COLUMNS})")
+        engine, worker = db._engine, db._engine.small
+        definition = engine.catalog.table("t")
+        key = definition.primary_key
+
+        def batch(ids, ops):
+            table = rows(rng, ids, ops)
+            if several:
+                table = table.rename_columns(["a", "x", "s", "d", "t", "__op"])
+                table = table.add_column(1, "b", pa.array([rng.choice(["p", "q"]) for _ in ids]))
+            return table
+
+        db.apply_changes("t", batch(rng.sample(range(30), 15), ["c"] * 15), on_missing_delete="ignore")
+        for step in range(6):
+            ids = [rng.randrange(12) for _ in range(rng.randint(2, 16))]
+            ops = [rng.choice("cudr" if step % 2 else "udrd") for _ in ids]
+            relation = engine.store.snapshot["t"]
+            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+            normalized = worker.normalizer.normalize(definition, schema, batch(ids, ops))
+            for coder in (worker.coder, Colliding(worker.coder)):
+                if coder is not worker.coder and not several:
+                    continue  # an integer key is its own code
+                codes = coder.codes(normalized, definition.identity)
+                existing = relation.all_rows(positions=True)
+                for policy in ("error", "ignore"):
+                    outcomes = []
+                    try:
+                        outcomes.append(worker.applier._keyed(definition, normalized, existing, policy))
+                    except ChangeError as e:
+                        outcomes.append(str(e))
+                    done = keyed_once.repeated(definition.column_names, key, normalized, codes, existing, policy,
+                                               coder)
+                    if done is None:
+                        assert coder is not worker.coder, "only colliding codes hand a batch back"
+                        continue
+                    try:
+                        if done.errors.num_rows:
+                            worker.applier._raise_errors(definition, done.errors)
+                        outcomes.append((done.olds, done.news))
+                    except ChangeError as e:
+                        outcomes.append(str(e))
+                    duck_rows, arrow_rows = outcomes
+                    if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
+                        assert duck_rows == arrow_rows
+                        continue
+                    names = list(definition.column_names)
+                    olds, news = arrow_rows
+                    minus = duck_rows.filter(pa.compute.equal(duck_rows.column(WEIGHT), -1))
+                    plus = duck_rows.filter(pa.compute.equal(duck_rows.column(WEIGHT), 1))
+                    assert multiset_diff(olds.select(names + ["__run", "__pos"]),
+                                         minus.select(names + ["__run", "__pos"]).cast(olds.schema)) is None
+                    assert multiset_diff(news, plus.select(names).cast(news.schema)) is None
+            db.apply_changes("t", batch(ids, ops), on_missing_delete="ignore") if "c" not in ops else None
