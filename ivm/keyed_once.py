@@ -73,7 +73,7 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     """The batch's removed, inserted and offending rows (see the module's contract)."""
     names = list(names)
     exact = len(key) == 1 and pa.types.is_integer(batch.schema.field(key[0]).type)
-    found = _match(batch, batch_codes, existing, coder.codes(existing, key), key, exact)
+    found = match_rows(batch, batch_codes, existing, coder.codes(existing, key), key, exact)
     existed = found >= 0
     ops = batch.column(OP)
     is_d = pc.equal(ops, "d").to_numpy(zero_copy_only=False)
@@ -83,7 +83,7 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     same = np.zeros(batch.num_rows, dtype=bool)
     compared = np.flatnonzero(existed & ~is_d & ~bad)  # upserts of stored keys: did the row change?
     if len(compared):
-        same[compared] = _same_rows(names, batch, compared, existing, found[compared])
+        same[compared] = same_rows(names, batch, compared, existing, found[compared])
     deleted = np.flatnonzero(existed & ~bad & ~same)
     inserted = np.flatnonzero(~is_d & ~bad & ~same)
     olds = existing.select(names + [RUN, POS]).take(found[deleted])
@@ -119,9 +119,9 @@ def repeated(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batc
     group = np.cumsum(starts) - 1  # per sorted position
     firsts = order[starts]  # each key's first row
     lasts = order[np.append(starts[1:], True)]  # each key's last row
-    if not exact and not _same_rows(list(key), batch, order, batch, firsts[group]).all():
+    if not exact and not same_rows(list(key), batch, order, batch, firsts[group]).all():
         return None  # a collision inside the batch
-    found = _match(batch.take(firsts), batch_codes[firsts], existing, coder.codes(existing, key), key, exact)
+    found = match_rows(batch.take(firsts), batch_codes[firsts], existing, coder.codes(existing, key), key, exact)
     ops = batch.column(OP)
     is_d = pc.equal(ops, "d").to_numpy(zero_copy_only=False)
     is_c = pc.equal(ops, "c").to_numpy(zero_copy_only=False)
@@ -140,7 +140,7 @@ def repeated(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batc
     same = np.zeros(len(firsts), dtype=bool)
     compared = np.flatnonzero(stored & ~deleting)
     if len(compared):
-        same[compared] = _same_rows(names, batch, lasts[compared], existing, found[compared])
+        same[compared] = same_rows(names, batch, lasts[compared], existing, found[compared])
     olds = existing.select(names + [RUN, POS]).take(found[stored & (deleting | ~same)])
     wanted = batch.schema
     if any(olds.schema.field(n).type != wanted.field(n).type for n in names):
@@ -172,7 +172,7 @@ def convert(names: tuple[str, ...], key: str | tuple[str, ...], batch: pa.Table,
     return pa.concat_tables(tables)
 
 
-def _match(batch: pa.Table, batch_codes: np.ndarray, existing: pa.Table, stored_codes: np.ndarray,
+def match_rows(batch: pa.Table, batch_codes: np.ndarray, existing: pa.Table, stored_codes: np.ndarray,
            key: tuple[str, ...], exact: bool) -> np.ndarray:
     """For each batch row, the row of ``existing`` with its key, or -1.
 
@@ -197,12 +197,12 @@ def _match(batch: pa.Table, batch_codes: np.ndarray, existing: pa.Table, stored_
         return found
     mine = np.repeat(np.arange(len(batch_codes)), count)
     theirs = order[np.repeat(start, count) + np.arange(total) - np.repeat(np.cumsum(count) - count, count)]
-    equal = _same_rows(list(key), batch, mine, existing, theirs)
+    equal = same_rows(list(key), batch, mine, existing, theirs)
     found[mine[equal]] = theirs[equal]
     return found
 
 
-def _same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa.Table,
+def same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa.Table,
                theirs: np.ndarray) -> np.ndarray:
     """Per pair, whether every column is not distinct (NULL = NULL, NaN = NaN, -0.0 = 0.0)."""
     a = batch.select(names).take(mine)
