@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
-from delta_operators.zset import WEIGHT, arrow_not_distinct
+from delta_operators.zset import WEIGHT, arrow_not_distinct, numpy_not_distinct
 
 
 def _quote(name: str) -> str:
@@ -154,6 +154,9 @@ def without_equal_pairs(delta: pa.Table, pairs: tuple[np.ndarray, np.ndarray], k
 
 def _not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     """IS NOT DISTINCT FROM, and for floats the same sign of zero (-0.0 stays apart from 0.0)."""
+    fast = numpy_not_distinct(a, b, zero_signs=True)
+    if fast is not None:
+        return fast
     equal = arrow_not_distinct(a, b)
     if pa.types.is_floating(a.type):
         signs = pc.equal(pc.less(pc.divide(pa.scalar(1.0, a.type), a), 0), pc.less(pc.divide(pa.scalar(1.0, b.type), b), 0))

@@ -60,3 +60,27 @@ def arrow_not_distinct(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedAr
     if pa.types.is_floating(a.type):
         equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
     return equal
+
+
+def numpy_not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray, zero_signs: bool = False):  # -> np.ndarray | None
+    """``arrow_not_distinct`` in numpy for two number (or date/time) columns of one type without NULLs,
+    else None. NaN equals NaN; -0.0 equals 0.0 unless ``zero_signs``. One numpy pass instead of
+    several Arrow calls: these comparisons run per column per batch on a few thousand rows."""
+    import numpy as np
+
+    t = a.type
+    if a.null_count or b.null_count or t != b.type:
+        return None
+    if pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_timestamp(t) or pa.types.is_duration(t):
+        a, b = a.cast(pa.int64()) if t.bit_width == 64 else a.cast(pa.int32()), \
+            b.cast(pa.int64()) if t.bit_width == 64 else b.cast(pa.int32())
+    elif not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        return None
+    x, y = a.to_numpy(), b.to_numpy()
+    equal = x == y
+    if pa.types.is_floating(t):
+        if zero_signs:
+            equal &= np.signbit(x) == np.signbit(y)
+        equal |= np.isnan(x) & np.isnan(y)
+    return equal
+

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError
 from delta_operators.zset import POS, RUN, WEIGHT
-from ivm import duck, keyed_once
+from ivm import bags, duck, keyed_once
 from ivm.binder import quote
 from ivm.catalog import TableDef
 from ivm.event_time import check_appends
@@ -230,23 +230,29 @@ class ChangeApplier:
         existing = relation.lookup(identity, codes, positions=True, scan=False)
         if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
             return _all_inserted(table, batch)
-        try:
-            if table.primary_key and unique and keyed_once.applies(table.primary_key, batch.schema):
-                # An integer key is its own code: no collisions, matched in numpy.
-                result = keyed_once.convert(table.column_names, table.primary_key[0], batch, codes, existing,
-                                            policy, self.coder)
-                self._raise_errors(table, result)
-            elif table.primary_key and unique:
-                # Every key once (the usual batch): no ordering within keys to resolve.
-                # Equal codes may be a collision of different keys; those take the
-                # general path, which is never wrong, only slower.
-                result = self._keyed_once(table, batch, existing, policy)
-            elif table.primary_key:
-                result = self._keyed(table, batch, existing, policy)
-            else:
-                result = self._bag(table, batch, existing, policy)
-        except duckdb.Error as e:
-            raise ChangeError(f"applying the batch to {table.name} failed: {e}") from None
+        if table.primary_key and keyed_once.applies(table.primary_key, batch.schema):
+            # In numpy, keys matched by code and re-checked: every key once (the usual batch),
+            # or keys repeated (ordered by __seq; None: two keys of the batch share a code).
+            convert = keyed_once.changes if unique else keyed_once.repeated
+            done = convert(table.column_names, table.primary_key, batch, codes, existing, policy, self.coder)
+            if done is not None:
+                if done.errors.num_rows:
+                    self._raise_errors(table, done.errors)
+                return _change(done.olds, done.news, table.column_names, rows)
+        result = self._bag_numpy(table, batch, codes, existing, policy) if not table.primary_key else None
+        if result is None:
+            try:
+                if table.primary_key and unique:
+                    # Every key once, with columns Arrow does not compare as DuckDB: no ordering
+                    # within keys to resolve. Equal codes may be a collision of different keys;
+                    # those take the general path, which is never wrong, only slower.
+                    result = self._keyed_once(table, batch, existing, policy)
+                elif table.primary_key:
+                    result = self._keyed(table, batch, existing, policy)
+                else:
+                    result = self._bag(table, batch, existing, policy)
+            except duckdb.Error as e:
+                raise ChangeError(f"applying the batch to {table.name} failed: {e}") from None
         names = list(table.column_names)
         delta = result.select(names + [WEIGHT])
         found = pc.is_valid(result.column(RUN))
@@ -260,6 +266,19 @@ class ChangeApplier:
             inserts=inserts,
             rows=rows,
         )
+
+    def _bag_numpy(self, table: TableDef, batch: pa.Table, codes: np.ndarray, existing: pa.Table,
+                   policy: str) -> pa.Table | None:
+        """``_bag``'s rows computed in numpy (ivm/bags.py); None: the batch needs DuckDB."""
+        if not keyed_once.comparable(batch.schema, table.column_names):
+            return None
+        bag = bags.convert(table.column_names, batch, codes, existing, policy, self.coder)
+        if bag is None:
+            return None
+        if bag.negative.num_rows and policy == "error":
+            raise ChangeError(f"delete ('d') from {table.name} of rows that do not exist: "
+                              f"{_keys_text(bag.negative, table.column_names)}")
+        return bag.rows
 
     def _keyed(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
         """-old/+new rows per touched key, and the offending rows if any (one statement)."""
@@ -388,6 +407,20 @@ class ChangeApplier:
         merged = merged.filter(pc.not_equal(change, 0))
         # Only rows whose stored copy changes are deleted and re-inserted.
         return merged
+
+
+def _change(olds: pa.Table, news: pa.Table, names: tuple[str, ...], rows: int) -> ZsetChange:
+    """The change that removes ``olds`` (stored rows with their run and position) and inserts ``news``."""
+    names = list(names)
+    minus = olds.select(names).append_column(WEIGHT, pa.array(np.full(olds.num_rows, -1, np.int64)))
+    inserts = news.append_column(WEIGHT, pa.array(np.ones(news.num_rows, np.int64)))
+    return ZsetChange(
+        delta=pa.concat_tables([minus, inserts]),
+        delete_runs=olds.column(RUN).to_numpy(),
+        delete_rows=olds.column(POS).to_numpy(),
+        inserts=inserts,
+        rows=rows,
+    )
 
 
 def _has_deletes(batch: pa.Table) -> bool:

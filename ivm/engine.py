@@ -708,56 +708,58 @@ class Engine:
         stale: dict[str, bool] = {}
         stored_new = frozenset(deltas)
         pruned: dict[tuple[str, tuple[str, ...] | None], Any] = {}  # shared by views reading the same columns
-        for name in self.catalog.affected_views(deltas):
-            view = self.catalog.views[name]
-            if isolate and self._skip_failed(view):
-                continue
-            seen = {s: self._pruned(view, s, deltas[s], pruned, worker)
-                    for s in view.sources if s in deltas and deltas[s].num_rows}
-            changed = frozenset(s for s, d in seen.items() if d.num_rows)
-            if not changed:
-                continue
-            rows = sum(seen[s].num_rows for s in changed)
-            # A view over a RETAIN stream is never recomputed: its sources no longer hold every row it counts.
-            mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
-            was_stale = is_stale(snapshot, name)
-            sizes = source_rows(snapshot, view) if mode != "incremental" or was_stale else 0
-            if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None \
-                    and not view.cost.refresh_failed:
-                self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
-            path = view.cost.choose(mode, rows, sizes, was_stale)
-            warmup = False
-            elapsed = self.mirrors.stopwatch()
-            try:
-                if path != "incremental":
-                    if path == "recompute":
-                        delta, relations = refresh(self, view, snapshot, all_changes, recomputed, worker, deltas)
+        # Views probing the same relation with the same delta share the lookup (executor.SharedLookups).
+        with worker.executor.sharing_lookups():
+            for name in self.catalog.affected_views(deltas):
+                view = self.catalog.views[name]
+                if isolate and self._skip_failed(view):
+                    continue
+                seen = {s: self._pruned(view, s, deltas[s], pruned, worker)
+                        for s in view.sources if s in deltas and deltas[s].num_rows}
+                changed = frozenset(s for s, d in seen.items() if d.num_rows)
+                if not changed:
+                    continue
+                rows = sum(seen[s].num_rows for s in changed)
+                # A view over a RETAIN stream is never recomputed: its sources no longer hold every row it counts.
+                mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
+                was_stale = is_stale(snapshot, name)
+                sizes = source_rows(snapshot, view) if mode != "incremental" or was_stale else 0
+                if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None \
+                        and not view.cost.refresh_failed:
+                    self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet
+                path = view.cost.choose(mode, rows, sizes, was_stale)
+                warmup = False
+                elapsed = self.mirrors.stopwatch()
+                try:
+                    if path != "incremental":
+                        if path == "recompute":
+                            delta, relations = refresh(self, view, snapshot, all_changes, recomputed, worker, deltas)
+                        else:
+                            delta, relations = rebuild(self, view, snapshot, all_changes, recomputed, worker)
+                        deltas[name] = delta
+                        recomputed.update(relations)
+                        if path == "rebuild" or operator_states(view):  # a refresh leaves operator state stale
+                            stale[name] = path == "recompute"
                     else:
-                        delta, relations = rebuild(self, view, snapshot, all_changes, recomputed, worker)
-                    deltas[name] = delta
-                    recomputed.update(relations)
-                    if path == "rebuild" or operator_states(view):  # a refresh leaves operator state stale
-                        stale[name] = path == "recompute"
-                else:
-                    program = view.program(changed, stored_new & changed)
-                    warmup = view.cost.warming_up(program)
-                    snapshot = self._ensure_indexes(program, snapshot, worker)
-                    inputs = {delta_input(s): seen[s] for s in changed}
-                    executor = self.executor_for(view, program, rows, snapshot, worker)
-                    temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
-                    if program.output is not None:
-                        deltas[name] = self._as_view_delta(view, temps[program.output], snapshot)
-                    all_changes.extend(changes)
-            except Exception as e:
-                if not isolate:
-                    raise
-                self.failed[name] = f"{type(e).__name__}: {e}"
-                continue
-            # Copying whole tables into mirrors is one-off on the way to the refresh path (like leaving
-            # incremental's state): it does not count in R, or one copy would send the view straight back.
-            view.cost.record(path, elapsed(), rows, sizes, warmup)
-            if view.cost.trial:
-                self._trial_refresh(view, snapshot, all_changes, recomputed, worker, deltas, sizes)
+                        program = view.program(changed, stored_new & changed)
+                        warmup = view.cost.warming_up(program)
+                        snapshot = self._ensure_indexes(program, snapshot, worker)
+                        inputs = {delta_input(s): seen[s] for s in changed}
+                        executor = self.executor_for(view, program, rows, snapshot, worker)
+                        temps, changes = executor.run(program, inputs, snapshot, label=f"view {name}")
+                        if program.output is not None:
+                            deltas[name] = self._as_view_delta(view, temps[program.output], snapshot)
+                        all_changes.extend(changes)
+                except Exception as e:
+                    if not isolate:
+                        raise
+                    self.failed[name] = f"{type(e).__name__}: {e}"
+                    continue
+                # Copying whole tables into mirrors is one-off on the way to the refresh path (like leaving
+                # incremental's state): it does not count in R, or one copy would send the view straight back.
+                view.cost.record(path, elapsed(), rows, sizes, warmup)
+                if view.cost.trial:
+                    self._trial_refresh(view, snapshot, all_changes, recomputed, worker, deltas, sizes)
         committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
         self._keep_mirrors(snapshot, deltas, worker)

@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 from collections import Counter
+from contextlib import contextmanager
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -178,6 +179,50 @@ def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.S
     return pa.scalar(low, pa.float64()), pa.scalar(high, pa.float64())
 
 
+class SharedLookups:
+    """The lookups of one maintenance pass, shared among the views that make the same one.
+
+    Differential dataflow shares one arrangement among every dataflow that
+    reads it; here the arrangement is a stored relation's index, and what is
+    shared is a probe of it: the views of one pass see one snapshot, so two
+    views probing one relation version by the same index with the same probe
+    keys (TPC-H's views probing ``orders`` by the ``l_orderkey`` of one
+    lineitem delta) get the same rows, and the second reuses the first's
+    result. A hit needs the same relation *object* (one version; the entry
+    holds it, so its id stays its own), the same index, range and probe
+    columns, probe key values equal as Arrow data (a view's delta may be
+    another table object holding the same keys), and a held result with every
+    column the lookup copies (it is narrowed to them). Results are
+    immutable Arrow tables. Entries stop being added past ``budget`` bytes
+    of results (memory, not correctness).
+    """
+
+    def __init__(self, budget: int = 256 << 20):
+        self.budget = budget
+        self.held = 0
+        self.hits = 0
+        self._found: dict[tuple, list[tuple[pa.Table, object, pa.Table]]] = {}
+
+    def lookup(self, step: Lookup, probe: pa.Table, relation, run: Callable[[], pa.Table]) -> pa.Table:
+        key = (step.relation, id(relation), step.index, step.positions, step.between,
+               step.probe_filter, step.probe_columns, probe.num_rows)
+        keys = probe.select(list(step.probe_columns) + ([step.probe_filter] if step.probe_filter else []))
+        wanted = _taken(relation.schema, step.columns) or relation.schema.names
+        if step.positions:
+            wanted = [*wanted, RUN, POS]
+        entries = self._found.setdefault(key, [])
+        for held_keys, held_relation, result in entries:
+            # Views read different columns of the rows (narrow_lookups): a result holding them all serves.
+            if held_relation is relation and set(wanted) <= set(result.column_names) and held_keys.equals(keys):
+                self.hits += 1
+                return result if result.column_names == wanted else result.select(wanted)
+        result = run()
+        if self.held + result.nbytes <= self.budget:
+            entries.append((keys, relation, result))
+            self.held += result.nbytes
+        return result
+
+
 def planned_status(step: Query) -> str:
     """How a query step will run, from its SQL alone: on DuckDB and why, or compiled if its types allow."""
     reason = static_reason(step.sql)
@@ -213,6 +258,18 @@ class StepRunner:
 
     def __init__(self, coder: KeyCoder):
         self.coder = coder
+        # Lookups shared by the views of one maintenance pass (``sharing_lookups``); None: not shared.
+        self.shared: SharedLookups | None = None
+
+    @contextmanager
+    def sharing_lookups(self):
+        """Within the block, a lookup identical to one already run (same relation version, index,
+        columns and probe data) returns that result instead of probing again."""
+        self.shared = SharedLookups()
+        try:
+            yield self.shared
+        finally:
+            self.shared = None
 
     def run(
         self, program: Program, inputs: dict[str, pa.Table], snapshot: Snapshot, label: str = "",
@@ -233,7 +290,7 @@ class StepRunner:
                 for done, step in enumerate(program.steps, 1):
                     self._steps_run([step], temps, snapshot, registered, label)
                     progress(done, len(program.steps))
-            changes = [self._changes(r, temps) for r in program.replaces]
+            changes = [self._changes(r, temps, snapshot) for r in program.replaces]
             if program.output is not None:
                 temps[program.output] = temps[program.output]  # on the driver before release
         finally:
@@ -256,7 +313,7 @@ class StepRunner:
                    registered: dict[str, pa.Table], label: str) -> None:
         for step in steps:
             if isinstance(step, Lookup):
-                temps[step.out] = self._lookup(step, temps, snapshot)
+                temps[step.out] = self._shared_lookup(step, temps, snapshot)
             elif isinstance(step, Query):
                 temps[step.out] = self._query(step, temps, snapshot, registered, label)
             elif isinstance(step, Stack):
@@ -288,6 +345,12 @@ class StepRunner:
             temps[out] = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
     # --- steps -----------------------------------------------------------------
+    def _shared_lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
+        if self.shared is None or step.relation not in snapshot:
+            return self._lookup(step, temps, snapshot)
+        return self.shared.lookup(step, temps[step.probe], snapshot[step.relation],
+                                  lambda: self._lookup(step, temps, snapshot))
+
     def _lookup(self, step: Lookup, temps: dict[str, pa.Table], snapshot: Snapshot) -> pa.Table:
         probe = temps[step.probe]
         relation = snapshot[step.relation]
@@ -339,20 +402,24 @@ class StepRunner:
         source = temps[step.source]
         parts = []
         for filter_column, weight, columns in step.parts:
-            rows = source.filter(source.column(filter_column)) if source.num_rows else source
+            # Only the columns the part takes are filtered (a state merge's result is ~40 wide).
+            rows = source.select(list(dict.fromkeys(src for _, src in columns))) if columns else source
+            if source.num_rows:
+                rows = rows.filter(source.column(filter_column))
             data = {out: rows.column(src) for out, src in columns}
             data[WEIGHT] = pa.array(np.full(rows.num_rows, weight, np.int64))  # also for no columns
             parts.append(pa.table(data))
         return pa.concat_tables(parts)
 
-    def _changes(self, replace: Replace, temps: dict[str, pa.Table]) -> RowChanges | None:
+    def _changes(self, replace: Replace, temps: dict[str, pa.Table], snapshot: Snapshot) -> RowChanges | None:
         runs = np.empty(0, np.int32)
         rows = np.empty(0, np.int64)
         if replace.deletes is not None:
             deleted = temps[replace.deletes]
             if deleted.num_rows:
-                valid = pc.is_valid(deleted.column(RUN))
-                found = deleted.filter(valid)
+                found = deleted.select([RUN, POS])
+                if found.column(RUN).null_count:
+                    found = found.filter(pc.is_valid(found.column(RUN)))
                 runs = found.column(RUN).to_numpy()
                 rows = found.column(POS).to_numpy()
         inserts = None
@@ -361,7 +428,12 @@ class StepRunner:
             if replace.nonnegative and inserts.num_rows and pc.min(inserts.column(WEIGHT)).as_py() < 0:
                 raise InternalError(f"relation {replace.relation} would hold a row a negative number of times")
             if replace.keep is not None and inserts.num_rows:
-                inserts = inserts.filter(inserts.column(replace.keep))
+                keep = inserts.column(replace.keep)
+                # The relation's columns only, before filtering: the temp may be several times wider.
+                names = snapshot[replace.relation].schema.names if replace.relation in snapshot else None
+                if names is not None and set(names) <= set(inserts.column_names):
+                    inserts = inserts.select(names)
+                inserts = inserts.filter(keep)
         if not len(runs) and (inserts is None or inserts.num_rows == 0):
             return None
         return RowChanges(replace.relation, runs, rows, inserts)

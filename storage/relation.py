@@ -77,6 +77,78 @@ Key = tuple[str, ...]
 class RunIndex:
     codes: np.ndarray  # sorted key codes (uint64)
     rows: np.ndarray  # row position of each code (int32 below 2**31 rows, else int64)
+    # No code appears twice (a key index of a run, barring collisions): a probe finds at most
+    # one row, where its binary search lands, so a lookup needs no second search.
+    unique: bool = False
+
+
+def run_index(codes: np.ndarray, rows: np.ndarray) -> RunIndex:
+    """The index of sorted ``codes`` (and their rows), knowing whether each code is there once."""
+    unique = len(codes) < 2 or not bool(np.any(codes[1:] == codes[:-1]))
+    return RunIndex(codes=codes, rows=rows, unique=unique)
+
+
+def _numpy_values(column: pa.ChunkedArray) -> np.ndarray | None:
+    """A one-chunk column of numbers, dates, times or decimals without NULLs, as numpy (decimal128:
+    two int64 words per value); None otherwise."""
+    if column.num_chunks != 1 or column.null_count:
+        return None
+    array = column.chunk(0)
+    t = array.type
+    if pa.types.is_decimal128(t):
+        words = np.frombuffer(array.buffers()[1], dtype=np.int64, count=2 * len(array), offset=16 * array.offset)
+        return words.reshape(-1, 2)
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date(t) or pa.types.is_time(t)
+            or pa.types.is_timestamp(t) or pa.types.is_duration(t)):
+        return None
+    width = t.bit_width // 8
+    kind = "f" if pa.types.is_floating(t) else ("u" if pa.types.is_unsigned_integer(t) else "i")
+    dtype = np.dtype(f"{kind}{width}")
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=width * array.offset)
+
+
+def _gathered(runs: Sequence["Run"], i: int, field_type: pa.DataType, parts: list[tuple[int, np.ndarray]]) -> pa.Array:
+    """Column ``i`` of the rows ``parts`` names, as one array: numpy gathers where every run's column
+    is plain values (a fancy index each), Arrow takes otherwise."""
+    values = [runs[r].values(i) for r, _ in parts]
+    if all(v is not None for v in values):
+        gathered = values[0][parts[0][1]] if len(parts) == 1 else \
+            np.concatenate([v[rows] for v, (_, rows) in zip(values, parts)])
+        return pa.Array.from_buffers(field_type, len(gathered), [None, pa.py_buffer(np.ascontiguousarray(gathered))])
+    pieces = [_one_chunk(runs[r].table.column(i)).take(rows) for r, rows in parts]
+    return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def _cast(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table.cast(schema)``; DECIMAL(38,0) columns held as BIGINT (state counts: DuckDB's SUM of
+    BIGINT is HUGEINT) are narrowed in numpy, a copy of their low words (~5x Arrow's cast kernel)."""
+    columns = []
+    for column, field_ in zip(table.columns, schema):
+        narrowed = _narrowed(column, field_.type) if column.type != field_.type else column
+        columns.append(column.cast(field_.type) if narrowed is None else narrowed)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
+    """A DECIMAL(p,0) column as int64 when every value fits (else None: Arrow's cast decides, and raises)."""
+    t = column.type
+    if not (pa.types.is_decimal128(t) and t.scale == 0 and target == pa.int64()) or sys.byteorder != "little":
+        return None
+    array = _one_chunk(column)
+    words = np.frombuffer(array.buffers()[1], dtype=np.int64, count=2 * len(array), offset=16 * array.offset)
+    low, high = words[0::2], words[1::2]
+    fits = high == (low >> 63)
+    valid = None
+    if array.null_count:
+        valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
+        fits |= ~valid
+    if not fits.all():
+        return None
+    return pa.array(low.copy(), pa.int64(), mask=None if valid is None else ~valid)
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:
@@ -96,6 +168,16 @@ class Run:
     # Identifies the run (its table and row positions) across versions; never reused.
     serial: int = field(default_factory=lambda: next(_serials))
     origin: Origin | None = None  # the runs a merge copied its rows from (see Origin)
+    # Column number -> its values as a numpy view, or None (see ``values``); the table never
+    # changes, so versions of the run (``replace``) share what was found.
+    _values: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def values(self, i: int) -> np.ndarray | None:
+        """Column ``i`` as a zero-copy numpy array when it is fixed-width (not boolean) and has no NULLs,
+        so lookups gather it with one fancy index; else None (gathered by Arrow)."""
+        if i not in self._values:
+            self._values[i] = _numpy_values(self.table.column(i))
+        return self._values[i]
 
     @property
     def n_rows(self) -> int:
@@ -159,7 +241,7 @@ def _row_positions(rows: np.ndarray, n_rows: int) -> np.ndarray:
 def build_index(table: pa.Table, key: Key, coder: KeyCoder) -> RunIndex:
     codes = coder.codes(table, key)
     order = np.argsort(codes, kind="stable")
-    return RunIndex(codes=codes[order], rows=_row_positions(order, table.num_rows))
+    return run_index(codes[order], _row_positions(order, table.num_rows))
 
 
 def _one_array(pieces: list[pa.Array], type_: pa.DataType) -> pa.Array:
@@ -183,7 +265,7 @@ def _new_run(schema: pa.Schema, columns: Iterable[pa.Array], n_rows: int,
 
 
 def _spilled_index(spill: Spill, index: RunIndex) -> RunIndex:
-    return RunIndex(codes=spill.numpy(index.codes), rows=spill.numpy(index.rows))
+    return RunIndex(codes=spill.numpy(index.codes), rows=spill.numpy(index.rows), unique=index.unique)
 
 
 def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill | None = None) -> Run:
@@ -195,6 +277,12 @@ def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill
 def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
     """Live row positions of ``run`` whose code is one of ``probes`` (unique)."""
     lo = np.searchsorted(index.codes, probes, side="left")
+    if index.unique:  # at most one row per probe: where its search landed (a handful of numpy calls)
+        if not len(index.codes):
+            return np.empty(0, dtype=np.int64)
+        found = lo[index.codes.take(lo, mode="clip") == probes]
+        rows = index.rows[found].astype(np.int64, copy=False)
+        return rows if run.live is None else rows[run.is_live(rows)]
     counts = _equal_from(index.codes, probes, lo)
     total = int(counts.sum())
     if total == 0:
@@ -275,22 +363,22 @@ class Relation:
 
     def _with_positions(self, parts: list[tuple[int, np.ndarray]], positions: bool,
                         columns: list[str] | None = None) -> pa.Table:
-        tables = []
-        for r, rows in parts:
-            table = self.runs[r].table
-            t = (table if columns is None else table.select(columns)).take(pa.array(rows))
-            if positions:
-                t = t.append_column(RUN, pa.array(np.full(len(rows), r, dtype=np.int32)))
-                t = t.append_column(POS, pa.array(rows))
-            tables.append(t)
-        if not tables:
-            schema = self.schema
-            if columns is not None:
-                schema = pa.schema([schema.field(c) for c in columns])
+        """The rows ``parts`` names ((run, row positions) pairs), and with ``positions`` their run and
+        position (one pair of columns for all the parts: two Arrow calls, not two per run)."""
+        schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        if not parts:
             if positions:
                 schema = schema.append(pa.field(RUN, pa.int32())).append(pa.field(POS, pa.int64()))
             return schema.empty_table()
-        return pa.concat_tables(tables)
+        # Column by column across the runs (one array each, not a chunk per run): numbers in numpy.
+        numbers = [self.schema.get_field_index(f.name) for f in schema]
+        table = pa.Table.from_arrays([_gathered(self.runs, i, f.type, parts) for i, f in zip(numbers, schema)],
+                                     schema=schema)
+        if positions:
+            runs = np.repeat(np.array([r for r, _ in parts], dtype=np.int32), [len(rows) for _, rows in parts])
+            rows = parts[0][1] if len(parts) == 1 else np.concatenate([rows for _, rows in parts])
+            table = table.append_column(RUN, pa.array(runs)).append_column(POS, pa.array(rows, pa.int64()))
+        return table
 
     def all_rows(self, positions: bool = False, columns: list[str] | None = None) -> pa.Table:
         return self._with_positions([(r, run.live_rows()) for r, run in enumerate(self.runs)], positions, columns)
@@ -380,7 +468,9 @@ class Relation:
                 runs[int(r)] = replace(run, live=live, n_live=run.n_live - len(rows))
         if inserts is not None and inserts.num_rows:
             if inserts.schema != self.schema:
-                inserts = inserts.select(self.schema.names).cast(self.schema)
+                inserts = inserts.select(self.schema.names)
+                if inserts.schema != self.schema:
+                    inserts = _cast(inserts, self.schema)
             runs.append(make_run(inserts, self.index_keys, coder, self.spill))
         runs = [run for run in runs if run.n_live]
         runs = _settle(runs, self.index_keys, self.spill)
@@ -456,7 +546,7 @@ def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:
         return index
     keep = run.is_live(index.rows)
     rows = index.rows[keep]
-    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live))
+    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live), unique=index.unique)
 
 
 def _renumbering(run: Run) -> np.ndarray | None:
@@ -500,7 +590,7 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunInde
         rows = np.concatenate([part.rows.astype(np.int64) + start for part, start in zip(parts, starts)])
         # Sorted runs: a stable sort (timsort) merges them in O(n log len(runs)).
         order = np.argsort(codes, kind="stable")
-        indexes[k] = RunIndex(codes=codes[order], rows=_row_positions(rows[order], n_rows))
+        indexes[k] = run_index(codes[order], _row_positions(rows[order], n_rows))
     return indexes
 
 

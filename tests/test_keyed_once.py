@@ -79,11 +79,13 @@ def test_the_arrow_conversion_returns_duckdbs_rows(seed):
             db.apply_changes("t", batch, on_missing_delete="ignore") if "c" not in ops else None
 
 
-def test_integer_keys_with_comparable_columns_only():
+def test_keys_of_any_comparable_columns():
     schema = pa.schema([("id", pa.int64()), ("v", pa.list_(pa.int64()))])
     assert not keyed_once.applies(("id",), schema)
-    assert not keyed_once.applies(("v",), pa.schema([("v", pa.string())]))
-    assert not keyed_once.applies(("a", "b"), pa.schema([("a", pa.int64()), ("b", pa.int64())]))
+    assert not keyed_once.applies(("v",), pa.schema([("v", pa.month_day_nano_interval())]))
+    assert not keyed_once.applies((), pa.schema([("v", pa.string())]))
+    assert keyed_once.applies(("v",), pa.schema([("v", pa.string())]))
+    assert keyed_once.applies(("a", "b"), pa.schema([("a", pa.int64()), ("b", pa.int64())]))
     assert keyed_once.applies(("id",), pa.schema([("id", pa.int16()), ("s", pa.string())]))
 
 
@@ -122,3 +124,126 @@ def test_new_keys_without_deletes_are_inserted_as_they_are():
             with pytest.raises(ChangeError, match=message):
                 db.apply_changes("p", batch(keys, ops))
             assert db.sql("SELECT count(*) AS n FROM p").column("n").to_pylist() == [3010]
+
+
+class Colliding:
+    """A key coder whose codes collide (a's parity only): matching must re-check the keys."""
+
+    def __init__(self, real):  # noqa: ANN001
+        self.real = real
+
+    def codes(self, table, columns):  # noqa: ANN001, ANN201
+        return np.asarray(table.column("a").to_numpy(zero_copy_only=False) % 2, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("colliding", [False, True])
+def test_keys_of_several_columns_convert_as_duckdb_does(seed, colliding):
+    """A key of (INTEGER, VARCHAR), hashed in numpy and re-checked, gives ``_keyed_once``'s rows."""
+    rng = random.Random(seed)
+    keys = [(a, b) for a in range(8) for b in ("x", "y", "", "é")]
+
+    def batch(chosen, ops):
+        return pa.table({"a": pa.array([k[0] for k in chosen], pa.int32()), "b": [k[1] for k in chosen],
+                         "x": pa.array([rng.choice(XS) for _ in chosen], pa.float64()),
+                         "d": pa.array([rng.choice(DS) for _ in chosen], pa.decimal128(9, 2)), "__op": ops})
+
+    with ivm.connect() as db:
+        db.execute("CREATE TABLE p (a INTEGER, b VARCHAR, x DOUBLE, d DECIMAL(9, 2), PRIMARY KEY (a, b))")
+        engine, worker = db._engine, db._engine.small
+        definition = engine.catalog.table("p")
+        stored = rng.sample(keys, 14)
+        db.apply_changes("p", batch(stored, ["c"] * len(stored)))
+        coder = Colliding(worker.coder) if colliding else worker.coder
+        for step in range(5):
+            chosen = rng.sample(keys, rng.randint(1, 12))
+            ops = [rng.choice("cudr") if step % 2 else rng.choice("udr") for _ in chosen]
+            relation = engine.store.snapshot["p"]
+            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+            normalized = worker.normalizer.normalize(definition, schema, batch(chosen, ops))
+            codes = coder.codes(normalized, definition.identity)
+            existing = relation.all_rows(positions=True)  # a superset, as a lookup may return
+            for policy in ("error", "ignore"):
+                outcomes = []
+                for run in (lambda: worker.applier._keyed_once(definition, normalized, existing, policy),
+                            lambda: keyed_once.convert(definition.column_names, ("a", "b"), normalized, codes,
+                                                       existing, policy, coder)):
+                    try:
+                        result = run()
+                        worker.applier._raise_errors(definition, result)
+                        outcomes.append(result)
+                    except ChangeError as e:
+                        outcomes.append(str(e))
+                duck_rows, arrow_rows = outcomes
+                if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
+                    assert duck_rows == arrow_rows
+                    continue
+                assert multiset_diff(arrow_rows, duck_rows.cast(arrow_rows.schema)) is None, (seed, step, policy)
+            if "c" not in ops:
+                db.apply_changes("p", batch(chosen, ops), on_missing_delete="ignore")
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("several", [False, True])
+def test_batches_repeating_keys_convert_as_duckdb_does(seed, several):
+    """Keys named several times apply in __seq order (``repeated``): DuckDB's ``_keyed`` rows and errors.
+    With a coder whose codes collide, a batch is either converted the same or handed back (None)."""
+    rng = random.Random(seed)
+    with ivm.connect() as db:
+        if several:
+            db.execute("CREATE TABLE t (a INTEGER, b VARCHAR, x DOUBLE, s VARCHAR, d DECIMAL(9, 2), t TIMESTAMP, "
+                       "PRIMARY KEY (a, b))")
+        else:
+            db.execute(f"CREATE TABLE t ({COLUMNS})")
+        engine, worker = db._engine, db._engine.small
+        definition = engine.catalog.table("t")
+        key = definition.primary_key
+
+        def batch(ids, ops):
+            table = rows(rng, ids, ops)
+            if several:
+                table = table.rename_columns(["a", "x", "s", "d", "t", "__op"])
+                table = table.add_column(1, "b", pa.array([rng.choice(["p", "q"]) for _ in ids]))
+            return table
+
+        db.apply_changes("t", batch(rng.sample(range(30), 15), ["c"] * 15), on_missing_delete="ignore")
+        for step in range(6):
+            ids = [rng.randrange(12) for _ in range(rng.randint(2, 16))]
+            ops = [rng.choice("cudr" if step % 2 else "udrd") for _ in ids]
+            relation = engine.store.snapshot["t"]
+            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+            normalized = worker.normalizer.normalize(definition, schema, batch(ids, ops))
+            for coder in (worker.coder, Colliding(worker.coder)):
+                if coder is not worker.coder and not several:
+                    continue  # an integer key is its own code
+                codes = coder.codes(normalized, definition.identity)
+                existing = relation.all_rows(positions=True)
+                for policy in ("error", "ignore"):
+                    outcomes = []
+                    try:
+                        outcomes.append(worker.applier._keyed(definition, normalized, existing, policy))
+                    except ChangeError as e:
+                        outcomes.append(str(e))
+                    done = keyed_once.repeated(definition.column_names, key, normalized, codes, existing, policy,
+                                               coder)
+                    if done is None:
+                        assert coder is not worker.coder, "only colliding codes hand a batch back"
+                        continue
+                    try:
+                        if done.errors.num_rows:
+                            worker.applier._raise_errors(definition, done.errors)
+                        outcomes.append((done.olds, done.news))
+                    except ChangeError as e:
+                        outcomes.append(str(e))
+                    duck_rows, arrow_rows = outcomes
+                    if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
+                        assert duck_rows == arrow_rows
+                        continue
+                    names = list(definition.column_names)
+                    olds, news = arrow_rows
+                    minus = duck_rows.filter(pa.compute.equal(duck_rows.column(WEIGHT), -1))
+                    plus = duck_rows.filter(pa.compute.equal(duck_rows.column(WEIGHT), 1))
+                    assert multiset_diff(olds.select(names + ["__run", "__pos"]),
+                                         minus.select(names + ["__run", "__pos"]).cast(olds.schema)) is None
+                    assert multiset_diff(news, plus.select(names).cast(news.schema)) is None
+            db.apply_changes("t", batch(ids, ops), on_missing_delete="ignore") if "c" not in ops else None

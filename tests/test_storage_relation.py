@@ -359,3 +359,35 @@ def test_spill_removes_files_of_dead_processes_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
     with pytest.raises(ValueError, match="spill_rows"):
         Spill(tmp_path, 0)
+
+
+def test_lookups_gather_every_column_type_across_runs(coder):
+    """Looked-up rows are gathered column by column across runs (numpy for plain values, Arrow for
+    NULLs, strings and booleans): the same rows as filtering the whole relation."""
+    import decimal
+
+    schema = pa.schema([("k", pa.int64()), ("i", pa.int32()), ("d", pa.decimal128(12, 2)),
+                        ("t", pa.timestamp("us")), ("s", pa.string()), ("b", pa.bool_()), (WEIGHT, pa.int64())])
+
+    def part(keys, nulls):
+        n = len(keys)
+        return pa.table({"k": pa.array(keys, pa.int64()),
+                         "i": pa.array([None if nulls and k % 3 == 0 else -k for k in keys], pa.int32()),
+                         "d": pa.array([decimal.Decimal(k) / 4 for k in keys], pa.decimal128(12, 2)),
+                         "t": pa.array([k * 10**6 for k in keys], pa.timestamp("us")),
+                         "s": pa.array([f"s{k}" if k % 2 else None for k in keys]),
+                         "b": pa.array([k % 2 == 0 for k in keys]), WEIGHT: pa.array([1] * n, pa.int64())},
+                        schema=schema)
+
+    rel = Relation.empty("t", schema, ("k",))
+    for start, nulls in ((0, False), (100, True), (200, False)):
+        rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64), part(range(start, start + 100), nulls),
+                               coder)
+    assert len(rel.runs) > 1
+    keys = [5, 99, 103, 150, 201, 299, 1000]
+    probe = pa.table({"k": pa.array(keys, pa.int64())})
+    with mock.patch.object(relation_module, "SMALL_RELATION", 0):
+        found = rel.lookup(("k",), coder.codes(probe, ["k"]), positions=True)
+    assert all(found.column(n).num_chunks == 1 for n in schema.names)
+    want = rel.table().filter(pa.compute.is_in(rel.table().column("k"), value_set=pa.array(keys, pa.int64())))
+    assert found.select(schema.names).sort_by("k").equals(want.sort_by("k").combine_chunks())

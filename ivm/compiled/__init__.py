@@ -11,6 +11,7 @@ a batch holds that might make us differ is a ``Fallback`` (that batch runs
 on DuckDB), and shadow runs compare the two.
 
 - ``vectors``: columns (numpy + NULL masks, or Arrow), DuckDB's types.
+- ``decimals``: DuckDB's DECIMAL result types and rounding, over scaled int64.
 - ``expressions``: scalar SQL compiled into closures over columns.
 - ``kernels``: key codes, join matches, grouped reductions in numpy.
 - ``relational``: SELECT/JOIN/EXISTS/GROUP BY/windows/ORDER BY LIMIT/set operations as operators.

@@ -5,22 +5,37 @@
 
 Implements, with DuckDB's meaning (DuckDB is the reference):
 integer (TINYINT..BIGINT, HUGEINT held in int64) and DOUBLE ``+ - *`` and
-unary minus, ``/`` (always DOUBLE; a zero divisor falls back), with DuckDB's result types (the wider integer; DOUBLE when
-either side is; an integer literal takes the other side's type when it fits);
-an integer result outside its type is a ``Fallback`` (DuckDB raises, numpy
-wraps); comparisons ``= <> < <= > >=`` of numbers (DOUBLE: NaN equals NaN
-and sorts above everything, -0.0 = 0.0), of booleans, and ``=``/``<>`` of
-two columns of one other type (strings by bytes, dates...); ``IS [NOT]
-DISTINCT FROM`` of the same; AND/OR/NOT with three-valued logic; ``IS
-NULL``; searched CASE, COALESCE, GREATEST/LEAST (skip NULLs) over numbers
-and booleans (COALESCE also other types); CAST among integers, DOUBLE and
-BOOLEAN and DECIMAL(38,0) (DOUBLE to integer rounds half to even; NaN, infinities and values
-out of range fall back), CAST of a string literal to DOUBLE (folded);
-ISFINITE, ISNAN. Anything else raises ``Unsupported`` at compile time.
+unary minus, ``/`` (always DOUBLE; a zero divisor falls back), with DuckDB's
+result types (the wider integer; DOUBLE when either side is; an integer
+literal takes the other side's type when it fits; two literals are
+INTEGERs); an integer result outside its type is a ``Fallback`` (DuckDB
+raises, numpy wraps); integer ``//`` and ``%`` truncating toward zero (a zero
+divisor falls back: DuckDB raises). DECIMAL(p,s) of every width as scaled
+int64 with the binder's types and rounding (decimals.py): ``+ - *`` with
+decimals and integers, ``/`` (DOUBLE), comparisons, casts among decimals,
+integers and DOUBLE, decimal literals (``0.06`` is DECIMAL(3,2)).
+Comparisons ``= <> < <= > >=`` of numbers (DOUBLE: NaN equals NaN and sorts
+above everything, -0.0 = 0.0), of booleans, of DATE/TIMESTAMP (a DATE meets
+a TIMESTAMP as midnight), and ``=``/``<>`` of two columns of one other type
+(strings by bytes...); ``BETWEEN``; ``IN`` a list; ``IS [NOT] DISTINCT
+FROM``; AND/OR/NOT with three-valued logic; ``IS NULL``; searched CASE,
+COALESCE, GREATEST/LEAST (skip NULLs) over numbers, decimals, booleans and
+dates (COALESCE also other types); CAST among integers, DOUBLE, BOOLEAN
+(DOUBLE to integer rounds half to even; NaN, infinities and values out of
+range fall back), DATE to TIMESTAMP, strings to VARCHAR; TRY_CAST between
+integers; constants folded at compile time: CAST of a string literal to
+DOUBLE (infinities, NaN), DATE or TIMESTAMP (ISO forms), DATE/TIMESTAMP +-
+INTERVAL 'n' YEAR/QUARTER/MONTH/WEEK/DAY (a TIMESTAMP; month ends clamp);
+EXTRACT(YEAR/MONTH/DAY); ``[NOT] LIKE`` with a constant pattern of text and
+``%``; SUBSTRING with constant bounds; ISFINITE, ISNAN. Anything else raises
+``Unsupported`` at compile time.
 """
 
 from __future__ import annotations
 
+import calendar
+import datetime
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,16 +44,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from ivm.compiled import decimals
 from ivm.compiled.vectors import (
-    INT_RANGE, INT_RANK, NUMPY, Fallback, Unsupported, Vec, check_range, constant, is_int, is_number, negative_zero,
+    INT_RANGE, INT_RANK, TEMPORAL, Fallback, Unsupported, Vec, check_range, constant, decimal, is_decimal,
+    is_int, is_number, negative_zero, numpy_type,
 )
 
 INTLIT = "INTLIT"  # an integer literal, typed by what it meets (DuckDB's INTEGER_LITERAL)
 CASTS = {
     exp.DataType.Type.TINYINT: "TINYINT", exp.DataType.Type.SMALLINT: "SMALLINT", exp.DataType.Type.INT: "INTEGER",
     exp.DataType.Type.BIGINT: "BIGINT", exp.DataType.Type.INT128: "HUGEINT", exp.DataType.Type.DOUBLE: "DOUBLE",
-    exp.DataType.Type.BOOLEAN: "BOOLEAN",
+    exp.DataType.Type.BOOLEAN: "BOOLEAN", exp.DataType.Type.DATE: "DATE", exp.DataType.Type.TIMESTAMP: "TIMESTAMP",
+    exp.DataType.Type.TIMESTAMPNTZ: "TIMESTAMP",
 }
+DAY_MICROS = 86_400_000_000
+EPOCH = datetime.date(1970, 1, 1)
+# Dates whose EXTRACT and casts numpy's calendar gives as DuckDB does (years 1..9999).
+FIRST_DAY, LAST_DAY = (datetime.date(1, 1, 1) - EPOCH).days, (datetime.date(9999, 12, 31) - EPOCH).days
 COMPARISONS = {exp.EQ: "eq", exp.NEQ: "ne", exp.LT: "lt", exp.LTE: "le", exp.GT: "gt", exp.GTE: "ge"}
 ARITHMETIC = {exp.Add: "add", exp.Sub: "sub", exp.Mul: "mul"}
 
@@ -87,11 +109,21 @@ def unify(exprs: list[Expr], what: str):
             if e.type == INTLIT:
                 wide = max(wide, lit_type(e.value), key=INT_RANK.get)
         return wide
-    if all(is_number(t) or t == INTLIT for t in types):
-        return "DOUBLE"
+    if all(is_number(t) or is_decimal(t) or t == INTLIT for t in types):
+        if "DOUBLE" in types:
+            return "DOUBLE"
+        return decimals.common_type([operand_type(e) for e in exprs if e.type != "NULL"])
     if len(set(map(str, types))) == 1 and INTLIT not in types:
         return types[0]
     raise Unsupported(f"{what} over types {', '.join(map(str, types))}")
+
+
+def operand_type(e: Expr):
+    """``e``'s type where it meets a decimal: an integer literal is an INTEGER, or a BIGINT if it needs one."""
+    if e.type != INTLIT:
+        return e.type
+    t = lit_type(e.value)
+    return t if INT_RANK[t] >= INT_RANK["INTEGER"] else "INTEGER"
 
 
 def _lits_type(exprs: list[Expr]) -> str:
@@ -105,10 +137,26 @@ def _lits_type(exprs: list[Expr]) -> str:
 def convert(v: Vec, target) -> tuple[np.ndarray, np.ndarray | None]:
     """(data, valid) of a computed column as numpy data of ``target`` (a unify() result, widening only)."""
     data, valid = v.np()
-    dtype = NUMPY.get(target)
-    if dtype is not None and data.dtype != dtype:
+    if v.type == target or v.type == "NULL":
+        return data.astype(numpy_type(target), copy=False), valid
+    if is_decimal(target) or (target == "HUGEINT" and is_decimal(v.type)):
+        return decimals.cast(data, valid, v.type, target), valid
+    if target == "DOUBLE" and is_decimal(v.type):
+        return decimals.to_double(data, decimals.scale_of(v.type)), valid
+    if target == "TIMESTAMP" and v.type == "DATE":
+        return _date_micros(data, valid), valid
+    dtype = numpy_type(target)
+    if data.dtype != dtype:
         data = data.astype(dtype)
     return data, valid
+
+
+def _date_micros(days: np.ndarray, valid) -> np.ndarray:
+    """DATE as TIMESTAMP (microseconds); a date past the years 1..9999 falls back (not checked further)."""
+    live = days if valid is None else days[valid]
+    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
+        raise Fallback("a DATE outside the years 1..9999 as TIMESTAMP")
+    return days * DAY_MICROS
 
 
 def as_type(e: Expr, target) -> Callable:
@@ -169,9 +217,65 @@ class _Compiler:
         try:
             value = int(node.this)
         except ValueError:
-            raise Unsupported(f"non-integer numeric literal {node.this} (DuckDB types it DECIMAL)") from None
+            return self._decimal_literal(str(node.this))
         lit_type(value)
         return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True)
+
+    def _decimal_literal(self, text: str) -> Expr:
+        """``1.50``: DuckDB's DECIMAL(digits, digits after the point), here up to 18 digits."""
+        m = re.fullmatch(r"(\d*)\.(\d+)", text)
+        if not m or len(m.group(1)) + len(m.group(2)) > decimals.INT64_DIGITS:
+            raise Unsupported(f"numeric literal {text}")
+        t = decimal(len(m.group(1)) + len(m.group(2)), len(m.group(2)))
+        value = int(m.group(1) + m.group(2))
+        return Expr(t, lambda f: constant(t, value, f.n), value=value)
+
+    def _interval(self, node: exp.Interval) -> Expr:
+        """``INTERVAL 'n' unit``: only folded into a constant date or timestamp (see _fold_interval)."""
+        text = node.this.name if isinstance(node.this, exp.Literal) else None
+        unit = node.args.get("unit")
+        unit = unit.name.upper() if unit is not None else None
+        if text is not None and unit is None and len(text.split()) == 2:
+            text, unit = text.split()
+            unit = unit.upper()
+        if text is None or not re.fullmatch(r"[+-]?\d+", text.strip()):
+            raise Unsupported(f"interval {node.sql()}")
+        n = int(text)
+        unit = unit.rstrip("S") if unit else unit
+        months = {"YEAR": 12, "MONTH": 1, "QUARTER": 3}.get(unit)
+        days = {"DAY": 1, "WEEK": 7}.get(unit)
+        if months is None and days is None:
+            raise Unsupported(f"interval unit {unit}")
+        value = (n * months, 0) if months else (0, n * days)
+
+        def refuse(f):
+            raise Unsupported("an interval outside constant date arithmetic")
+        return Expr("INTERVAL", refuse, value=value, literal=True)
+
+    def _fold_interval(self, a: Expr, b: Expr, op: str) -> Expr:
+        """DATE/TIMESTAMP constant +- INTERVAL constant, folded at compile time: a TIMESTAMP (as DuckDB
+        types it); months first, clamped to the month's last day (Jan 31 + 1 month: Feb 28), then days."""
+        if op == "mul" or not (a.literal and b.literal and a.value is not None and b.value is not None):
+            raise Unsupported("interval arithmetic other than constant date +- constant interval")
+        if a.type == "INTERVAL":
+            if op == "sub":
+                raise Unsupported("INTERVAL - date")
+            a, b = b, a
+        if a.type not in TEMPORAL or b.type != "INTERVAL":
+            raise Unsupported(f"{a.type} {op} {b.type}")
+        months, days = b.value
+        if op == "sub":
+            months, days = -months, -days
+        micros = a.value * DAY_MICROS if a.type == "DATE" else a.value
+        whole_days, rest = divmod(micros, DAY_MICROS)
+        date = EPOCH + datetime.timedelta(days=whole_days)
+        year, month = divmod(date.year * 12 + date.month - 1 + months, 12)
+        if not 1 <= year <= 9999:
+            raise Unsupported("a date outside the years 1..9999")
+        date = datetime.date(year, month + 1, min(date.day, calendar.monthrange(year, month + 1)[1]))
+        date += datetime.timedelta(days=days)
+        value = (date - EPOCH).days * DAY_MICROS + rest
+        return Expr("TIMESTAMP", lambda f: constant("TIMESTAMP", value, f.n), value=value, literal=True)
 
     def _boolean(self, node: exp.Boolean) -> Expr:
         value = bool(node.this)
@@ -183,8 +287,12 @@ class _Compiler:
     # --- arithmetic -------------------------------------------------------------
     def _arith(self, node: exp.Expression, op: str) -> Expr:
         a, b = self.compile(node.this), self.compile(node.expression)
-        if a.type == INTLIT and b.type == INTLIT:
-            raise Unsupported("arithmetic of two literals (not folded)")
+        if "INTERVAL" in (a.type, b.type):
+            return self._fold_interval(a, b, op)
+        if a.type == INTLIT and b.type == INTLIT:  # DuckDB: 1 + 10 is INTEGER (an overflow is an error)
+            a, b = finish(a), finish(b)
+        if (is_decimal(a.type) or is_decimal(b.type)) and "DOUBLE" not in (a.type, b.type):
+            return self._decimal_arith(a, b, op)
         t = unify([a, b], f"arithmetic {op}")
         if not is_number(t):
             raise Unsupported(f"arithmetic {op} over {a.type} and {b.type}")
@@ -194,6 +302,59 @@ class _Compiler:
             (x, vx), (y, vy) = fa(f), fb(f)
             valid = vx if vy is None else (vy if vx is None else vx & vy)
             return Vec.of(t, _arith_kernel(op, t, x, y, valid), valid)
+        return Expr(t, run)
+
+    def _decimal_arith(self, a: Expr, b: Expr, op: str) -> Expr:
+        """DECIMAL + - * (with integers): DuckDB's result type (decimals.py); exact in int64, a result past
+        int64 or past the result's width falls back."""
+        ta, tb = operand_type(a), operand_type(b)
+        if not all(is_int(x) or is_decimal(x) for x in (ta, tb)):
+            raise Unsupported(f"arithmetic {op} over {a.type} and {b.type}")
+        t = decimals.mul_type(ta, tb) if op == "mul" else decimals.add_type(ta, tb)
+        scale = decimals.scale_of(t)
+
+        def run(f):
+            (x, vx), (y, vy) = a.fn(f).np(), b.fn(f).np()
+            valid = vx if vy is None else (vy if vx is None else vx & vy)
+            if op != "mul":
+                x = decimals.rescale(x, valid, decimals.scale_of(ta), scale)
+                y = decimals.rescale(y, valid, decimals.scale_of(tb), scale)
+            out = _arith_kernel(op, "BIGINT", x, y, valid)
+            check_range(t, out, valid, f"decimal {op}")
+            return Vec.of(t, out, valid)
+        return Expr(t, run)
+
+    def _intdiv(self, node):
+        return self._int_division(node, "div")
+
+    def _mod(self, node):
+        return self._int_division(node, "mod")
+
+    def _int_division(self, node, op: str) -> Expr:
+        """Integer ``//`` and ``%``: truncated toward zero as DuckDB's (-7 // 2 = -3, -7 % 3 = -1), of the
+        wider type; a zero divisor (an error in DuckDB) and MIN // -1 (an overflow) fall back."""
+        a, b = self.compile(node.this), self.compile(node.expression)
+        if INTLIT == a.type == b.type:
+            a, b = finish(a), finish(b)
+        t = unify([a, b], "integer division")
+        if not is_int(t):
+            raise Unsupported(f"{'//' if op == 'div' else '%'} over {a.type} and {b.type}")
+        fa, fb = as_type(a, t), as_type(b, t)
+
+        def run(f):
+            (x, vx), (y, vy) = fa(f), fb(f)
+            valid = vx if vy is None else (vy if vx is None else vx & vy)
+            y = y if valid is None else np.where(valid, y, 1)
+            if (y == 0).any():
+                raise Fallback("integer division by zero")
+            if op == "div" and ((x == INT_RANGE[t][0]) & (y == -1)).any():
+                raise Fallback("MIN // -1 overflows")
+            y = np.where(y == -1, 1, y) if op == "mod" else y  # x % -1 is 0, like x % 1 (and MIN % -1 too)
+            floor = np.floor_divide(x, y)  # exact in int64; truncation differs where signs differ
+            q = np.where((floor * y != x) & ((x < 0) != (y < 0)), floor + 1, floor)
+            out = q if op == "div" else x - q * y
+            check_range(t, out, valid, "integer division")
+            return Vec.of(t, out, valid)
         return Expr(t, run)
 
     def _add(self, node):
@@ -210,7 +371,8 @@ class _Compiler:
         if node.args.get("typed") or node.args.get("safe"):
             raise Unsupported("typed or safe division")
         a, b = self.compile(node.this), self.compile(node.expression)
-        if not all(is_number(e.type) or e.type in (INTLIT, "NULL") for e in (a, b)) or INTLIT == a.type == b.type:
+        if not all(is_number(e.type) or is_decimal(e.type) or e.type in (INTLIT, "NULL") for e in (a, b)) \
+                or INTLIT == a.type == b.type:
             raise Unsupported(f"division of {a.type} by {b.type}")
         fa, fb = as_type(a, "DOUBLE"), as_type(b, "DOUBLE")
 
@@ -229,14 +391,14 @@ class _Compiler:
         if a.type == INTLIT:
             value = -a.value
             return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True)
-        if not is_number(a.type):
+        if not (is_number(a.type) or is_decimal(a.type)):
             raise Unsupported(f"unary minus of {a.type}")
         t = a.type
 
         def run(f):
             x, valid = a.fn(f).np()
             if t != "DOUBLE":
-                low = INT_RANGE[t][0]
+                low = INT_RANGE[t][0] if is_int(t) else np.iinfo(np.int64).min
                 if ((x == low) if valid is None else ((x == low) & valid)).any():
                     raise Fallback(f"-({low}) outside {t}")
             return Vec.of(t, -x, valid)
@@ -244,8 +406,11 @@ class _Compiler:
 
     # --- comparisons ------------------------------------------------------------
     def _compare(self, node: exp.Expression, op: str, null_safe: bool = False) -> Expr:
-        a, b = self.compile(node.this), self.compile(node.expression)
-        kernel = _comparison(a, b, "eq" if null_safe else op)
+        return self._compared(self.compile(node.this), self.compile(node.expression), op, null_safe)
+
+    def _compared(self, a: Expr, b: Expr, op: str, null_safe: bool = False, force=None) -> Expr:
+        """``a op b``; ``force``: the type both sides are cast to (BETWEEN and IN bind one for all their sides)."""
+        kernel = _comparison(a, b, "eq" if null_safe else op, force)
 
         def run(f):
             x, y = a.fn(f), b.fn(f)
@@ -390,7 +555,7 @@ class _Compiler:
     def _extreme(self, nodes, op: str) -> Expr:
         args = [self.compile(a) for a in nodes]
         t = unify(args, "GREATEST/LEAST")
-        if not is_number(t):
+        if not (is_number(t) or is_decimal(t) or t in TEMPORAL):
             raise Unsupported(f"GREATEST/LEAST over {t}")
         parts = [as_type(a, t) for a in args]
         better = _order_kernel(op, t == "DOUBLE")
@@ -408,6 +573,128 @@ class _Compiler:
                 valid = valid | vx
             return Vec.of(t, data, valid)
         return Expr(t, run)
+
+    def _between(self, node: exp.Between) -> Expr:
+        """``x BETWEEN lo AND hi``: ``x >= lo AND x <= hi`` (NULLs included), compared in the one type DuckDB
+        binds for the three."""
+        if node.args.get("symmetric"):
+            raise Unsupported("BETWEEN SYMMETRIC")
+        x, low, high = (self.compile(n) for n in (node.this, node.args["low"], node.args["high"]))
+        force = _decimal_comparison_type([x, low, high])
+        tests = [self._compared(x, low, "ge", force=force), self._compared(x, high, "le", force=force)]
+        return Expr("BOOLEAN", lambda f: _all_of(tests, f))
+
+    def _in(self, node: exp.In) -> Expr:
+        """``x IN (a, b, ...)`` of values: the OR of ``x = a``... (NULL when nothing matches and a side is NULL),
+        compared in the one type DuckDB binds for all."""
+        if node.args.get("query") or node.args.get("unnest") or node.args.get("field") or not node.expressions:
+            raise Unsupported("IN over a subquery")
+        x = self.compile(node.this)
+        values = [self.compile(v) for v in node.expressions]
+        force = _decimal_comparison_type([x, *values])
+        tests = [self._compared(x, v, "eq", force=force) for v in values]
+
+        def run(f):
+            t = fl = None
+            for test in tests:
+                ti, fi = truth(test.fn(f))
+                t, fl = (ti, fi) if t is None else (t | ti, fl & fi)
+            return Vec.of("BOOLEAN", t, t | fl)
+        return Expr("BOOLEAN", run)
+
+    def _like(self, node: exp.Like) -> Expr:
+        """``s [NOT] LIKE 'pattern'`` with a constant pattern of literal text and ``%`` only: an anchored RE2
+        match of the text pieces in order (``%`` is any run of characters, newlines included). ``_``
+        (one character) and backslashes (DuckDB has no default escape, Arrow does) stay on DuckDB."""
+        if node.args.get("escape") is not None:
+            raise Unsupported("LIKE ... ESCAPE")
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise Unsupported("LIKE with a pattern that is not a constant")
+        text = pattern.this
+        if "_" in text or "\\" in text:
+            raise Unsupported(f"LIKE pattern {text!r} (only % is compiled)")
+        a = self.compile(node.this)
+        if a.type not in (pa.string(), pa.large_string()):
+            raise Unsupported(f"LIKE over {a.type}")
+        regex = "(?s)\\A" + ".*".join(f"\\Q{piece}\\E" if piece else "" for piece in text.split("%")) + "\\z"
+        negate = bool(node.args.get("negate"))
+
+        def run(f):
+            column = a.fn(f).arrow()
+            hit = pc.match_substring_regex(column, regex)
+            if negate:
+                hit = pc.invert(hit)
+            valid = np.asarray(column.is_valid()) if column.null_count else None
+            return Vec.of("BOOLEAN", np.asarray(hit.fill_null(False)), valid)
+        return Expr("BOOLEAN", run)
+
+    def _extract(self, node: exp.Extract) -> Expr:
+        """``EXTRACT(YEAR|MONTH|DAY FROM d)`` of a DATE or TIMESTAMP: a BIGINT, by numpy's calendar (the
+        proleptic Gregorian one DuckDB uses; dates outside the years 1..9999 fall back)."""
+        part = node.this.name.upper()
+        if part not in ("YEAR", "MONTH", "DAY"):
+            raise Unsupported(f"EXTRACT({part})")
+        a = self.compile(node.expression)
+        if a.type not in TEMPORAL:
+            raise Unsupported(f"EXTRACT from {a.type}")
+        source = a.type
+
+        def run(f):
+            x, valid = a.fn(f).np()
+            days = x if source == "DATE" else np.floor_divide(x, DAY_MICROS)
+            live = days if valid is None else days[valid]
+            if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
+                raise Fallback("EXTRACT of a date outside the years 1..9999")
+            days = np.where(valid, days, 0) if valid is not None else days
+            moment = days.astype("datetime64[D]")
+            if part == "YEAR":
+                out = moment.astype("datetime64[Y]").astype(np.int64) + 1970
+            elif part == "MONTH":
+                out = moment.astype("datetime64[M]").astype(np.int64) % 12 + 1
+            else:
+                out = (moment - moment.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64) + 1
+            return Vec.of("BIGINT", out.astype(np.int64), valid)
+        return Expr("BIGINT", run)
+
+    def _substring(self, node: exp.Substring) -> Expr:
+        """``SUBSTRING(s, start[, length])`` with constant start >= 1 and length >= 0: characters (code points,
+        as DuckDB and Arrow's utf8_slice_codeunits count them) start .. start + length - 1."""
+        a = self.compile(node.this)
+        if a.type not in (pa.string(), pa.large_string()):
+            raise Unsupported(f"SUBSTRING of {a.type}")
+        start, length = (self.compile(node.args[k]) if node.args.get(k) is not None else None
+                         for k in ("start", "length"))
+        if start is None or start.type != INTLIT or start.value < 1 or (
+                length is not None and (length.type != INTLIT or length.value < 0)):
+            raise Unsupported("SUBSTRING with a start below 1, or not constant")
+        begin = start.value - 1
+        stop = begin + length.value if length is not None else None
+        t = a.type
+
+        def run(f):
+            column = a.fn(f).arrow()
+            return Vec(t, array=pc.utf8_slice_codeunits(column, begin, stop))
+        return Expr(t, run)
+
+    def _trycast(self, node: exp.TryCast) -> Expr:
+        """``TRY_CAST`` between integer types: a value outside the target is NULL (not an error)."""
+        to = node.args["to"]
+        target = _cast_target(to)
+        a = self.compile(node.this)
+        if a.type == target:  # the delta rules' TRY_CAST of a key to its own type
+            return a
+        if not (is_int(target) and is_int(a.type)):
+            raise Unsupported(f"TRY_CAST from {a.type} to {to.sql(dialect='duckdb')}")
+        if a.type == target:
+            return a
+        low, high = INT_RANGE[target]
+
+        def run(f):
+            x, valid = a.fn(f).np()
+            fits = (x >= low) & (x <= high)
+            return Vec.of(target, np.where(fits, x, 0), fits if valid is None else valid & fits)
+        return Expr(target, run)
 
     def _anonymous(self, node: exp.Anonymous) -> Expr:
         name = str(node.this).upper()
@@ -433,19 +720,46 @@ class _Compiler:
 
     def _cast(self, node: exp.Cast) -> Expr:
         to = node.args["to"]
-        target = CASTS.get(to.this) if not to.expressions else None
-        if to.this == exp.DataType.Type.DECIMAL and [p.sql() for p in to.expressions] == ["38", "0"]:
-            target = "HUGEINT"  # DECIMAL(38,0): integers whose + - * and SUM are HUGEINT's (same Arrow type)
+        target = _cast_target(to)
+        if to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR) and not to.expressions:
+            return self._cast_text(node)
         if target is None:
             raise Unsupported(f"CAST to {to.sql(dialect='duckdb')}")
         a = self.compile(node.this)
-        if a.literal:
+        if a.literal and a.type != "INTLIT" or a.literal and not (is_decimal(target) or target == "HUGEINT"):
             return self._cast_literal(a, target)
         source = a.type
         if source == target:
             return a
         if source == "NULL":
             return Expr(target, lambda f: constant(target, None, f.n))
+        if source == INTLIT:
+            source = operand_type(a)
+        if (is_decimal(source) or is_int(source)) and (is_decimal(target) or target == "HUGEINT"):
+            def to_decimal(f):
+                x, valid = a.fn(f).np()
+                return Vec.of(target, decimals.cast(x, valid, source, target), valid)
+            return Expr(target, to_decimal)
+        if is_decimal(source) and is_int(target):
+            def to_int(f):
+                x, valid = a.fn(f).np()
+                out = decimals.rescale(x, valid, decimals.scale_of(source), 0)
+                check_range(target, out, valid, f"CAST to {target}")
+                return Vec.of(target, out, valid)
+            return Expr(target, to_int)
+        if is_decimal(source) and target == "DOUBLE":
+            scale = decimals.scale_of(source)
+            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: decimals.to_double(x, scale)))
+        if source == "DOUBLE" and is_decimal(target):
+            def from_double(f):
+                x, valid = a.fn(f).np()
+                return Vec.of(target, decimals.from_double(x, valid, target), valid)
+            return Expr(target, from_double)
+        if source == "DATE" and target == "TIMESTAMP":
+            def widen(f):
+                x, valid = a.fn(f).np()
+                return Vec.of(target, _date_micros(x, valid), valid)
+            return Expr(target, widen)
         if is_int(source) and is_int(target):
             def narrow(f):
                 x, valid = a.fn(f).np()
@@ -468,11 +782,26 @@ class _Compiler:
             return Expr(target, lambda f: _map(a.fn(f), target, lambda x: x.astype(np.int64)))
         raise Unsupported(f"CAST from {source} to {target}")
 
+    def _cast_text(self, node: exp.Cast) -> Expr:
+        """CAST(x AS VARCHAR) of a string (itself) or of NULL (a NULL string column); other sources stay on DuckDB."""
+        a = self.compile(node.this)
+        if a.type in (pa.string(), pa.large_string()):
+            return a
+        if a.type == "NULL":
+            return Expr(pa.string(), lambda f: Vec(pa.string(), array=pa.nulls(f.n, pa.string())), literal=True)
+        raise Unsupported(f"CAST of {a.type} to VARCHAR")
+
     def _cast_literal(self, a: Expr, target: str) -> Expr:
         value = a.value
         if value is None:
             return Expr(target, lambda f: constant(target, None, f.n), literal=True)
-        if target == "DOUBLE":
+        if a.type == "TIMESTAMP" and target == "DATE" or a.type in TEMPORAL and target not in TEMPORAL:
+            raise Unsupported(f"CAST of a {a.type} constant to {target}")
+        if target in TEMPORAL and a.type in TEMPORAL:
+            value = value * DAY_MICROS if a.type == "DATE" and target == "TIMESTAMP" else value
+        elif target in TEMPORAL:
+            value = _temporal_literal(value, target)
+        elif target == "DOUBLE":
             try:
                 value = float(value)
             except ValueError:
@@ -489,6 +818,34 @@ class _Compiler:
         else:
             raise Unsupported(f"CAST of literal {value!r} to {target}")
         return Expr(target, lambda f: constant(target, value, f.n), value=value, literal=True)
+
+
+def _cast_target(to: exp.DataType):
+    """The logical type a CAST names, when it is one we compute (else None)."""
+    if to.this == exp.DataType.Type.DECIMAL:
+        params = [p.sql() for p in to.expressions] or ["18", "3"]  # DuckDB's DECIMAL is DECIMAL(18,3)
+        if len(params) == 2 and all(p.isdigit() for p in params) and 1 <= int(params[0]) <= 38 \
+                and int(params[1]) <= int(params[0]):
+            return decimal(int(params[0]), int(params[1]))
+        return None
+    return CASTS.get(to.this) if not to.expressions else None
+
+
+def _temporal_literal(value, target: str) -> int:
+    """A string constant as DATE (days) or TIMESTAMP (microseconds); only the plain ISO forms are folded."""
+    if not isinstance(value, str):
+        raise Unsupported(f"CAST of {value!r} to {target}")
+    text = value.strip()
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            days = (datetime.date.fromisoformat(text) - EPOCH).days
+            return days if target == "DATE" else days * DAY_MICROS
+        if target == "TIMESTAMP" and re.fullmatch(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,6})?", text):
+            moment = datetime.datetime.fromisoformat(text.replace("T", " "))
+            return (moment - datetime.datetime(1970, 1, 1)) // datetime.timedelta(microseconds=1)
+    except ValueError:
+        pass
+    raise Unsupported(f"CAST({value!r} AS {target}) (not a plain ISO date)")
 
 
 def truth(v: Vec) -> tuple[np.ndarray, np.ndarray]:
@@ -543,11 +900,40 @@ def _order_kernel(op: str, floating: bool):
     return lambda x, y: (x >= y) | np.isnan(x)
 
 
-def _comparison(a: Expr, b: Expr, op: str):
+def _all_of(tests: list[Expr], f) -> Vec:
+    """Three-valued AND of boolean expressions."""
+    t = fl = None
+    for test in tests:
+        ti, fi = truth(test.fn(f))
+        t, fl = (ti, fi) if t is None else (t & ti, fl | fi)
+    return Vec.of("BOOLEAN", t, t | fl)
+
+
+def _decimal_comparison_type(exprs: list[Expr]):
+    """The decimal type DuckDB compares ``exprs`` in (BETWEEN, IN: folded over all sides); None when no side is
+    a decimal or one is a DOUBLE (then each comparison types itself)."""
+    types = [e.type for e in exprs]
+    if not any(is_decimal(t) for t in types) or "DOUBLE" in types or "NULL" in types:
+        return None
+    if not all(is_int(t) or is_decimal(t) or t == INTLIT for t in types):
+        return None
+    return decimals.comparison_type([operand_type(e) for e in exprs])
+
+
+def _comparison(a: Expr, b: Expr, op: str, force=None):
     """kernel(x: Vec, y: Vec) -> bool data (NULLs decided by the caller)."""
     if a.type == "NULL" or b.type == "NULL":
         return lambda x, y: np.zeros(len(x), bool)
-    if (is_number(a.type) or a.type == INTLIT) and (is_number(b.type) or b.type == INTLIT):
+    numeric = [is_number(e.type) or is_decimal(e.type) or e.type == INTLIT for e in (a, b)]
+    if all(numeric) and (is_decimal(a.type) or is_decimal(b.type)) and "DOUBLE" not in (a.type, b.type):
+        t = force or decimals.comparison_type([operand_type(a), operand_type(b)])  # both cast to it, as DuckDB
+        kernel = _order_kernel(op, False) if op not in ("eq", "ne") else (np.equal if op == "eq" else np.not_equal)
+        return lambda x, y: kernel(convert(x, t)[0], convert(y, t)[0])
+    if a.type in TEMPORAL and b.type in TEMPORAL:
+        t = "TIMESTAMP" if "TIMESTAMP" in (a.type, b.type) else "DATE"  # a DATE meets a TIMESTAMP as one
+        kernel = _order_kernel(op, False) if op not in ("eq", "ne") else (np.equal if op == "eq" else np.not_equal)
+        return lambda x, y: kernel(convert(x, t)[0], convert(y, t)[0])
+    if all(numeric):
         t = "DOUBLE" if "DOUBLE" in (a.type, b.type) else "BIGINT"
         if op in ("eq", "ne"):
             def eq(x, y):

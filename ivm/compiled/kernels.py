@@ -12,7 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ivm.compiled.vectors import Fallback, Vec, is_int, is_number
+from ivm.compiled.vectors import Fallback, Vec, decimal_of, is_int, is_number
+
+
+def same_scale(a, b) -> bool:
+    """Integers and decimals of one scale hold equal values as equal int64s (so they code together)."""
+    sa = 0 if is_int(a) else (decimal_of(a) or (None, -1))[1]
+    sb = 0 if is_int(b) else (decimal_of(b) or (None, -2))[1]
+    return sa == sb
 
 
 def _column_codes(v: Vec) -> tuple[np.ndarray, int]:
@@ -67,7 +74,7 @@ def concat(a: Vec, b: Vec) -> Vec:
         if a.type == "NULL" or b.type == "NULL":
             raise Fallback("a NULL-typed key")
         (x, vx), (y, vy) = a.np(), b.np()
-        if a.type != b.type and not (is_int(a.type) and is_int(b.type)):
+        if a.type != b.type and not same_scale(a.type, b.type):
             if not (is_number(a.type) and is_number(b.type)):
                 raise Fallback(f"keys of types {a.type} and {b.type}")
             x, y = x.astype(np.float64), y.astype(np.float64)

@@ -22,8 +22,9 @@ The operators and the SQL shapes they implement (each with DuckDB's meaning):
   (NULL without a row; more than one row falls back, as DuckDB raises).
 - ``aggregate``: ``GROUP BY`` expressions with COUNT(*), COUNT(x), SUM, MIN,
   MAX, BOOL_AND, BOOL_OR (and a global aggregate: one row, also over no
-  rows). SUM of integers is HUGEINT (held in int64; a sum that may leave it
-  falls back).
+  rows). SUM of integers is HUGEINT, SUM of DECIMAL(p,s) is DECIMAL(38,s)
+  (both held in int64; a sum that may leave it falls back); MIN/MAX also of
+  decimals and dates.
 - ``window``: SUM (of integers) / COUNT ``OVER (PARTITION BY ... ORDER BY
   ...)`` in the select list, with DuckDB's default frame, the whole
   partition, or ``ROWS`` up to the current row (peers that differ fall back).
@@ -50,9 +51,11 @@ from sqlglot import exp
 from ivm.compiled.expressions import Expr, Shape, compile_expr, convert, finish, truth, unify
 from ivm.compiled.kernels import (
     codes, group_all, group_count, group_extreme, group_sum, groups, joint_codes, matches, order_ranks,
+    same_scale,
 )
 from ivm.compiled.vectors import (
-    Fallback, Unsupported, Vec, column_of, constant, is_int, is_number, logical, negative_zero,
+    TEMPORAL, Fallback, Unsupported, Vec, column_of, constant, decimal, decimal_of, is_decimal, is_int, is_number,
+    logical, negative_zero,
 )
 
 SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "where", "group", "having", "with_",
@@ -514,7 +517,7 @@ def _key_pairs(conds, left: Shape, right: Shape) -> tuple[list, list]:
 def _keyable(a, b) -> bool:
     if a in ("NULL", "INTLIT") or b in ("NULL", "INTLIT"):
         return False
-    if is_number(a) and is_number(b):
+    if is_number(a) and is_number(b) or same_scale(a, b):
         return True
     return a == b and not (isinstance(a, pa.DataType) and pa.types.is_floating(a))
 
@@ -845,6 +848,8 @@ def _aggregate_call(node: exp.AggFunc, shape: Shape) -> _Call:
             return _Call("sum", compiled, "HUGEINT")
         if t == "DOUBLE":
             return _Call("sum", compiled, "DOUBLE")
-    elif is_number(t):
+        if is_decimal(t):  # DuckDB: SUM(DECIMAL(p,s)) is DECIMAL(38,s); held in int64 (a sum past it falls back)
+            return _Call("sum", compiled, decimal(38, decimal_of(t)[1]))
+    elif is_number(t) or is_decimal(t) or t in TEMPORAL:
         return _Call(name, compiled, t)
     raise Unsupported(f"{name.upper()} of {t}")

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from ivm.compiled.relational import compile_query
-from ivm.compiled.vectors import TO_ARROW, Fallback, Unsupported
+from ivm.compiled.vectors import Fallback, Unsupported, arrow_type
 
 __all__ = ["CompiledStep", "Fallback", "Unsupported", "same_rows", "static_reason"]
 
@@ -31,7 +31,8 @@ SUPPORTED_NODES = (
     exp.Alias, exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.EQ,
     exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not,
     exp.Is, exp.Case, exp.If, exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.DataType, exp.DataTypeParam,
-    exp.IsNan,
+    exp.IsNan, exp.IntDiv, exp.Mod, exp.Interval, exp.Var, exp.Like, exp.Extract, exp.Between, exp.In,
+    exp.Substring,
     exp.Count, exp.Sum, exp.Min, exp.Max,
     exp.LogicalAnd, exp.LogicalOr, exp.Order, exp.Ordered, exp.Limit, exp.Offset, exp.Except, exp.Intersect,
     exp.Window, exp.WindowSpec,
@@ -45,8 +46,8 @@ def static_reason(sql: exp.Expression) -> str | None:
         if isinstance(node, exp.Anonymous):
             if str(node.this).upper() not in FUNCTIONS:
                 return f"function {str(node.this).upper()}"
-        elif isinstance(node, exp.IntDiv | exp.Mod):
-            return "integer division or modulo"
+        elif isinstance(node, exp.Like) and node.args.get("escape") is not None:
+            return "LIKE ... ESCAPE"
         elif not isinstance(node, SUPPORTED_NODES):
             return f"{type(node).__name__} ({node.sql(dialect='duckdb')[:40]})"
     return None
@@ -90,9 +91,7 @@ class CompiledStep:
 
 
 def _arrow_type(t) -> pa.DataType:
-    if isinstance(t, str):
-        return TO_ARROW.get(t, pa.null())
-    return t
+    return arrow_type(t)
 
 
 def _lossless(ours: pa.DataType, theirs: pa.DataType) -> bool:

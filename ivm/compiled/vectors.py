@@ -2,19 +2,25 @@
 
 A ``Vec`` is one column in one of two forms, converted lazily: an Arrow
 array (as it came in, or as it goes out), or numpy ``data`` with a boolean
-``valid`` mask (None: no NULLs). Numbers and booleans are computed in the
-numpy form; every other type (strings, dates, decimals other than
-DECIMAL(38,0)) stays an Arrow array that compiled steps only move, compare
-for equality and group by.
+``valid`` mask (None: no NULLs). Numbers, decimals, dates, timestamps and
+booleans are computed in the numpy form; every other type (strings...)
+stays an Arrow array that compiled steps move, compare for equality, group
+by and hand to Arrow's string kernels.
 
 Types are DuckDB's names for the ones we compute (``INT_RANK`` and
-``DOUBLE``, ``BOOLEAN``, ``NULL``) or an Arrow type for the ones we only
-move. HUGEINT (DuckDB's SUM of integers, and DECIMAL(38,0), which behaves
-alike for + - * and SUM) is held in int64: a value outside int64 is a
-``Fallback`` (the batch runs on DuckDB), never a wrong answer.
+``DOUBLE``, ``BOOLEAN``, ``NULL``, ``DECIMAL(p,s)``, ``DATE``,
+``TIMESTAMP``) or an Arrow type for the ones we only move. HUGEINT
+(DuckDB's SUM of integers; Arrow's decimal128(38,0) like DECIMAL(38,0)) is
+held in int64, and so is every DECIMAL(p,s), as its
+value times 10^s (read from Arrow's decimal128 buffer, little-endian): a
+value outside int64 is a ``Fallback`` (the batch runs on DuckDB), never a
+wrong answer. DATE is held as int64 days since 1970-01-01 (Arrow date32),
+TIMESTAMP as int64 microseconds (Arrow timestamp[us], no time zone).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +45,13 @@ TO_ARROW = {
     "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INTEGER": pa.int32(), "BIGINT": pa.int64(),
     "HUGEINT": HUGE_ARROW, "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
 }
+TO_ARROW["DATE"] = pa.date32()
+TO_ARROW["TIMESTAMP"] = pa.timestamp("us")
 FROM_ARROW = {v: k for k, v in TO_ARROW.items()}
 NUMPY = {"TINYINT": np.int64, "SMALLINT": np.int64, "INTEGER": np.int64, "BIGINT": np.int64,
-         "HUGEINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_}
+         "HUGEINT": np.int64, "DOUBLE": np.float64, "BOOLEAN": np.bool_, "DATE": np.int64, "TIMESTAMP": np.int64}
+TEMPORAL = ("DATE", "TIMESTAMP")
+_DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)$")
 
 
 def is_int(t) -> bool:
@@ -52,9 +62,43 @@ def is_number(t) -> bool:
     return is_int(t) or t == "DOUBLE"
 
 
+def decimal(width: int, scale: int) -> str:
+    """The name of DECIMAL(width, scale) (DECIMAL(38,0) is not HUGEINT: they combine differently with decimals)."""
+    return f"DECIMAL({width},{scale})"
+
+
+def decimal_of(t) -> tuple[int, int] | None:
+    """(width, scale) of a DECIMAL type name (HUGEINT: (38, 0)); None for any other type."""
+    if t == "HUGEINT":
+        return 38, 0
+    m = _DECIMAL.match(t) if isinstance(t, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_decimal(t) -> bool:
+    return isinstance(t, str) and t.startswith("DECIMAL(")
+
+
 def logical(arrow_type: pa.DataType):
     """DuckDB's logical type for an Arrow column: a name we compute with, or the Arrow type itself."""
+    if pa.types.is_decimal128(arrow_type):  # decimal128(38,0) too: DuckDB reads it as DECIMAL(38,0)
+        return decimal(arrow_type.precision, arrow_type.scale)
     return FROM_ARROW.get(arrow_type, arrow_type)
+
+
+def arrow_type(t) -> pa.DataType:
+    """The Arrow type DuckDB gives a column of logical type ``t`` (NULL: Arrow's null)."""
+    if isinstance(t, pa.DataType):
+        return t
+    dec = decimal_of(t)
+    if dec is not None:
+        return pa.decimal128(*dec)
+    return TO_ARROW.get(t, pa.null())
+
+
+def numpy_type(t):
+    """The numpy dtype a computed type is held in (decimals: scaled int64)."""
+    return np.int64 if is_decimal(t) else NUMPY.get(t, np.int64)
 
 
 class Vec:
@@ -99,8 +143,11 @@ class Vec:
         if self._data is None:
             arr = self._array
             valid = np.asarray(arr.is_valid()) if arr.null_count else None
-            if self.type == "HUGEINT":
+            if pa.types.is_decimal128(arr.type):
                 data = _decimal_to_int64(arr, valid)
+            elif self.type in TEMPORAL:
+                data = arr.view(pa.int32() if self.type == "DATE" else pa.int64()).fill_null(0).to_numpy()
+                data = data.astype(np.int64, copy=False)
             else:
                 if arr.null_count:
                     arr = arr.fill_null(False if self.type == "BOOLEAN" else 0)
@@ -125,8 +172,12 @@ class Vec:
             mask = None if valid is None else ~valid
             if self.type == "NULL":
                 self._array = pa.nulls(len(data))
-            elif self.type == "HUGEINT":
-                self._array = _int64_to_decimal(data, mask)
+            elif self.type == "HUGEINT" or is_decimal(self.type):
+                self._array = _int64_to_decimal(data, mask, arrow_type(self.type))
+            elif self.type == "DATE":
+                self._array = pa.array(data.astype(np.int32), pa.int32(), mask=mask).view(pa.date32())
+            elif self.type == "TIMESTAMP":
+                self._array = pa.array(data, pa.int64(), mask=mask).view(TO_ARROW["TIMESTAMP"])
             else:
                 self._array = pa.array(data, TO_ARROW[self.type], mask=mask)
         return self._array
@@ -166,18 +217,18 @@ class Vec:
 
 
 def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
-    """DECIMAL(38,0) values as int64 (their low 8 bytes); Fallback when one does not fit."""
+    """decimal128 values (scaled integers) as int64 (their low 8 bytes); Fallback when one does not fit."""
     pairs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))
     pairs = pairs[2 * arr.offset:].reshape(-1, 2)
     low, high = pairs[:, 0], pairs[:, 1]
     fits = high == (low >> 63)
     if not (fits if valid is None else (fits | ~valid)).all():
-        raise Fallback("a HUGEINT/DECIMAL(38,0) value outside BIGINT")
+        raise Fallback(f"a {arr.type} value outside int64")
     return low.copy()
 
 
-def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None) -> pa.Array:
-    """int64 values as DECIMAL(38,0) (sign-extended to 16 bytes), without a cast kernel."""
+def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None, type_: pa.DataType = HUGE_ARROW) -> pa.Array:
+    """int64 (scaled) values as decimal128 ``type_`` (sign-extended to 16 bytes), without a cast kernel."""
     pairs = np.empty((len(data), 2), np.int64)
     pairs[:, 0] = data
     pairs[:, 1] = data >> 63
@@ -186,13 +237,13 @@ def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None) -> pa.Array:
     if mask is not None:
         ints = pa.array(data, pa.int64(), mask=mask)
         validity, nulls = ints.buffers()[0], ints.null_count
-    return pa.Array.from_buffers(HUGE_ARROW, len(data), [validity, pa.py_buffer(pairs)], null_count=nulls)
+    return pa.Array.from_buffers(type_, len(data), [validity, pa.py_buffer(pairs)], null_count=nulls)
 
 
 def constant(type_, value, n: int) -> Vec:
     if value is None:
-        return Vec(type_, data=np.zeros(n, NUMPY.get(type_, np.int64)), valid=np.zeros(n, bool))
-    return Vec(type_, data=np.full(n, value, NUMPY[type_]))
+        return Vec(type_, data=np.zeros(n, numpy_type(type_)), valid=np.zeros(n, bool))
+    return Vec(type_, data=np.full(n, value, numpy_type(type_)))
 
 
 def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
@@ -202,10 +253,19 @@ def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
 
 
 def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: str) -> None:
-    """Fallback unless every valid value fits ``type_`` (DuckDB raises where numpy would wrap)."""
+    """Fallback unless every valid value fits ``type_`` (DuckDB raises where numpy would wrap).
+
+    A DECIMAL(p,s) holds values below 10^p in magnitude (scaled); p > 18 holds all of int64.
+    """
     if type_ in ("BIGINT", "HUGEINT") or not len(data):
         return
-    low, high = INT_RANGE[type_]
+    dec = decimal_of(type_)
+    if dec is not None:
+        if dec[0] > 18:
+            return
+        low, high = -(10 ** dec[0]) + 1, 10 ** dec[0] - 1
+    else:
+        low, high = INT_RANGE[type_]
     values = data if valid is None else data[valid]
     if len(values) and (values.min() < low or values.max() > high):
         raise Fallback(f"{what} outside {type_}")
