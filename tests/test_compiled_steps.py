@@ -92,3 +92,37 @@ def test_shadow_mode_raises_on_a_mismatch(monkeypatch):
     monkeypatch.setattr(compiled_step.CompiledStep, "run", lambda self, inputs: self.expected.empty_table())
     with pytest.raises(Exception, match="differs from DuckDB"):
         _batches(db, 1, start=5_000)
+
+
+def test_the_shadow_comparison_handles_columns_arrow_cannot_sort():
+    """Intervals and lists pass through compiled steps (session windows); the comparison must still decide."""
+    from ivm.compiled.step import same_rows
+
+    interval = pa.month_day_nano_interval()
+    ours = pa.table({"k": [2, 1, 1], "gap": pa.array([(0, 0, 5), (0, 1, 0), None], interval),
+                     "l": pa.array([[1], [], None], pa.list_(pa.int64()))})
+    same_rows_reordered = ours.take([2, 0, 1])
+    assert same_rows(ours, same_rows_reordered) is None
+    other = ours.set_column(1, "gap", pa.array([(0, 0, 5), (0, 2, 0), None], interval))
+    assert same_rows(ours, other) is not None
+
+
+def test_intervals_compare_and_group_on_duckdb_where_it_normalizes_them():
+    """DuckDB finds INTERVAL '1' MONTH equal to INTERVAL '30' DAY; compiled code would compare fields, so it
+    must not: a comparison of intervals stays on DuckDB, grouping by one hands the batch to DuckDB."""
+    import duckdb
+    from sqlglot import parse_one
+
+    from tests.compiled_check import check
+
+    interval = pa.month_day_nano_interval()
+    table = pa.table({"a": pa.array([(1, 0, 0), (0, 30, 0), None], interval),
+                      "b": pa.array([(0, 30, 0), (0, 30, 0), (0, 1, 0)], interval)})
+    con = duckdb.connect()
+    con.register("t", table)
+    sql = "SELECT a = b AS same FROM t"
+    assert con.sql(sql).fetchall() == [(True,), (True,), (None,)]
+    with pytest.raises(compiled_step.Unsupported, match="comparison eq"):
+        compiled_step.CompiledStep(parse_one(sql, read="duckdb"), {"t": table.schema}, con.sql(sql).to_arrow_table().schema)
+    assert check("SELECT a, COUNT(*) AS n FROM t GROUP BY a", {"t": table}) == "fallback"
+    assert check("SELECT a, b FROM t", {"t": table}) == "compiled"  # moving intervals is fine

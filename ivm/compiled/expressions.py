@@ -1,7 +1,7 @@
 """Scalar SQL expressions compiled once into vectorized closures over a frame's columns.
 
-    >>> e = compile_expr(parse_one("CASE WHEN x > 0 THEN x * 2 ELSE NULL END"), shape)
-    >>> e.type, e.fn(frame)        # ("BIGINT", Vec) for a BIGINT x
+        e = compile_expr(parse_one("CASE WHEN x > 0 THEN x * 2 ELSE NULL END"), shape)
+        e.type, e.fn(frame)        # ("BIGINT", Vec) for a BIGINT x
 
 Implements, with DuckDB's meaning (DuckDB is the reference):
 integer (TINYINT..BIGINT, HUGEINT held in int64) and DOUBLE ``+ - *`` and
@@ -949,7 +949,8 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
         kernel = ops[op]
         return lambda x, y: kernel(x.np()[0].astype(np.int8), y.np()[0].astype(np.int8))
     if a.type == b.type and not isinstance(a.type, str) and op in ("eq", "ne") and not (
-            pa.types.is_floating(a.type) or pa.types.is_null(a.type) or pa.types.is_nested(a.type)):
+            pa.types.is_floating(a.type) or pa.types.is_null(a.type) or pa.types.is_nested(a.type)
+            or pa.types.is_interval(a.type)):  # DuckDB: INTERVAL '1' MONTH = INTERVAL '30' DAY
         def opaque(x, y):
             same = pc.equal(x.arrow(), y.arrow()).fill_null(False)
             out = np.asarray(same)

@@ -36,7 +36,8 @@ def _column_codes(v: Vec) -> tuple[np.ndarray, int]:
             codes = np.where(valid, codes, len(uniques))
         return codes, len(uniques) + 1
     array = v.arrow()
-    if pa.types.is_floating(array.type) or pa.types.is_nested(array.type):
+    if pa.types.is_floating(array.type) or pa.types.is_nested(array.type) or pa.types.is_interval(array.type):
+        # DuckDB compares intervals normalized (INTERVAL '1' MONTH = INTERVAL '30' DAY), not by their fields
         raise Fallback(f"key of type {array.type}")
     encoded = pc.dictionary_encode(array, null_encoding="encode")
     return np.asarray(encoded.indices).astype(np.int64), max(len(encoded.dictionary), 1)

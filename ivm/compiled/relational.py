@@ -1,7 +1,7 @@
 """SELECT statements compiled once into physical operators over frames of columns.
 
-    >>> rel = compile_query(parse_one("SELECT k, SUM(w) AS s FROM d GROUP BY k"), {"d": schema})
-    >>> rel.run({"d": table})     # a Frame; nothing is parsed or bound per run
+        rel = compile_query(parse_one("SELECT k, SUM(w) AS s FROM d GROUP BY k"), {"d": schema})
+        rel.run({"d": table})     # a Frame; nothing is parsed or bound per run
 
 The operators and the SQL shapes they implement (each with DuckDB's meaning):
 
