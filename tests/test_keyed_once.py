@@ -164,17 +164,11 @@ def test_keys_of_several_columns_convert_as_duckdb_does(seed, colliding):
             codes = coder.codes(normalized, definition.identity)
             existing = relation.all_rows(positions=True)  # a superset, as a lookup may return
             for policy in ("error", "ignore"):
-                outcomes = []
-                for run in (lambda: worker.applier._keyed_once(definition, normalized, existing, policy),
-                            lambda: keyed_once.convert(definition.column_names, ("a", "b"), normalized, codes,
-                                                       existing, policy, coder)):
-                    try:
-                        result = run()
-                        worker.applier._raise_errors(definition, result)
-                        outcomes.append(result)
-                    except ChangeError as e:
-                        outcomes.append(str(e))
-                duck_rows, arrow_rows = outcomes
+                duck_rows, arrow_rows = (
+                    _result_or_error(lambda: _checked(worker, definition, run()))
+                    for run in (lambda: worker.applier._keyed_once(definition, normalized, existing, policy),
+                                lambda: keyed_once.convert(definition.column_names, ("a", "b"), normalized, codes,
+                                                           existing, policy, coder)))
                 if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
                     assert duck_rows == arrow_rows
                     continue
@@ -219,23 +213,14 @@ def test_batches_repeating_keys_convert_as_duckdb_does(seed, several):
                 codes = coder.codes(normalized, definition.identity)
                 existing = relation.all_rows(positions=True)
                 for policy in ("error", "ignore"):
-                    outcomes = []
-                    try:
-                        outcomes.append(worker.applier._keyed(definition, normalized, existing, policy))
-                    except ChangeError as e:
-                        outcomes.append(str(e))
+                    duck_rows = _result_or_error(lambda: worker.applier._keyed(definition, normalized, existing, policy))
                     done = keyed_once.repeated(definition.column_names, key, normalized, codes, existing, policy,
                                                coder)
                     if done is None:
                         assert coder is not worker.coder, "only colliding codes hand a batch back"
                         continue
-                    try:
-                        if done.errors.num_rows:
-                            worker.applier._raise_errors(definition, done.errors)
-                        outcomes.append((done.olds, done.news))
-                    except ChangeError as e:
-                        outcomes.append(str(e))
-                    duck_rows, arrow_rows = outcomes
+                    arrow_rows = _result_or_error(
+                        lambda: (_checked(worker, definition, done.errors), (done.olds, done.news))[1])
                     if isinstance(duck_rows, str) or isinstance(arrow_rows, str):
                         assert duck_rows == arrow_rows
                         continue
@@ -246,4 +231,20 @@ def test_batches_repeating_keys_convert_as_duckdb_does(seed, several):
                     assert multiset_diff(olds.select(names + ["__run", "__pos"]),
                                          minus.select(names + ["__run", "__pos"]).cast(olds.schema)) is None
                     assert multiset_diff(news, plus.select(names).cast(news.schema)) is None
-            db.apply_changes("t", batch(ids, ops), on_missing_delete="ignore") if "c" not in ops else None
+            if "c" not in ops:
+                db.apply_changes("t", batch(ids, ops), on_missing_delete="ignore")
+
+
+def _result_or_error(run):
+    """What ``run`` returns, or the message of the ChangeError it raises (both paths must agree on either)."""
+    try:
+        return run()
+    except ChangeError as e:
+        return str(e)
+
+
+def _checked(worker, definition, rows: pa.Table) -> pa.Table:
+    """``rows`` after raising the errors they record, as the engine does."""
+    if rows.num_rows:
+        worker.applier._raise_errors(definition, rows)
+    return rows
