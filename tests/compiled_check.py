@@ -31,6 +31,13 @@ def tables(draw, columns: dict[str, tuple[pa.DataType, st.SearchStrategy]], max_
                      for name, (t, values) in columns.items()})
 
 
+# The two sides of the join suites: keys of different integer widths, strings, doubles (NaN, -0.0).
+LEFT = {"k": (pa.int64(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
+        "w": (pa.int64(), SMALL_INTS)}
+RIGHT = {"k": (pa.int32(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
+         "v": (pa.int64(), SMALL_INTS)}
+
+
 def check(sql: str, inputs: dict[str, pa.Table]) -> str:
     """Run ``sql`` on DuckDB and compiled; assert they agree. Returns 'compiled', 'fallback' or 'duckdb error'.
 
@@ -76,4 +83,4 @@ def ran(outcomes: list[str]) -> None:
     assert outcomes.count("compiled") >= len(outcomes) // 2, outcomes
 
 
-__all__ = ["DOUBLES", "INTS", "SMALL_INTS", "STRINGS", "check", "column", "np", "ran", "tables"]
+__all__ = ["DOUBLES", "INTS", "LEFT", "RIGHT", "SMALL_INTS", "STRINGS", "check", "column", "np", "ran", "tables"]

@@ -13,12 +13,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.compiled_check import DOUBLES, SMALL_INTS, STRINGS, check, tables
+from tests.compiled_check import LEFT, RIGHT, check, tables
 
-LEFT = {"k": (pa.int64(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
-        "w": (pa.int64(), SMALL_INTS)}
-RIGHT = {"k": (pa.int32(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
-         "v": (pa.int64(), SMALL_INTS)}
 CONDITIONS = st.sampled_from([
     "l.k = r.k", "l.k IS NOT DISTINCT FROM r.k", "l.k = r.k AND l.s = r.s",
     "l.s IS NOT DISTINCT FROM r.s AND l.k IS NOT DISTINCT FROM r.k", "l.f = r.f", "l.f IS NOT DISTINCT FROM r.f",

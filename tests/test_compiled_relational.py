@@ -22,12 +22,8 @@ from sqlglot import parse_one
 
 from ivm.compiled import relational
 from ivm.compiled.step import CompiledStep, Unsupported
-from tests.compiled_check import DOUBLES, SMALL_INTS, STRINGS, check, ran, tables
+from tests.compiled_check import DOUBLES, LEFT, RIGHT, SMALL_INTS, STRINGS, check, ran, tables
 
-LEFT = {"k": (pa.int64(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
-        "w": (pa.int64(), SMALL_INTS)}
-RIGHT = {"k": (pa.int32(), SMALL_INTS), "s": (pa.string(), STRINGS), "f": (pa.float64(), DOUBLES),
-         "v": (pa.int64(), SMALL_INTS)}
 ON = st.sampled_from([
     "l.k = r.k AND r.v > 0", "l.k = r.k AND l.w < r.v", "l.k IS NOT DISTINCT FROM r.k AND l.s <> r.s",
     "l.s = r.s AND (l.f > r.f OR r.v IS NULL)", "l.k = r.k AND l.w > 0", "TRUE", "l.k < r.k", "l.w <= r.v AND r.f > 0",
