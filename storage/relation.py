@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from delta_operators.zset import POS, RUN, WEIGHT
 from sql_frontend.errors import InternalError
+from storage.decimal128 import int64_values
 from storage.keys import KeyCoder, sorted_unique
 from storage.spill import Spill
 
@@ -135,16 +136,14 @@ def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
     if not (pa.types.is_decimal128(t) and t.scale == 0 and target == pa.int64()) or sys.byteorder != "little":
         return None
     array = _one_chunk(column)
-    words = np.frombuffer(array.buffers()[1], dtype=np.int64, count=2 * len(array), offset=16 * array.offset)
-    low, high = words[0::2], words[1::2]
-    fits = high == (low >> 63)
+    low, fits = int64_values(array)
     valid = None
     if array.null_count:
         valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
         fits |= ~valid
     if not fits.all():
         return None
-    return pa.array(low.copy(), pa.int64(), mask=None if valid is None else ~valid)
+    return pa.array(low, pa.int64(), mask=None if valid is None else ~valid)
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

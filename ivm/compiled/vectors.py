@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storage.decimal128 import int64_values
+
 
 class Fallback(Exception):
     """This batch of a compiled step must run on DuckDB (the reason says why)."""
@@ -218,13 +220,10 @@ class Vec:
 
 def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
     """decimal128 values (scaled integers) as int64 (their low 8 bytes); Fallback when one does not fit."""
-    pairs = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))
-    pairs = pairs[2 * arr.offset:].reshape(-1, 2)
-    low, high = pairs[:, 0], pairs[:, 1]
-    fits = high == (low >> 63)
+    low, fits = int64_values(arr)
     if not (fits if valid is None else (fits | ~valid)).all():
         raise Fallback(f"a {arr.type} value outside int64")
-    return low.copy()
+    return low
 
 
 def _int64_to_decimal(data: np.ndarray, mask: np.ndarray | None, type_: pa.DataType = HUGE_ARROW) -> pa.Array:
