@@ -248,9 +248,11 @@ class _Query:
             schema, real = self.schemas[name], self.names[name]
             shape = Shape([(alias, f.name.lower(), logical(f.type)) for f in schema])
 
+            types = [t for *_, t in shape.columns]  # fixed: the step runs only on inputs of this schema
+
             def run(ctx):
                 table = ctx[real]
-                return Frame([column_of(c) for c in table.columns], table.num_rows)
+                return Frame([Vec.input(t, table, i) for i, t in enumerate(types)], table.num_rows)
             return Rel(shape, run)
         if isinstance(node, exp.Subquery):
             rel, _ = self.query(node.this, env)

@@ -71,10 +71,19 @@ def decimal(width: int, scale: int) -> str:
 
 def decimal_of(t) -> tuple[int, int] | None:
     """(width, scale) of a DECIMAL type name (HUGEINT: (38, 0)); None for any other type."""
-    if t == "HUGEINT":
-        return 38, 0
-    m = _DECIMAL.match(t) if isinstance(t, str) else None
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    if not isinstance(t, str):
+        return None
+    # Memoized: operators ask at every run, and a type name is one of a few dozen.
+    try:
+        return _DECIMAL_OF[t]
+    except KeyError:
+        m = _DECIMAL.match(t)
+        found = (38, 0) if t == "HUGEINT" else (int(m.group(1)), int(m.group(2))) if m else None
+        _DECIMAL_OF[t] = found
+        return found
+
+
+_DECIMAL_OF: dict[str, tuple[int, int] | None] = {}
 
 
 def is_decimal(t) -> bool:
@@ -83,9 +92,17 @@ def is_decimal(t) -> bool:
 
 def logical(arrow_type: pa.DataType):
     """DuckDB's logical type for an Arrow column: a name we compute with, or the Arrow type itself."""
-    if pa.types.is_decimal128(arrow_type):  # decimal128(38,0) too: DuckDB reads it as DECIMAL(38,0)
-        return decimal(arrow_type.precision, arrow_type.scale)
-    return FROM_ARROW.get(arrow_type, arrow_type)
+    found = _LOGICAL.get(arrow_type)  # memoized: every input column of every run asks
+    if found is None:
+        if pa.types.is_decimal128(arrow_type):  # decimal128(38,0) too: DuckDB reads it as DECIMAL(38,0)
+            found = decimal(arrow_type.precision, arrow_type.scale)
+        else:
+            found = FROM_ARROW.get(arrow_type, arrow_type)
+        _LOGICAL[arrow_type] = found
+    return found
+
+
+_LOGICAL: dict[pa.DataType, object] = {}
 
 
 def arrow_type(t) -> pa.DataType:
@@ -100,7 +117,7 @@ def arrow_type(t) -> pa.DataType:
 
 def numpy_type(t):
     """The numpy dtype a computed type is held in (decimals: scaled int64)."""
-    return np.int64 if is_decimal(t) else NUMPY.get(t, np.int64)
+    return NUMPY.get(t, np.int64) if isinstance(t, str) else np.int64
 
 
 class Vec:
@@ -109,9 +126,11 @@ class Vec:
     A ``take`` is lazy: it keeps the source column and the row positions, and
     gathers only when the column is read, so joins that pass columns along
     (``SELECT *`` over three LEFT JOINs) gather each column once, at the end.
+    An input column (``Vec.input``) is read from its table when first used:
+    a step reads a few of its inputs' many columns.
     """
 
-    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing")
+    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing", "_column")
 
     def __init__(self, type_, array: pa.Array | None = None, data: np.ndarray | None = None,
                  valid: np.ndarray | None = None):
@@ -122,6 +141,18 @@ class Vec:
         self._source: Vec | None = None  # a lazy take: rows ``_index`` of ``_source`` (NULL where ``_missing``)
         self._index: np.ndarray | None = None
         self._missing: np.ndarray | None = None
+        self._column: tuple[pa.Table, int] | None = None  # an input column not read yet
+
+    @staticmethod
+    def input(type_, table: pa.Table, i: int) -> "Vec":
+        """Column ``i`` of ``table``, read (its chunks combined) when first used."""
+        vec = Vec(type_)
+        vec._column = (table, i)
+        return vec
+
+    def _read(self) -> None:
+        (table, i), self._column = self._column, None
+        self._array = _one_array(table.column(i))
 
     @staticmethod
     def of(type_, data: np.ndarray, valid: np.ndarray | None = None) -> "Vec":
@@ -132,6 +163,8 @@ class Vec:
     def __len__(self) -> int:
         if self._source is not None:
             return len(self._index)
+        if self._column is not None:
+            return self._column[0].num_rows
         return len(self._array) if self._array is not None else len(self._data)
 
     @property
@@ -142,19 +175,20 @@ class Vec:
         """(data, valid) with values at NULL positions unspecified; only for our computed types."""
         if self._source is not None:
             self._gather()
+        elif self._column is not None:
+            self._read()
         if self._data is None:
             arr = self._array
             valid = np.asarray(arr.is_valid()) if arr.null_count else None
             if pa.types.is_decimal128(arr.type):
                 data = _decimal_to_int64(arr, valid)
-            elif self.type in TEMPORAL:
-                data = arr.view(pa.int32() if self.type == "DATE" else pa.int64()).fill_null(0).to_numpy()
-                data = data.astype(np.int64, copy=False)
-            else:
+            elif self.type == "BOOLEAN":
                 if arr.null_count:
-                    arr = arr.fill_null(False if self.type == "BOOLEAN" else 0)
+                    arr = arr.fill_null(False)
                 data = arr.to_numpy(zero_copy_only=False)
-                if self.type != "BOOLEAN" and self.type != "DOUBLE":
+            else:  # fixed-width numbers, dates, timestamps: the value buffer as it is (no kernel call)
+                data = _fixed_width(arr)
+                if self.type != "DOUBLE":
                     data = data.astype(np.int64, copy=False)
             self._data, self._valid = data, valid
         return self._data, self._valid
@@ -162,6 +196,8 @@ class Vec:
     def valid(self) -> np.ndarray | None:
         if self._source is not None:
             self._gather()
+        elif self._column is not None:
+            self._read()
         if self._data is None and self._array is not None:
             return np.asarray(self._array.is_valid()) if self._array.null_count else None
         return self._valid
@@ -169,6 +205,8 @@ class Vec:
     def arrow(self) -> pa.Array:
         if self._source is not None:
             self._gather()
+        elif self._column is not None:
+            self._read()
         if self._array is None:
             data, valid = self._data, self._valid
             mask = None if valid is None else ~valid
@@ -204,6 +242,13 @@ class Vec:
     def _gather(self) -> None:
         source, index, missing = self._source, self._index, self._missing
         self._source = self._index = self._missing = None
+        if source._column is not None:
+            source._read()
+        if source._data is None and source.numeric and source.type != "NULL" and (
+                not is_decimal(source.type) or 4 * len(index) >= len(source)):
+            # A fancy index costs ~1 us where Arrow's take kernel costs ~15 us a call, and reading
+            # the source as numpy is a view (decimals: a pass over it, worth it for a large share).
+            source.np()
         if source._data is not None:
             data, valid = source._data, source._valid
             if missing is not None:
@@ -216,6 +261,23 @@ class Vec:
         else:
             indices = pa.array(index, pa.int64(), mask=missing)
             self._array = source._array.take(indices)
+
+
+def _fixed_width(arr: pa.Array) -> np.ndarray:
+    """The values of a fixed-width numeric, date or timestamp array as a numpy view of its buffer
+    (values at NULL positions are whatever the buffer holds: callers mask them)."""
+    width = arr.type.bit_width // 8
+    dtype = _FIXED_DTYPE.get(arr.type)
+    if dtype is None:
+        kind = "f" if pa.types.is_floating(arr.type) else ("u" if pa.types.is_unsigned_integer(arr.type) else "i")
+        dtype = _FIXED_DTYPE[arr.type] = np.dtype(f"{kind}{width}")
+    buffer = arr.buffers()[1]
+    if buffer is None:  # a zero-length array may have no buffer
+        return np.empty(0, dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=len(arr), offset=width * arr.offset)
+
+
+_FIXED_DTYPE: dict[pa.DataType, np.dtype] = {}
 
 
 def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
@@ -247,8 +309,12 @@ def constant(type_, value, n: int) -> Vec:
 
 def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
     if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        array = _one_array(array)
     return Vec(logical(array.type), array=array)
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: str) -> None:
