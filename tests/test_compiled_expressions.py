@@ -40,7 +40,8 @@ NUMBERS = st.deferred(lambda: st.one_of(
 
 
 BOOLEANS = st.deferred(lambda: st.one_of(
-    st.sampled_from(["p", "q", "(s = t)", "(s <> t)", "(s IS NOT DISTINCT FROM t)", "ISNAN(x)", "ISFINITE(y)",
+    st.sampled_from(["p", "q", "(s = t)", "(s <> t)", "(s IS NOT DISTINCT FROM t)", "(s < t)", "(s >= t)",
+                     "(s > 'ab')", "(s <= t)", "ISNAN(x)", "ISFINITE(y)",
                      "(x = y)", "(x < y)", "(p = q)", "(p < q)"]),
     st.tuples(NUMBERS, st.sampled_from(["=", "<>", "<", "<=", ">", ">=", "IS DISTINCT FROM",
                                           "IS NOT DISTINCT FROM"]), st.one_of(NUMBERS, LITERALS))
@@ -83,6 +84,15 @@ def test_extremes_fall_back_where_duckdb_raises():
     assert check("SELECT a / 2 AS r, i / a AS s FROM d", {"d": table}) == "compiled"
     assert check("SELECT -a AS r, a - 1 AS s FROM d", {"d": table}) == "compiled"
     assert check("SELECT x = x AS r, x * x AS s FROM d", {"d": table}) == "compiled"  # NaN = NaN; inf
+
+
+def test_strings_order_by_their_bytes_as_in_duckdb():
+    """DuckDB's default collation orders VARCHAR by UTF-8 bytes (a prefix first, 'B' < 'a' < 'ä'), as Arrow does."""
+    words = ["", "a", "B", "ab", "a\x00", "a\x00b", "é", "e\u0301", "ä", "z", "Z", None]
+    pairs = [(x, y) for x in words for y in words]
+    table = pa.table({"s": pa.array([x for x, _ in pairs], pa.string()), "t": pa.array([y for _, y in pairs], pa.string())})
+    assert check("SELECT s < t AS lt, s <= t AS le, s > t AS gt, s >= t AS ge, s > 'a' AS lit FROM d",
+                 {"d": table}) == "compiled"
 
 
 def test_rounding_and_nan_order_are_duckdbs():

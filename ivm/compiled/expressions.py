@@ -956,4 +956,12 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
             out = np.asarray(same)
             return out if op == "eq" else ~out
         return opaque
+    if a.type == b.type and a.type in (pa.string(), pa.large_string()):
+        # Strings order by their UTF-8 bytes in both DuckDB (its default collation) and Arrow.
+        arrow_op = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal, "gt": pc.greater,
+                    "ge": pc.greater_equal}[op]
+
+        def text(x, y):
+            return np.asarray(arrow_op(x.arrow(), y.arrow()).fill_null(False))
+        return text
     raise Unsupported(f"comparison {op} of {a.type} and {b.type}")

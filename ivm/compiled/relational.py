@@ -303,7 +303,9 @@ class _Query:
                     ri = np.concatenate([ri, np.zeros(len(lonely), np.int64)])
                     missing = np.zeros(len(li), bool)
                     missing[len(li) - len(lonely):] = True
-            cols = [c.take(li) for c in lf.cols] + [c.take(ri, missing) for c in rf.cols]
+            # Probing a lookup by its delta usually keeps every left row once, in order: pass them on.
+            same = len(li) == lf.n and (not len(li) or (li[0] == 0 and bool((np.diff(li) == 1).all())))
+            cols = (lf.cols if same else [c.take(li) for c in lf.cols]) + [c.take(ri, missing) for c in rf.cols]
             return Frame(cols, len(li))
         return Rel(shape, run), where
 

@@ -225,8 +225,6 @@ class Vec:
     def take(self, index: np.ndarray, missing: np.ndarray | None = None) -> "Vec":
         """Rows at ``index``; where ``missing`` is true a NULL (outer joins). Gathered when read."""
         out = Vec(self.type)
-        if missing is not None and not missing.any():
-            missing = None
         if self._source is not None:  # compose with the pending take
             if missing is not None:
                 index = np.where(missing, 0, index)
