@@ -136,15 +136,25 @@ def key_pairs(delta: pa.Table, codes: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def without_equal_pairs(delta: pa.Table, pairs: tuple[np.ndarray, np.ndarray], key: tuple[str, ...],
-                        columns: tuple[str, ...]) -> pa.Table:
-    """``delta`` without the ``pairs`` (``key_pairs``) not distinct in the key and ``columns``."""
+                        columns: tuple[str, ...], compared: dict[str, np.ndarray] | None = None) -> pa.Table:
+    """``delta`` without the ``pairs`` (``key_pairs``) not distinct in the key and ``columns``.
+
+    ``compared``: each column's comparison of the pairs, kept across calls for one delta and its
+    pairs (the views reading a delta compare mostly the same columns: TPC-H's 17 lineitem views)."""
     first, second = pairs
     if not len(first):
         return delta
+    compared = {} if compared is None else compared
     equal = np.ones(len(first), dtype=bool)
-    mine, theirs = pa.array(first), pa.array(second)
+    mine = theirs = None
     for name in dict.fromkeys(key + columns):
-        equal &= _not_distinct(delta.column(name).take(mine), delta.column(name).take(theirs))
+        same = compared.get(name)
+        if same is None:
+            if mine is None:
+                mine, theirs = pa.array(first), pa.array(second)
+            column = delta.column(name)
+            same = compared[name] = _not_distinct(column.take(mine), column.take(theirs))
+        equal &= same
     if not equal.any():
         return delta
     keep = np.ones(delta.num_rows, dtype=bool)

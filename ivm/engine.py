@@ -820,10 +820,11 @@ class Engine:
                 # Pairs of one key cancel in numpy: for a key of several columns (lineitem, partsupp)
                 # their hash codes cost one statement per delta, where each projection's window
                 # query was one (~6 ms) per view reading other columns.
-                pairs = cache.get((source, None))  # shared by every projection of the delta
-                if pairs is None:
-                    pairs = cache[(source, None)] = key_pairs(delta, worker.coder.codes(delta, table.primary_key))
-                cache[key] = without_equal_pairs(delta, pairs, table.primary_key, columns)
+                shared = cache.get((source, None))  # shared by every projection of the delta
+                if shared is None:
+                    pairs = key_pairs(delta, worker.coder.codes(delta, table.primary_key))
+                    shared = cache[(source, None)] = (pairs, {})  # and the columns compared so far
+                cache[key] = without_equal_pairs(delta, shared[0], table.primary_key, columns, shared[1])
             else:
                 cache[key] = worker.runner.run(prune_template(columns), delta=delta)
         return cache[key]

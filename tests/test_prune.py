@@ -151,6 +151,14 @@ def test_cancelled_pairs_keep_each_read_projection_as_a_z_set():
     assert kept.column("k").to_pylist() == [1, 1]
     assert cancelled_pairs(delta, np.array([1, 1, 2, 2, 3, 3, 4, 4]), ("k",), ("c", "b")).column("k").to_pylist() \
         == [1, 1, 2, 2, 3, 3]
+    # projections of one delta share their column comparisons (Engine._pruned): the same rows as alone
+    from delta_operators.prune import key_pairs, without_equal_pairs
+
+    pairs, compared = key_pairs(delta, np.array([1, 1, 2, 2, 3, 3, 4, 4])), {}
+    for columns in [("c",), ("c", "b"), ("b",), ("b", "c")]:
+        assert without_equal_pairs(delta, pairs, ("k",), columns, compared).equals(
+            without_equal_pairs(delta, pairs, ("k",), columns)), columns
+    assert set(compared) == {"k", "c", "b"}
 
 
 def test_a_key_of_several_columns_prunes_in_numpy():
