@@ -201,24 +201,26 @@ class SharedLookups:
         self.budget = budget
         self.held = 0
         self.hits = 0
-        self._found: dict[tuple, list[tuple[pa.Table, object, pa.Table]]] = {}
+        # per lookup: [(probe keys, relation, result, its column names)]
+        self._found: dict[tuple, list[tuple[pa.Table, object, pa.Table, list[str]]]] = {}
 
     def lookup(self, step: Lookup, probe: pa.Table, relation, run: Callable[[], pa.Table]) -> pa.Table:
         key = (step.relation, id(relation), step.index, step.positions, step.between,
                step.probe_filter, step.probe_columns, probe.num_rows)
-        keys = probe.select(list(step.probe_columns) + ([step.probe_filter] if step.probe_filter else []))
-        wanted = _taken(relation.schema, step.columns) or relation.schema.names
-        if step.positions:
-            wanted = [*wanted, RUN, POS]
         entries = self._found.setdefault(key, [])
-        for held_keys, held_relation, result in entries:
-            # Views read different columns of the rows (narrow_lookups): a result holding them all serves.
-            if held_relation is relation and set(wanted) <= set(result.column_names) and held_keys.equals(keys):
-                self.hits += 1
-                return result if result.column_names == wanted else result.select(wanted)
+        keys = probe.select(list(step.probe_columns) + ([step.probe_filter] if step.probe_filter else []))
+        if entries:  # (names are read once: Table.column_names costs ~1 us a column)
+            wanted = _taken(relation.schema, step.columns) or relation.schema.names
+            if step.positions:
+                wanted = [*wanted, RUN, POS]
+            for held_keys, held_relation, result, names in entries:
+                # Views read different columns of the rows (narrow_lookups): a result holding them all serves.
+                if held_relation is relation and set(wanted) <= set(names) and held_keys.equals(keys):
+                    self.hits += 1
+                    return result if names == wanted else result.select(wanted)
         result = run()
         if self.held + result.nbytes <= self.budget:
-            entries.append((keys, relation, result))
+            entries.append((keys, relation, result, result.schema.names))
             self.held += result.nbytes
         return result
 

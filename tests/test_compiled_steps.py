@@ -126,3 +126,28 @@ def test_intervals_compare_and_group_on_duckdb_where_it_normalizes_them():
         compiled_step.CompiledStep(parse_one(sql, read="duckdb"), {"t": table.schema}, con.sql(sql).to_arrow_table().schema)
     assert check("SELECT a, COUNT(*) AS n FROM t GROUP BY a", {"t": table}) == "fallback"
     assert check("SELECT a, b FROM t", {"t": table}) == "compiled"  # moving intervals is fine
+
+
+def test_a_repeated_subexpression_is_computed_once_per_frame():
+    """expressions.Common: a state merge's select list repeats whole comparisons; each runs once a batch
+    and both columns still equal DuckDB's."""
+    import pyarrow as pa
+
+    from ivm.compiled import expressions
+    from tests.compiled_check import check
+
+    table = pa.table({"a": pa.array([1, None, 3, 4], pa.int64()), "b": pa.array([1, 2, None, 5], pa.int64())})
+    calls = []
+    real = expressions.Common.shared
+
+    def counting(self, text, compile_):
+        calls.append(text)
+        return real(self, text, compile_)
+    expressions.Common.shared = counting
+    try:
+        outcome = check("SELECT (a IS NOT DISTINCT FROM b) AND a > 1 AS x, NOT ((a IS NOT DISTINCT FROM b) AND a > 1) AS y, "
+                        "COALESCE(a, 0) + b AS s, COALESCE(a, 0) + b > 2 AS t FROM d", {"d": table})
+    finally:
+        expressions.Common.shared = real
+    assert outcome == "compiled"
+    assert '(a IS NOT DISTINCT FROM b) AND a > 1' in calls and 'COALESCE(a, 0) + b' in calls

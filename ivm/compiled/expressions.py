@@ -164,9 +164,56 @@ def as_type(e: Expr, target) -> Callable:
     return lambda f: convert(e.fn(f), target)
 
 
-def compile_expr(node: exp.Expression, shape: Shape, subst: dict[str, int] | None = None) -> Expr:
-    """Compile ``node`` over ``shape``; ``subst`` maps an expression's SQL to a column (grouped values)."""
-    return _Compiler(shape, subst or {}).compile(node)
+def compile_expr(node: exp.Expression, shape: Shape, subst: dict[str, int] | None = None,
+                 common: "Common | None" = None) -> Expr:
+    """Compile ``node`` over ``shape``; ``subst`` maps an expression's SQL to a column (grouped values);
+    ``common``: subexpressions shared with the other expressions compiled with it."""
+    return _Compiler(shape, subst or {}, common).compile(node)
+
+
+class Common:
+    """Subexpressions that occur more than once among expressions over one frame, each computed once a frame.
+
+    A state merge's select list compares every old and new aggregate for both
+    ``__emit_old`` and ``__emit_new``, and sums ``COALESCE(o.__count, 0) +
+    p.__count`` twice: per-call costs, not data, dominate these steps. An
+    expression's meaning does not depend on where it occurs (only an integer
+    literal's type does, and literals are never shared), so the first
+    compiled form serves every occurrence; its result is kept on the frame.
+    """
+
+    def __init__(self, nodes: list[exp.Expression]):
+        counts: dict[str, int] = {}
+        for root in nodes:
+            for node in root.walk():
+                if not isinstance(node, _NEVER_SHARED):
+                    text = node.sql(dialect="duckdb")
+                    counts[text] = counts.get(text, 0) + 1
+        self.repeated = {text for text, n in counts.items() if n > 1}
+        self.compiled: dict[str, Expr] = {}
+
+    def shared(self, text: str, compile_: Callable[[], Expr]) -> Expr:
+        found = self.compiled.get(text)
+        if found is None:
+            inner = compile_()
+            if inner.type == INTLIT or inner.literal:
+                return inner
+            fn, token = inner.fn, object()
+
+            def once(f):
+                memo = f.memo
+                if memo is None:
+                    memo = f.memo = {}
+                vec = memo.get(token)
+                if vec is None:
+                    vec = memo[token] = fn(f)
+                return vec
+            found = self.compiled[text] = Expr(inner.type, once, inner.value, inner.literal)
+        return found
+
+
+_NEVER_SHARED = (exp.Column, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Identifier, exp.Star, exp.DataType,
+                 exp.DataTypeParam, exp.Var, exp.Interval)
 
 
 def finish(e: Expr) -> Expr:
@@ -180,15 +227,23 @@ def finish(e: Expr) -> Expr:
 
 
 class _Compiler:
-    def __init__(self, shape: Shape, subst: dict[str, int]):
+    def __init__(self, shape: Shape, subst: dict[str, int], common: Common | None = None):
         self.shape = shape
         self.subst = subst
+        self.common = common
 
     def compile(self, node: exp.Expression) -> Expr:
         if self.subst:
             slot = self.subst.get(node.sql(dialect="duckdb"))
             if slot is not None:
                 return self._slot(slot)
+        if self.common is not None and not isinstance(node, _NEVER_SHARED):
+            text = node.sql(dialect="duckdb")
+            if text in self.common.repeated:
+                return self.common.shared(text, lambda: self._compile(node))
+        return self._compile(node)
+
+    def _compile(self, node: exp.Expression) -> Expr:
         if isinstance(node, exp.Paren):
             return self.compile(node.this)
         if isinstance(node, exp.Column):

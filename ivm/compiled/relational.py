@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
-from ivm.compiled.expressions import Expr, Shape, compile_expr, convert, finish, truth, unify
+from ivm.compiled.expressions import Common, Expr, Shape, compile_expr, convert, finish, truth, unify
 from ivm.compiled.kernels import (
     codes, group_all, group_count, group_extreme, group_sum, groups, joint_codes, matches, order_ranks,
     same_scale,
@@ -65,11 +65,12 @@ SELECT_ARGS = {"kind", "hint", "distinct", "expressions", "from_", "joins", "whe
 class Frame:
     """Rows of a relation while a compiled step runs: one Vec per column of its Shape."""
 
-    __slots__ = ("cols", "n")
+    __slots__ = ("cols", "n", "memo")
 
     def __init__(self, cols: list[Vec], n: int):
         self.cols = cols
         self.n = n
+        self.memo: dict | None = None  # results of shared subexpressions over this frame (expressions.Common)
 
     def take(self, index: np.ndarray) -> "Frame":
         return Frame([c.take(index) for c in self.cols], len(index))
@@ -460,6 +461,7 @@ class _Query:
         """The select list over ``rel``; ``hidden`` expressions (ORDER BY keys) follow as unnamed columns."""
         exprs: list[Expr] = []
         names: list[str] = []
+        common = Common([i for i in items if not isinstance(i, exp.Star)] + list(hidden))
         for item in items:
             star = isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
             if star:
@@ -472,9 +474,9 @@ class _Query:
                         names.append(n)
                 continue
             body = item.this if isinstance(item, exp.Alias) else item
-            exprs.append(finish(compile_expr(body, rel.shape, subst)))
+            exprs.append(finish(compile_expr(body, rel.shape, subst, common)))
             names.append(item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else item.sql("duckdb"))
-        keys = [compile_expr(k, rel.shape, subst) for k in hidden]
+        keys = [compile_expr(k, rel.shape, subst, common) for k in hidden]
         shape = Shape([("", n.lower(), e.type) for n, e in zip(names, exprs)]
                       + [("", f"#order{i}", k.type) for i, k in enumerate(keys)])
         exprs += keys
