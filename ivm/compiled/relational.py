@@ -54,7 +54,7 @@ from ivm.compiled.kernels import (
     same_scale,
 )
 from ivm.compiled.vectors import (
-    TEMPORAL, Fallback, Unsupported, Vec, column_of, constant, decimal, decimal_of, is_decimal, is_int, is_number,
+    TEMPORAL, Fallback, Unsupported, Vec, constant, decimal, decimal_of, is_decimal, is_int, is_number,
     logical, negative_zero,
 )
 
