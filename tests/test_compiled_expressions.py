@@ -41,7 +41,8 @@ NUMBERS = st.deferred(lambda: st.one_of(
 
 BOOLEANS = st.deferred(lambda: st.one_of(
     st.sampled_from(["p", "q", "(s = t)", "(s <> t)", "(s IS NOT DISTINCT FROM t)", "(s < t)", "(s >= t)",
-                     "(s > 'ab')", "(s <= t)", "ISNAN(x)", "ISFINITE(y)",
+                     "(s > 'ab')", "(s <= t)", "(s = 'a')", "('b' <> s)", "(s IN ('a', 'ab', 'straße'))",
+                     "(s NOT IN ('', 'B'))", "(s IN ('a', NULL))", "ISNAN(x)", "ISFINITE(y)",
                      "(x = y)", "(x < y)", "(p = q)", "(p < q)"]),
     st.tuples(NUMBERS, st.sampled_from(["=", "<>", "<", "<=", ">", ">=", "IS DISTINCT FROM",
                                           "IS NOT DISTINCT FROM"]), st.one_of(NUMBERS, LITERALS))

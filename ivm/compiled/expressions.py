@@ -646,6 +646,17 @@ class _Compiler:
             raise Unsupported("IN over a subquery")
         x = self.compile(node.this)
         values = [self.compile(v) for v in node.expressions]
+        if x.type in (pa.string(), pa.large_string()) and all(
+                v.literal and isinstance(v.value, str) for v in values):
+            # One set lookup, not an equality per value (TPC-H's IN lists of eight modes and containers).
+            members = pa.array([v.value for v in values], x.type)
+
+            def run_set(f):
+                column = x.fn(f).arrow()
+                hit = pc.is_in(column, value_set=members)
+                valid = np.asarray(column.is_valid()) if column.null_count else None
+                return Vec.of("BOOLEAN", np.asarray(hit.fill_null(False)), valid)
+            return Expr("BOOLEAN", run_set)
         force = _decimal_comparison_type([x, *values])
         tests = [self._compared(x, v, "eq", force=force) for v in values]
 
@@ -964,6 +975,13 @@ def _all_of(tests: list[Expr], f) -> Vec:
     return Vec.of("BOOLEAN", t, t | fl)
 
 
+def _scalar_side(e: Expr) -> pa.Scalar | None:
+    """A string literal as an Arrow scalar (a kernel broadcasts it; no column of copies is built)."""
+    if e.literal and isinstance(e.value, str) and isinstance(e.type, pa.DataType):
+        return pa.scalar(e.value, e.type)
+    return None
+
+
 def _decimal_comparison_type(exprs: list[Expr]):
     """The decimal type DuckDB compares ``exprs`` in (BETWEEN, IN: folded over all sides); None when no side is
     a decimal or one is a DOUBLE (then each comparison types itself)."""
@@ -1006,8 +1024,10 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
     if a.type == b.type and not isinstance(a.type, str) and op in ("eq", "ne") and not (
             pa.types.is_floating(a.type) or pa.types.is_null(a.type) or pa.types.is_nested(a.type)
             or pa.types.is_interval(a.type)):  # DuckDB: INTERVAL '1' MONTH = INTERVAL '30' DAY
+        right = _scalar_side(b)
+
         def opaque(x, y):
-            same = pc.equal(x.arrow(), y.arrow()).fill_null(False)
+            same = pc.equal(x.arrow(), right if right is not None else y.arrow()).fill_null(False)
             out = np.asarray(same)
             return out if op == "eq" else ~out
         return opaque
@@ -1015,8 +1035,9 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
         # Strings order by their UTF-8 bytes in both DuckDB (its default collation) and Arrow.
         arrow_op = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal, "gt": pc.greater,
                     "ge": pc.greater_equal}[op]
+        right = _scalar_side(b)
 
         def text(x, y):
-            return np.asarray(arrow_op(x.arrow(), y.arrow()).fill_null(False))
+            return np.asarray(arrow_op(x.arrow(), right if right is not None else y.arrow()).fill_null(False))
         return text
     raise Unsupported(f"comparison {op} of {a.type} and {b.type}")
