@@ -139,11 +139,25 @@ def _no_pair(codes: np.ndarray, value: pa.ChunkedArray, value_codes: np.ndarray,
 
 
 def _taken(schema: pa.Schema, columns: frozenset[str] | None) -> list[str] | None:
-    """The relation's columns a lookup copies (``Lookup.columns``, lower case); at least one, so rows count."""
+    """The relation's columns a lookup copies (``Lookup.columns``, lower case); at least one, so rows count
+    (one list shared by every caller: read it, never change it)."""
     if columns is None:
         return None
-    taken = [name for name in schema.names if name.lower() in columns]
-    return None if len(taken) == len(schema.names) else taken or schema.names[:1]
+    # Memoized by schema object (a relation keeps its schema across versions): Schema.names
+    # builds a list per call, and every lookup of every refresh asks.
+    held = _TAKEN.get((id(schema), columns))
+    if held is not None and held[0] is schema:
+        return held[1]
+    names = schema.names
+    taken = [name for name in names if name.lower() in columns]
+    found = None if len(taken) == len(names) else taken or names[:1]
+    if len(_TAKEN) > 4096:
+        _TAKEN.clear()
+    _TAKEN[(id(schema), columns)] = (schema, found)
+    return found
+
+
+_TAKEN: dict[tuple[int, frozenset[str]], tuple[pa.Schema, list[str] | None]] = {}
 
 
 def value_range(values: pa.ChunkedArray, column_type: pa.DataType) -> tuple[pa.Scalar, pa.Scalar] | None:
