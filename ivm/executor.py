@@ -468,7 +468,8 @@ class Executor(StepRunner):
         # reused by a new step (programs are recompiled), which must never find
         # the old step's prepared statement.
         self._steps: dict[int, tuple[Query, StepState]] = {}
-        # Step runs by path: compiled, duckdb, fallback (compiled step, batch on DuckDB), shadowed, mismatch.
+        # Step runs by path: compiled, duckdb, fallback (compiled step, batch on DuckDB), shadowed, mismatch;
+        # on_probation: the shadowed runs of a step's first SHADOW_RUNS outside shadow mode.
         self.counts: Counter = Counter()
 
     def step_status(self, step: Query) -> str | None:
@@ -605,6 +606,8 @@ class Executor(StepRunner):
         if shadow or state.shadowed < SHADOW_RUNS:
             state.shadowed += 1
             self.counts["shadowed"] += 1
+            if not shadow:  # a new step's check, not a setting: this run is no timing of the view's batches
+                self.counts["on_probation"] += 1
             theirs = self._duckdb(step, temps, snapshot, registered, label)
             difference = same_rows(ours, theirs)
             if difference is not None:

@@ -151,3 +151,31 @@ def test_a_repeated_subexpression_is_computed_once_per_frame():
         expressions.Common.shared = real
     assert outcome == "compiled"
     assert '(a IS NOT DISTINCT FROM b) AND a > 1' in calls and 'COALESCE(a, 0) + b' in calls
+
+
+def test_batches_that_check_new_compiled_steps_on_duckdb_are_not_timings(monkeypatch):
+    """Outside shadow mode a step's first SHADOW_RUNS compiled runs also run on DuckDB: such a batch costs
+    both paths, so the cost model must not take it as the incremental path's time (it sent q02 to recompute)."""
+    from ivm.executor import SHADOW_RUNS
+    from ivm.maintenance import WARMUP_RUNS
+
+    monkeypatch.setenv("IVM_SHADOW", "0")
+    db = _db("SELECT cust, SUM(qty) AS q FROM orders GROUP BY cust")  # one program, its steps run every batch
+
+    def estimate():
+        return db.status()["maintenance"]["views"]["v"]["estimate_incremental"]
+
+    rng = np.random.default_rng(3)
+    runs = 0
+    # run 1 compiles each step after its DuckDB run; runs 2..1+SHADOW_RUNS check them on DuckDB too
+    for runs in range(1, 2 + SHADOW_RUNS):
+        ids = np.arange(runs * 100, runs * 100 + 20)
+        db.apply_changes("orders", pa.table({"id": ids, "cust": rng.integers(0, 4, 20), "amount": ids * 1.0,
+                                             "qty": ids}))
+        assert estimate() is None, runs
+        assert db.status()["steps"]["shadowed"] > 0 or runs <= WARMUP_RUNS
+    ids = np.arange(10_000, 10_020)
+    db.apply_changes("orders", pa.table({"id": ids, "cust": ids % 4, "amount": ids * 1.0, "qty": ids}))
+    assert estimate() is not None
+    assert sorted(db.sql("SELECT * FROM v").to_pylist(), key=str) == _recompute(
+        db, "SELECT cust, SUM(qty) AS q FROM orders GROUP BY cust")
