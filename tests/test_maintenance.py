@@ -38,8 +38,10 @@ def forced_stream(data, views, mode: str = "recompute") -> None:
         harness.close()
 
 
+# Two streams per catalogue (hypothesis' simplest, then a random one): the recompute path runs
+# each view's whole query whatever the batch, so a third stream mostly repeated the second.
 @pytest.mark.parametrize("view_set", VIEW_SETS)
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(data=st.data())
 def test_recompute_path_equals_recompute_after_every_batch(view_set, data):
     forced_stream(data, oracle_views(view_set))

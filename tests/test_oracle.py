@@ -22,7 +22,9 @@ from tests.oracle.harness import TABLES, Harness, connect, drawn_batches, play
 def run_stream(data, views, batches: int, initial_rows: int) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     # A third of the streams spill every run of 3 or more rows to mapped files (storage/spill.py).
-    spill_rows = data.draw(st.sampled_from([None, None, 3]), label="spill_rows")
+    # 3 is listed first so hypothesis' first, simplest stream (seed 0, one-row batches) spills: with
+    # few examples per test, every test then has a spilling stream for certain.
+    spill_rows = data.draw(st.sampled_from([3, None, None]), label="spill_rows")
     harness = Harness(oracle_schema(), views, db=connect(spill_rows))
     try:
         play(harness, random.Random(seed), TABLES, batches, initial_rows, drawn_batches(data), f"(seed {seed})")
@@ -38,19 +40,31 @@ def test_the_two_halves_cover_every_view(view_set):
     assert all(len(half) < len(views) for half in halves)
 
 
+# Five streams per test, not the profile's 15: every batch model.generate_batch draws already aims at
+# the hard cases (NULLs, duplicate keys, deletes of a group's MIN/MAX, groups emptied and refilled,
+# 1,000-row batches), so more short streams were near-identical and took ~18 of the suite's minutes.
+# The long streams below and HYPOTHESIS_PROFILE=thorough explore further.
+SHORT_STREAMS = 5
+# The tables' rows before the views are created; 40 first, so the simplest stream starts from
+# real data (with 0 it was six one-row batches into empty tables, spilling nothing).
+INITIAL_ROWS = [40, 5, 0]
+
+
 @pytest.mark.parametrize("half", [0, 1])
+@settings(max_examples=SHORT_STREAMS)
 @given(data=st.data())
 def test_every_view_equals_recompute_after_every_batch(half, data):
     run_stream(data, half_of(oracle_views(), half), batches=6,
-               initial_rows=data.draw(st.sampled_from([0, 5, 40])))
+               initial_rows=data.draw(st.sampled_from(INITIAL_ROWS)))
 
 
 @pytest.mark.parametrize("half", [0, 1])
 @pytest.mark.parametrize("view_set", ["joins", "setops", "subqueries"])
+@settings(max_examples=SHORT_STREAMS)
 @given(data=st.data())
 def test_sql_coverage_views_equal_recompute_after_every_batch(view_set, half, data):
     run_stream(data, half_of(oracle_views(view_set), half), batches=6,
-               initial_rows=data.draw(st.sampled_from([0, 5, 40])))
+               initial_rows=data.draw(st.sampled_from(INITIAL_ROWS)))
 
 
 @pytest.mark.slow

@@ -69,21 +69,26 @@ def run_stream(seed: int, views, batches: int) -> None:
         harness.close()
 
 
-@settings(max_examples=6)
+# Each stream already moves rows between partitions, deletes top rows and empties partitions in
+# every few batches (ordered_stream), so four seeds cover the cases six did.
+@settings(max_examples=4)
 @given(st.integers(0, 2**32 - 1))
 def test_window_views_equal_recompute_after_every_batch(seed):
     run_stream(seed, WINDOW_VIEWS, batches=10)
 
 
-@settings(max_examples=6)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 3, None]))
-def test_top_k_views_equal_recompute_after_every_batch(seed, slack):
+# Every buffer slack is its own test (hypothesis drew one of them per example before, so six
+# examples did not promise all four): a tiny buffer forces refills, None keeps the default.
+@pytest.mark.parametrize("slack", [0, 1, 3, None])
+@settings(max_examples=1)
+@given(st.integers(0, 2**32 - 1))
+def test_top_k_views_equal_recompute_after_every_batch(slack, seed):
     with buffer_slack(slack):
         run_stream(seed, TOPK_VIEWS, batches=12)
 
 
 @pytest.mark.slow
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(st.integers(0, 2**32 - 1))
 def test_long_streams(seed):
     with buffer_slack(2):
