@@ -233,14 +233,14 @@ class _Compiler:
         self.common = common
 
     def compile(self, node: exp.Expression) -> Expr:
+        sharable = self.common is not None and not isinstance(node, _NEVER_SHARED)
+        text = node.sql(dialect="duckdb") if self.subst or sharable else ""
         if self.subst:
-            slot = self.subst.get(node.sql(dialect="duckdb"))
+            slot = self.subst.get(text)
             if slot is not None:
                 return self._slot(slot)
-        if self.common is not None and not isinstance(node, _NEVER_SHARED):
-            text = node.sql(dialect="duckdb")
-            if text in self.common.repeated:
-                return self.common.shared(text, lambda: self._compile(node))
+        if sharable and text in self.common.repeated:
+            return self.common.shared(text, lambda: self._compile(node))
         return self._compile(node)
 
     def _compile(self, node: exp.Expression) -> Expr:
