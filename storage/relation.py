@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from delta_operators.zset import POS, RUN, WEIGHT
 from sql_frontend.errors import InternalError
-from storage.decimal128 import int64_values
+from storage.buffers import fixed_width_values, int64_values, one_array
 from storage.keys import KeyCoder, sorted_unique
 from storage.spill import Spill
 
@@ -102,10 +102,7 @@ def _numpy_values(column: pa.ChunkedArray) -> np.ndarray | None:
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date(t) or pa.types.is_time(t)
             or pa.types.is_timestamp(t) or pa.types.is_duration(t)):
         return None
-    width = t.bit_width // 8
-    kind = "f" if pa.types.is_floating(t) else ("u" if pa.types.is_unsigned_integer(t) else "i")
-    dtype = np.dtype(f"{kind}{width}")
-    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=width * array.offset)
+    return fixed_width_values(array)
 
 
 def _gathered(runs: Sequence["Run"], i: int, field_type: pa.DataType, parts: list[tuple[int, np.ndarray]]) -> pa.Array:
@@ -116,7 +113,7 @@ def _gathered(runs: Sequence["Run"], i: int, field_type: pa.DataType, parts: lis
         gathered = values[0][parts[0][1]] if len(parts) == 1 else \
             np.concatenate([v[rows] for v, (_, rows) in zip(values, parts)])
         return pa.Array.from_buffers(field_type, len(gathered), [None, pa.py_buffer(np.ascontiguousarray(gathered))])
-    pieces = [_one_chunk(runs[r].table.column(i)).take(rows) for r, rows in parts]
+    pieces = [one_array(runs[r].table.column(i)).take(rows) for r, rows in parts]
     return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
 
 
@@ -135,7 +132,7 @@ def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
     t = column.type
     if not (pa.types.is_decimal128(t) and t.scale == 0 and target == pa.int64()) or sys.byteorder != "little":
         return None
-    array = _one_chunk(column)
+    array = one_array(column)
     low, fits = int64_values(array)
     valid = None
     if array.null_count:
@@ -144,10 +141,6 @@ def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
     if not fits.all():
         return None
     return pa.array(low, pa.int64(), mask=None if valid is None else ~valid)
-
-
-def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.decimal128 import int64_values
+from storage.buffers import fixed_width_values, int64_values, one_array
 
 
 class Fallback(Exception):
@@ -150,9 +150,13 @@ class Vec:
         vec._column = (table, i)
         return vec
 
-    def _read(self) -> None:
-        (table, i), self._column = self._column, None
-        self._array = _one_array(table.column(i))
+    def _resolve(self) -> None:
+        """Carry out a pending take or input read, so the column holds its values."""
+        if self._source is not None:
+            self._gather()
+        elif self._column is not None:
+            (table, i), self._column = self._column, None
+            self._array = one_array(table.column(i))
 
     @staticmethod
     def of(type_, data: np.ndarray, valid: np.ndarray | None = None) -> "Vec":
@@ -173,10 +177,7 @@ class Vec:
 
     def np(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(data, valid) with values at NULL positions unspecified; only for our computed types."""
-        if self._source is not None:
-            self._gather()
-        elif self._column is not None:
-            self._read()
+        self._resolve()
         if self._data is None:
             arr = self._array
             valid = np.asarray(arr.is_valid()) if arr.null_count else None
@@ -187,26 +188,20 @@ class Vec:
                     arr = arr.fill_null(False)
                 data = arr.to_numpy(zero_copy_only=False)
             else:  # fixed-width numbers, dates, timestamps: the value buffer as it is (no kernel call)
-                data = _fixed_width(arr)
+                data = fixed_width_values(arr)
                 if self.type != "DOUBLE":
                     data = data.astype(np.int64, copy=False)
             self._data, self._valid = data, valid
         return self._data, self._valid
 
     def valid(self) -> np.ndarray | None:
-        if self._source is not None:
-            self._gather()
-        elif self._column is not None:
-            self._read()
+        self._resolve()
         if self._data is None and self._array is not None:
             return np.asarray(self._array.is_valid()) if self._array.null_count else None
         return self._valid
 
     def arrow(self) -> pa.Array:
-        if self._source is not None:
-            self._gather()
-        elif self._column is not None:
-            self._read()
+        self._resolve()
         if self._array is None:
             data, valid = self._data, self._valid
             mask = None if valid is None else ~valid
@@ -240,8 +235,7 @@ class Vec:
     def _gather(self) -> None:
         source, index, missing = self._source, self._index, self._missing
         self._source = self._index = self._missing = None
-        if source._column is not None:
-            source._read()
+        source._resolve()
         if source._data is None and source.numeric and source.type != "NULL" and (
                 not is_decimal(source.type) or 4 * len(index) >= len(source)):
             # A fancy index costs ~1 us where Arrow's take kernel costs ~15 us a call, and reading
@@ -259,23 +253,6 @@ class Vec:
         else:
             indices = pa.array(index, pa.int64(), mask=missing)
             self._array = source._array.take(indices)
-
-
-def _fixed_width(arr: pa.Array) -> np.ndarray:
-    """The values of a fixed-width numeric, date or timestamp array as a numpy view of its buffer
-    (values at NULL positions are whatever the buffer holds: callers mask them)."""
-    width = arr.type.bit_width // 8
-    dtype = _FIXED_DTYPE.get(arr.type)
-    if dtype is None:
-        kind = "f" if pa.types.is_floating(arr.type) else ("u" if pa.types.is_unsigned_integer(arr.type) else "i")
-        dtype = _FIXED_DTYPE[arr.type] = np.dtype(f"{kind}{width}")
-    buffer = arr.buffers()[1]
-    if buffer is None:  # a zero-length array may have no buffer
-        return np.empty(0, dtype)
-    return np.frombuffer(buffer, dtype=dtype, count=len(arr), offset=width * arr.offset)
-
-
-_FIXED_DTYPE: dict[pa.DataType, np.dtype] = {}
 
 
 def _decimal_to_int64(arr: pa.Array, valid: np.ndarray | None) -> np.ndarray:
@@ -307,12 +284,8 @@ def constant(type_, value, n: int) -> Vec:
 
 def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
     if isinstance(array, pa.ChunkedArray):
-        array = _one_array(array)
+        array = one_array(array)
     return Vec(logical(array.type), array=array)
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: str) -> None:
