@@ -177,6 +177,8 @@ class Vec:
 
     def np(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(data, valid) with values at NULL positions unspecified; only for our computed types."""
+        if self._data is not None:  # the common case, read many times per step: no call at all
+            return self._data, self._valid
         self._resolve()
         if self._data is None:
             arr = self._array
@@ -201,6 +203,8 @@ class Vec:
         return self._valid
 
     def arrow(self) -> pa.Array:
+        if self._array is not None:  # an input column already read, or converted before
+            return self._array
         self._resolve()
         if self._array is None:
             data, valid = self._data, self._valid
