@@ -9,11 +9,14 @@ EXISTS correlated by equalities; the state-merge shape of delta programs
 
 from __future__ import annotations
 
+import datetime
+import decimal
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.compiled_check import LEFT, RIGHT, check, tables
+from tests.compiled_check import LEFT, RIGHT, SMALL_INTS, check, tables
 
 CONDITIONS = st.sampled_from([
     "l.k = r.k", "l.k IS NOT DISTINCT FROM r.k", "l.k = r.k AND l.s = r.s",
@@ -55,3 +58,24 @@ def test_union_all_and_key_types():
     assert check("SELECT l.f, r.f AS rf FROM l JOIN r ON l.f = r.f", data) == "compiled"
     assert check("SELECT k FROM l UNION ALL SELECT k FROM l", data) == "compiled"
     assert check("SELECT l.k, r.f FROM l CROSS JOIN r WHERE l.k = r.k AND r.f > 0", data) == "compiled"
+
+
+# Keys of several integer-held columns are coded per column by their offset from the least value
+# (kernels._offset_codes) when they span at most 2^31, and sorted into dense codes when wider:
+# both kinds mix in one key, with NULLs, int64's extremes, dates and decimals.
+WIDE_KEYS = {"a": (pa.int64(), st.one_of(SMALL_INTS, st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31)]))),
+             "d": (pa.date32(), st.sampled_from([0, 1, 19000, -1]).map(lambda x: datetime.date(1970, 1, 1)
+                                                                        + datetime.timedelta(days=x))),
+             "m": (pa.decimal128(15, 2), st.sampled_from(["0.00", "-0.01", "12.50", "9999999999999.99"]).map(
+                 decimal.Decimal)),
+             "w": (pa.int64(), SMALL_INTS)}
+
+
+@settings(max_examples=40)
+@given(left=tables(WIDE_KEYS), right=tables(WIDE_KEYS), side=st.sampled_from(["", "LEFT "]),
+       null_safe=st.booleans())
+def test_keys_of_several_integer_columns_narrow_and_wide(left, right, side, null_safe):
+    eq = "IS NOT DISTINCT FROM" if null_safe else "="
+    on = " AND ".join(f"l.{c} {eq} r.{c}" for c in ("a", "d", "m"))
+    check(f"SELECT l.a, l.d, l.m, l.w, r.w AS rw FROM l {side}JOIN r ON {on}", {"l": left, "r": right})
+    check("SELECT a, d, m, COUNT(*) AS n, SUM(w) AS s FROM l GROUP BY a, d, m", {"l": left})
