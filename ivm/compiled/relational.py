@@ -162,7 +162,7 @@ class _Query:
         if what == "UNION":
             def run(ctx):
                 a, na, b, nb = sides(ctx)
-                return Frame([_concat(x, y) for x, y in zip(a, b)], na + nb)
+                return Frame([Vec.concat(x, y) for x, y in zip(a, b)], na + nb)
             rel = Rel(shape, run)
             return (_distinct(rel) if distinct else rel), names
         keep_found = what == "INTERSECT"
@@ -785,17 +785,6 @@ def _distinct(rel: Rel) -> Rel:
         _, _, first = groups(codes(frame.cols, frame.n))
         return frame.take(np.sort(first))
     return Rel(rel.shape, run)
-
-
-def _concat(a: Vec, b: Vec) -> Vec:
-    if a.numeric and a.type != "NULL":
-        (x, vx), (y, vy) = a.np(), b.np()
-        valid = None
-        if vx is not None or vy is not None:
-            valid = np.concatenate([np.ones(len(x), bool) if vx is None else vx,
-                                    np.ones(len(y), bool) if vy is None else vy])
-        return Vec.of(a.type, np.concatenate([x, y]), valid)
-    return Vec(a.type, array=pa.concat_arrays([a.arrow(), b.arrow()]))
 
 
 class _Call:

@@ -127,10 +127,13 @@ class Vec:
     gathers only when the column is read, so joins that pass columns along
     (``SELECT *`` over three LEFT JOINs) gather each column once, at the end.
     An input column (``Vec.input``) is read from its table when first used:
-    a step reads a few of its inputs' many columns.
+    a step reads a few of its inputs' many columns. So is a ``concat`` of
+    two columns (UNION ALL): a delta program's "state after the change" is
+    ``SELECT * FROM old UNION ALL SELECT * FROM delta`` and the join after
+    it reads a few of those columns.
     """
 
-    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing", "_column")
+    __slots__ = ("type", "_array", "_data", "_valid", "_source", "_index", "_missing", "_column", "_parts")
 
     def __init__(self, type_, array: pa.Array | None = None, data: np.ndarray | None = None,
                  valid: np.ndarray | None = None):
@@ -142,6 +145,7 @@ class Vec:
         self._index: np.ndarray | None = None
         self._missing: np.ndarray | None = None
         self._column: tuple[pa.Table, int] | None = None  # an input column not read yet
+        self._parts: tuple[Vec, Vec] | None = None  # a concatenation not made yet
 
     @staticmethod
     def input(type_, table: pa.Table, i: int) -> "Vec":
@@ -150,13 +154,32 @@ class Vec:
         vec._column = (table, i)
         return vec
 
+    @staticmethod
+    def concat(a: "Vec", b: "Vec") -> "Vec":
+        """``a``'s rows then ``b``'s (both of ``a``'s type), made when first read."""
+        vec = Vec(a.type)
+        vec._parts = (a, b)
+        return vec
+
     def _resolve(self) -> None:
-        """Carry out a pending take or input read, so the column holds its values."""
+        """Carry out a pending take, input read or concatenation, so the column holds its values."""
         if self._source is not None:
             self._gather()
         elif self._column is not None:
             (table, i), self._column = self._column, None
             self._array = one_array(table.column(i))
+        elif self._parts is not None:
+            (a, b), self._parts = self._parts, None
+            if a.numeric and a.type != "NULL":
+                (x, vx), (y, vy) = a.np(), b.np()
+                if vx is not None or vy is not None:
+                    self._valid = np.concatenate([np.ones(len(x), bool) if vx is None else vx,
+                                                  np.ones(len(y), bool) if vy is None else vy])
+                    if self._valid.all():
+                        self._valid = None
+                self._data = np.concatenate([x, y])
+            else:
+                self._array = pa.concat_arrays([a.arrow(), b.arrow()])
 
     @staticmethod
     def of(type_, data: np.ndarray, valid: np.ndarray | None = None) -> "Vec":
@@ -169,6 +192,8 @@ class Vec:
             return len(self._index)
         if self._column is not None:
             return self._column[0].num_rows
+        if self._parts is not None:
+            return len(self._parts[0]) + len(self._parts[1])
         return len(self._array) if self._array is not None else len(self._data)
 
     @property
