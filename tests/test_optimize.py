@@ -150,3 +150,51 @@ def test_a_lookup_read_whole_keeps_every_column():
     guarded = Program(steps=[_lookup("look"), Query("a", parse_one("SELECT 1 AS k"), (), pinned=True,
                                                     guard=Guard("look", "l_v", "a", ("k",), ("l_g",)))], output="a")
     assert next(s for s in optimize(guarded).steps if isinstance(s, Lookup)).columns == {"l_v", WEIGHT, "l_g"}
+
+
+# --- prune_projections: CTE and subquery columns nothing reads are dropped ------------------
+
+def _state_after(out_sql: str) -> Program:
+    """A product term's shape: the state after the change (old rows looked up, UNION ALL the delta
+    negated) joined with the delta, reading two of the state's four columns."""
+    return Program(steps=[
+        Lookup("look", "orders", ("o_key",), "d", ("k",)),
+        Query("t", parse_one(out_sql), ("d", "look")),
+    ], output="t")
+
+
+NEW_STATE = ('WITH s AS (SELECT look.o_key AS o_key, look.o_date AS o_date, look.o_note AS o_note, '
+             'look.__weight AS __weight FROM look AS look UNION ALL SELECT d.k AS o_key, d.dt AS o_date, '
+             'd.note AS o_note, -d.__weight AS __weight FROM d AS d) ')
+
+
+def test_a_cte_keeps_only_the_columns_its_readers_use_and_the_lookup_under_it_narrows():
+    sql = NEW_STATE + 'SELECT d.k AS k, s.o_date AS o_date, d.__weight * s.__weight AS __weight FROM d AS d JOIN s AS s ON s.o_key = d.k'
+    program = optimize(_state_after(sql))
+    query = next(s for s in program.steps if isinstance(s, Query))
+    cte = query.sql.args["with_"].expressions[0]
+    assert [c.alias_or_name for c in cte.this.this.selects] == ["o_key", "o_date", "__weight"]
+    columns = next(s for s in program.steps if isinstance(s, Lookup)).columns  # names read: a superset
+    assert {"o_key", "o_date", WEIGHT} <= columns and "o_note" not in columns
+    # the same rows as the query before pruning
+    con = duckdb.connect()
+    con.register("d", pa.table({"k": [1, 2, 2], "dt": [10, 20, 30], "note": ["x", None, "z"], WEIGHT: [1, -1, 1]}))
+    con.register("look", pa.table({"o_key": [1, 2, 5], "o_date": [7, 8, 9], "o_note": ["a", "b", "c"],
+                                   WEIGHT: [1, 1, 1]}))
+    assert sorted(con.sql(query.sql.sql("duckdb")).fetchall()) == sorted(con.sql(sql).fetchall())
+
+
+def test_distinct_stars_and_unqualified_columns_keep_every_column():
+    """Dropping a column of a DISTINCT changes its rows; ``*`` and unqualified names are not analysed."""
+    distinct = ('WITH s AS (SELECT DISTINCT look.o_key AS o_key, look.o_date AS o_date, look.o_note AS o_note, '
+                'look.__weight AS __weight FROM look AS look) ')
+    cases = {
+        "distinct": distinct + "SELECT s.o_key AS k, s.__weight AS __weight FROM s AS s",
+        "star": NEW_STATE + "SELECT s.* FROM s AS s",
+        "unqualified": NEW_STATE + "SELECT o_key AS k, __weight FROM s",
+    }
+    for why, sql in cases.items():
+        query = next(s for s in optimize(_state_after(sql)).steps if isinstance(s, Query))
+        cte = query.sql.args["with_"].expressions[0].this
+        first = cte.this if isinstance(cte, exp.Union) else cte
+        assert len(first.selects) == 4, why
