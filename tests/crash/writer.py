@@ -20,6 +20,7 @@ import sys
 
 import ivm
 from storage import checkpoint as checkpoint_module
+from storage import hooks
 from tests.crash.workload import SOURCE, TABLES, SideFiles, ddl, model_of, run_ddl_step
 from tests.oracle.model import generate_batch, ops_to_arrow
 
@@ -40,6 +41,8 @@ def main() -> int:
     args = parser.parse_args()
     side = SideFiles(args.side)
     side.repair()
+    # No stalls before "ready": the harness kills only after it (storage/hooks.py: arm).
+    hooks.arm(False)
     # The workload's relations are small: let checkpoints append their differences (not only
     # overwrite them), so kills land around appended commits and recovery sums them.
     checkpoint_module.APPEND_MIN_ROWS, checkpoint_module.APPEND_SHARE = APPEND_SETTINGS
@@ -58,6 +61,7 @@ def main() -> int:
         run_ddl_step(db, step - 1)
         side.ddl_event("done", step - 1)
     side.mark("ready")
+    hooks.arm(True)
     rng = random.Random(args.seed)
     seq = intents[-1]["seq"] + 1 if intents else 0
     while True:

@@ -1,4 +1,4 @@
-"""Load (acceptance 3): 16 concurrent readers and 2 writers for 60 seconds.
+"""Load (acceptance 3): 16 concurrent readers and 2 writers, 10 s in CI, 60 s on request.
 
 Writers stream CDC batches (inserts, updates and deletes of their own rows)
 through plain Flight DoPut, which acknowledges each batch with its offset;
@@ -9,8 +9,11 @@ writers' logs replayed up to that read's offset: zero errors, every read
 consistent with its offset, and the server's resident memory bounded; once
 in memory and once durable (``--data``: every batch synced before its
 acknowledgement, views folded by the background maintainer).
-``IVM_LOAD_SECONDS`` shortens the run while developing; CI (``./dev test``)
-does not set it, so there the test runs the full 60 s, and it asserts so.
+CI (``./dev test``) runs it for 10 s as a smoke test (issue 25): every
+assertion below holds for any length, and 10 s already give hundreds of
+reads and batches, each read checked against its offset (read-your-writes), and ten memory
+samples. ``IVM_LOAD_SECONDS=60`` runs the full acceptance length; the test
+asserts it ran as long as it was told.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pytest
 
 from tests.flight.server import ServerProcess
 
-SECONDS = float(os.environ.get("IVM_LOAD_SECONDS", "60"))
+SECONDS = float(os.environ.get("IVM_LOAD_SECONDS", "10"))
 READERS, WRITERS = 16, 2
 PRELOAD = 10_000  # rows per writer before the clock starts
 SCHEMA = pa.schema([("id", pa.int64()), ("writer", pa.int64()), ("amount", pa.int64()), ("__op", pa.string())])
