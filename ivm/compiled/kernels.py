@@ -102,19 +102,13 @@ def concat(a: Vec, b: Vec) -> Vec:
     if a.numeric and b.numeric:
         if a.type == "NULL" or b.type == "NULL":
             raise Fallback("a NULL-typed key")
-        (x, vx), (y, vy) = a.np(), b.np()
         if a.type != b.type and not same_scale(a.type, b.type):
             if not (is_number(a.type) and is_number(b.type)):
                 raise Fallback(f"keys of types {a.type} and {b.type}")
-            x, y = x.astype(np.float64), y.astype(np.float64)
-        valid = None
-        if vx is not None or vy is not None:
-            valid = np.concatenate([np.ones(len(x), bool) if vx is None else vx,
-                                    np.ones(len(y), bool) if vy is None else vy])
-        return Vec.of("DOUBLE" if x.dtype == np.float64 else a.type, np.concatenate([x, y]), valid)
-    if a.type != b.type:
+            a, b = (Vec.of("DOUBLE", data.astype(np.float64), valid) for data, valid in (a.np(), b.np()))
+    elif a.type != b.type:
         raise Fallback(f"keys of types {a.type} and {b.type}")
-    return Vec(a.type, array=pa.concat_arrays([a.arrow(), b.arrow()]))
+    return Vec.concat(a, b)
 
 
 def matches(left: np.ndarray, right: np.ndarray, left_skip: np.ndarray | None = None,
