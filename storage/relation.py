@@ -56,6 +56,15 @@ FAN_IN = 1 << LOG2_FAN_IN
 SLICE_RATIO = 256
 # A lookup steps over at most this many equal codes per probe before it searches for the end.
 EQUAL_STEPS = 4
+# A run's index whose codes are integers packed densely (a key of one integer, date or
+# decimal column: its codes are the values, storage/keys.py) also answers probes by offset:
+# the rows of code c are rows[offsets[c - base]:offsets[c - base + 1]], two gathers per probe
+# instead of a binary search (1,000 probes into the 2M codes of a table's key: ~0.5 ms
+# searching, measured). Kept when the codes span at most DENSE_SPAN times the run's rows
+# (4-8 bytes per value of the span), for runs of at least DENSE_MIN_ROWS rows (below that a
+# search is cheap); hashed codes (keys of several columns, strings) never are.
+DENSE_SPAN = 4
+DENSE_MIN_ROWS = 16_384
 # A merged run remembers where its rows came from this many merges back (Run.origin), so
 # the difference of two versions (what a checkpoint appends) leaves out rows a merge only
 # moved. Between two checkpoints a row is merged about once per level it climbs (fold-sized
@@ -81,6 +90,33 @@ class RunIndex:
     # No code appears twice (a key index of a run, barring collisions): a probe finds at most
     # one row, where its binary search lands, so a lookup needs no second search.
     unique: bool = False
+    # (base, offsets) once a probe asked for it, or None when the codes are not dense (see
+    # DENSE_SPAN); built at the first probe, since most runs of a relation are never probed.
+    _dense: list = field(default_factory=list, compare=False, repr=False)
+
+    def dense(self) -> tuple[int, np.ndarray] | None:
+        """(base, offsets): the rows of code c are ``rows[offsets[c - base]:offsets[c - base + 1]]``;
+        ``offsets`` ends with two entries equal to the run's length, so a probe outside the span,
+        clipped to its end, finds nothing. None when the codes are not dense."""
+        if not self._dense:
+            self._dense.append(_dense_offsets(self.codes))
+        return self._dense[0]
+
+
+def _dense_offsets(codes: np.ndarray) -> tuple[int, np.ndarray] | None:
+    n = len(codes)
+    if n < DENSE_MIN_ROWS:
+        return None
+    base = int(codes[0])
+    span = int(codes[-1]) - base + 1
+    if span > DENSE_SPAN * n:
+        return None
+    counts = np.bincount((codes - np.uint64(base)).astype(np.intp), minlength=span)
+    offsets = np.empty(span + 2, dtype=np.int32 if n < 2**31 else np.int64)
+    offsets[0] = 0
+    np.cumsum(counts, out=offsets[1:span + 1])
+    offsets[span + 1] = n
+    return base, offsets
 
 
 def run_index(codes: np.ndarray, rows: np.ndarray) -> RunIndex:
@@ -268,6 +304,16 @@ def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill
 
 def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
     """Live row positions of ``run`` whose code is one of ``probes`` (unique)."""
+    dense = index.dense() if probes.dtype == np.uint64 else None
+    if dense is not None:
+        base, offsets = dense
+        at = np.minimum(probes - np.uint64(base), np.uint64(len(offsets) - 2)).astype(np.intp)  # below base wraps
+        lo = offsets[at].astype(np.int64)
+        counts = offsets[at + 1] - lo
+        if index.unique:
+            rows = index.rows[lo[counts > 0]].astype(np.int64, copy=False)
+            return rows if run.live is None else rows[run.is_live(rows)]
+        return _rows_from(run, index, lo, counts)
     lo = np.searchsorted(index.codes, probes, side="left")
     if index.unique:  # at most one row per probe: where its search landed (a handful of numpy calls)
         if not len(index.codes):
@@ -275,7 +321,11 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
         found = lo[index.codes.take(lo, mode="clip") == probes]
         rows = index.rows[found].astype(np.int64, copy=False)
         return rows if run.live is None else rows[run.is_live(rows)]
-    counts = _equal_from(index.codes, probes, lo)
+    return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))
+
+
+def _rows_from(run: Run, index: RunIndex, lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Live row positions of the index entries [lo, lo + counts) of each probe."""
     total = int(counts.sum())
     if total == 0:
         return np.empty(0, dtype=np.int64)

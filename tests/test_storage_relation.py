@@ -64,10 +64,12 @@ OPS = st.lists(
 
 
 @settings(max_examples=60)
-@given(OPS, st.booleans(), st.sampled_from([None, 1, 3]))
-def test_relation_matches_model(ops, force_probing, spill_rows):
-    """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py)."""
-    with tempfile.TemporaryDirectory() as directory:
+@given(OPS, st.booleans(), st.sampled_from([None, 1, 3]), st.booleans())
+def test_relation_matches_model(ops, force_probing, spill_rows, dense):
+    """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py), and
+    with the key's index answering by dense offsets in runs of every size (``dense``)."""
+    with tempfile.TemporaryDirectory() as directory, \
+            mock.patch.object(relation_module, "DENSE_MIN_ROWS", 0 if dense else 1 << 62):
         spill = None if spill_rows is None else Spill(Path(directory), spill_rows)
         if force_probing:  # below these sizes lookups would return whole relations
             with mock.patch.object(relation_module, "SMALL_RELATION", 0), \
@@ -301,6 +303,48 @@ def test_counting_equal_codes_is_a_second_binary_search():
         lo = np.searchsorted(codes, probes, side="left")
         want = np.searchsorted(codes, probes, side="right") - lo
         assert np.array_equal(relation_module._equal_from(codes, probes, lo), want)
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_dense_offsets_find_what_the_binary_search_finds(coder, unique, monkeypatch):
+    """A run whose integer codes are dense answers by offsets: the same live rows as the binary
+    search for probes inside, between, below and above its codes, with dead rows and NULL keys."""
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 0)
+    monkeypatch.setattr(relation_module, "PROBE_COST", 0)
+    rng = np.random.default_rng(11)
+    n = 40_000
+    keys = np.arange(1000, 1000 + n) if unique else rng.integers(1000, 1000 + n // 3, n)
+    keys = keys * 2 if unique else keys  # unique keys: every other value, so half the probes miss
+    table = pa.table({"k": pa.array(keys, pa.int64()), "g": pa.array(["x"] * n), "v": np.arange(n, dtype=float),
+                      WEIGHT: np.ones(n, dtype=np.int64)}, schema=SCHEMA)
+    probe_values = np.concatenate([rng.integers(0, 1000 + 3 * n, 3000), [0, 999, 1000, keys.max(), keys.max() + 1]])
+    probe = pa.table({"k": pa.array(list(probe_values) + [None], pa.int64())})
+    found = {}
+    for label, min_rows in (("dense", 0), ("search", 1 << 62)):
+        monkeypatch.setattr(relation_module, "DENSE_MIN_ROWS", min_rows)
+        rel = Relation.empty("t", SCHEMA, ("k",)).replace_rows(
+            np.empty(0, np.int32), np.empty(0, np.int64), table, coder)
+        dead = rng.choice(n, n // 5, replace=False) if label == "dense" else dead
+        rel = rel.replace_rows(np.zeros(len(dead), np.int32), dead, None, coder)
+        index = rel.runs[0].indexes[("k",)]
+        assert (index.dense() is not None) == (label == "dense")
+        assert index.unique == unique
+        got = rel.lookup(("k",), coder.codes(probe, ["k"]), positions=True)
+        found[label] = sorted(zip(got.column(POS).to_pylist(), got.column("k").to_pylist()))
+    assert found["dense"] == found["search"]
+    live = np.setdiff1d(np.arange(n), dead)
+    assert len(found["dense"]) == int(np.isin(keys[live], probe_values).sum()) > 0
+
+
+def test_codes_that_are_not_dense_keep_the_binary_search(coder, monkeypatch):
+    monkeypatch.setattr(relation_module, "DENSE_MIN_ROWS", 0)
+    spread = pa.table({"k": pa.array(np.arange(0, 10**9, 10**4), pa.int64())})
+    negative = pa.table({"k": pa.array([-5, -1, 0, 3], pa.int64())})
+    hashed = pa.table({"k": pa.array(np.arange(1000), pa.int64()), "g": pa.array([str(i) for i in range(1000)])})
+    assert relation_module.build_index(spread, ("k",), coder).dense() is None
+    assert relation_module.build_index(negative, ("k",), coder).dense() is None
+    assert relation_module.build_index(hashed, ("g",), coder).dense() is None
+    assert relation_module.build_index(hashed, ("k",), coder).dense() is not None
 
 
 def _mapped_deleted_files(directory) -> int:
