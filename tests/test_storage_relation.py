@@ -319,12 +319,12 @@ def test_dense_offsets_find_what_the_binary_search_finds(coder, unique, monkeypa
                       WEIGHT: np.ones(n, dtype=np.int64)}, schema=SCHEMA)
     probe_values = np.concatenate([rng.integers(0, 1000 + 3 * n, 3000), [0, 999, 1000, keys.max(), keys.max() + 1]])
     probe = pa.table({"k": pa.array(list(probe_values) + [None], pa.int64())})
+    dead = rng.choice(n, n // 5, replace=False)
     found = {}
     for label, min_rows in (("dense", 0), ("search", 1 << 62)):
         monkeypatch.setattr(relation_module, "DENSE_MIN_ROWS", min_rows)
         rel = Relation.empty("t", SCHEMA, ("k",)).replace_rows(
             np.empty(0, np.int32), np.empty(0, np.int64), table, coder)
-        dead = rng.choice(n, n // 5, replace=False) if label == "dense" else dead
         rel = rel.replace_rows(np.zeros(len(dead), np.int32), dead, None, coder)
         index = rel.runs[0].indexes[("k",)]
         assert (index.dense() is not None) == (label == "dense")
