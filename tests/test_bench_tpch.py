@@ -152,3 +152,21 @@ def test_compiled_census_counts_runs_by_view_path_and_reason(monkeypatch):
     assert any(line.startswith("total") for line in report)
     assert any("duckdb: RegexpLike" in line and "[odd]" in line for line in report)
     assert construct("duckdb: Like (a LIKE 'x%')") == "duckdb: Like"
+
+
+@pytest.mark.slow
+def test_sustained_refreshes_fold_a_paced_stream_and_equal_the_recompute(tmp_path):
+    """bench/tpch_sustained.py: a durable database under a paced producer; every view checked at the end."""
+    from bench import tpch_sustained
+
+    result = tpch_sustained.run(0.01, 100, refreshes=6, warmup=1, names=["q1", "q6", "q14"],
+                                data_dir=tmp_path / "data", burst_refreshes=2, rate=2000.0, subscribe="q1")
+    assert result.views == 3 and not result.problems
+    assert result.batches == sum(1 for _ in result.ack_ms) and result.batches >= 6
+    assert result.changed_rows > 0 and result.window_seconds >= result.send_seconds > 0
+    # paced: sending ~6 x 100 rows at 2,000 rows/s takes at least the schedule's time before the last refresh
+    assert result.send_seconds >= 0.8 * (result.changed_rows - 150) / 2000
+    assert result.folds >= 1 and len(result.freshness_ms) == result.batches
+    text = tpch_sustained.report(result)
+    assert "paced at 2,000 changed rows/s" in text and "all equal" in text
+    assert not list((tmp_path / "data" / "sf0.01").glob("sustained-*")), "the durable directory is removed"
