@@ -283,7 +283,7 @@ class AggregateRule:
             exp.select(
                 *[alias(column(n, "d"), n) for n in names],
                 alias(before, "__old"),
-                alias(after, WEIGHT),
+                alias(cast(after, "BIGINT"), WEIGHT),  # stored as BIGINT (a SUM of weights is a HUGEINT)
                 alias(exp.GT(this=after.copy(), expression=lit(0)), KEEP),
                 alias(column(RUN, "o"), RUN),
                 alias(column(POS, "o"), POS),
@@ -362,9 +362,14 @@ class AggregateRule:
 
     def _new_sql(self, partial: str, old: str, extreme: dict, presence_of: dict) -> exp.Select:
         p, o = column, lambda name: column(name, "o")  # noqa: E731
+        # Each new state column in its stored type: a SUM of BIGINTs is a HUGEINT, which the
+        # state holds as BIGINT (an overflow fails here instead of when the rows are stored), so the
+        # compiled step keeps int64 values instead of building 128-bit decimals that storing casts back.
+        stored = {c.name: c.type for c in self.components()}
+        typed = lambda e, name: alias(cast(e, stored[name]), name)  # noqa: E731
         projections: list[exp.Expression] = [alias(p(k, "p"), k) for k in self.keys]
         new_count = exp.Add(this=coalesce0(o(COUNT)), expression=p(COUNT, "p"))
-        projections.append(alias(new_count, COUNT))
+        projections.append(typed(new_count, COUNT))
         for i, c in enumerate(self.node.aggregates):
             if c.func == "count_star":
                 continue
@@ -383,15 +388,15 @@ class AggregateRule:
                 n_delta = coalesce0(column("__dn", source))
             else:
                 n_delta = column(f"__n{i}", source)
-            projections.append(alias(exp.Add(this=coalesce0(o(f"__n{i}")), expression=n_delta), f"__n{i}"))
+            projections.append(typed(exp.Add(this=coalesce0(o(f"__n{i}")), expression=n_delta), f"__n{i}"))
             if c.func in ("sum", "avg"):
                 names = ["s"] + (["nan", "pinf", "ninf"] if self.acc[i].floating else [])
                 for name in names:
                     delta_col = column(f"{prefix}{name}{i}", source)
                     projections.append(
-                        alias(exp.Add(this=coalesce0(o(f"__{name}{i}")), expression=coalesce0(delta_col)), f"__{name}{i}")
+                        typed(exp.Add(this=coalesce0(o(f"__{name}{i}")), expression=coalesce0(delta_col)), f"__{name}{i}")
                     )
-        projections.append(alias(lit(1), WEIGHT))
+        projections.append(alias(cast(lit(1), "BIGINT"), WEIGHT))
         keep = exp.true() if self.is_global else exp.GT(this=new_count.copy(), expression=lit(0))
         projections.append(alias(keep, KEEP))
         projections.extend([alias(column(RUN, "o"), RUN), alias(column(POS, "o"), POS)])
