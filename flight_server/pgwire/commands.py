@@ -19,7 +19,7 @@ reach the Database:
 
 >>> tag("insert into t values (1)", 3), tag("CREATE OR REPLACE MATERIALIZED VIEW v AS SELECT 1", 0)
 ('INSERT 0 3', 'CREATE MATERIALIZED VIEW')
->>> parse_set("SET SESSION TIME ZONE 'UTC'"), parse_set("set search_path to public, x")
+>>> parse_set("SET SESSION TIME ZONE UTC"), parse_set("set search_path to public, x")
 (('timezone', 'UTC'), ('search_path', 'public, x'))
 """
 
