@@ -205,3 +205,14 @@ def _insert_types(insert: exp.Insert, db: ivm.Database) -> dict[int, int]:
             if number is not None and column in kinds:
                 found[number] = kinds[column]
     return found
+
+
+_ARROW = {types.BOOL: pa.bool_(), types.INT2: pa.int64(), types.INT4: pa.int64(), types.INT8: pa.int64(),
+          types.FLOAT4: pa.float64(), types.FLOAT8: pa.float64(), types.NUMERIC: pa.decimal128(38, 10),
+          types.DATE: pa.date32(), types.TIMESTAMP: pa.timestamp("us"), types.TIMESTAMPTZ: pa.timestamp("us", "UTC"),
+          types.BYTEA: pa.binary(), types.TIME: pa.time64("us")}
+
+
+def arrow_type(oid: int) -> pa.DataType:
+    """The Arrow type a parameter of type ``oid`` is bound as (for typing NULLs before values are known)."""
+    return _ARROW.get(oid, pa.string())

@@ -9,6 +9,7 @@ from one cumulative sum, and the bytes are scattered into one buffer with
 fancy indexing: the cost is a few numpy passes over the output bytes.
 
 >>> import pyarrow as pa
+>>> from flight_server.pgwire import messages
 >>> table = pa.table({"a": pa.array([1, None], pa.int32()), "b": ["x", "yz"]})
 >>> data_rows(table, [0, 0]) == (messages.data_row([b"1", b"x"]) + messages.data_row([None, b"yz"]))
 True
@@ -19,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from flight_server.pgwire import messages
 from flight_server.pgwire.types import Cells, encode_column
 
 CHUNK_ROWS = 16384  # rows assembled per buffer: bounds the temporary index arrays

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_server.pgwire.messages import Field
+from sql_frontend.errors import ChangeError, UnsupportedError
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, OID, FLOAT4, FLOAT8, UNKNOWN = 16, 17, 20, 21, 23, 25, 26, 700, 701, 705
 VARCHAR, BPCHAR, NAME, DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, NUMERIC = 1043, 1042, 19, 1082, 1083, 1114, 1184, 1186, 1700
@@ -90,7 +91,7 @@ def formats_for(count: int, codes: list[int]) -> list[int]:
     if len(codes) == 1:
         return codes * count
     if len(codes) != count:
-        raise ValueError(f"{len(codes)} result format codes for {count} columns")
+        raise ChangeError(f"{len(codes)} result format codes for {count} columns")
     return list(codes)
 
 
@@ -300,3 +301,36 @@ def numeric_from_binary(data: bytes) -> decimal.Decimal:
 
 
 _WIDE = decimal.Context(prec=1000)  # numeric has up to 131072 digits before the point; parameters are far smaller
+
+
+def text_values(array: pa.Array) -> list[str | None]:
+    """A column's values as PostgreSQL prints them (for COPY TO), None for NULL."""
+    cells = encode_column(array, 0)
+    data = cells.data.tobytes()
+    return [None if n < 0 else data[s:s + n].decode("utf-8") for s, n in zip(cells.starts.tolist(), cells.lengths.tolist())]
+
+
+_BOOL_WORDS = {"t": True, "true": True, "1": True, "on": True, "yes": True, "y": True,
+               "f": False, "false": False, "0": False, "off": False, "no": False, "n": False}
+
+
+def from_text(values: list[str | None], kind: pa.DataType) -> pa.Array:
+    """A column of type ``kind`` from PostgreSQL text values (COPY FROM); a bad value is a ChangeError."""
+    strings = pa.array(values, pa.string())
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return strings.cast(kind)
+    if pa.types.is_boolean(kind):
+        try:
+            return pa.array([None if v is None else _BOOL_WORDS[v.strip().lower()] for v in values], pa.bool_())
+        except KeyError as e:
+            raise ChangeError(f"invalid input syntax for type boolean: {e.args[0]!r}") from None
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        if any(v is not None and not v.startswith("\\x") for v in values):
+            raise ChangeError("bytea values must be in hex format (\\x...)")
+        return pa.array([None if v is None else bytes.fromhex(v[2:]) for v in values], kind)
+    if kind == pa.month_day_nano_interval() or pa.types.is_nested(kind):
+        raise UnsupportedError(f"COPY FROM into a column of type {kind} is not supported")
+    try:
+        return strings.cast(kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ChangeError(f"invalid input for a column of type {kind}: {e}") from None
