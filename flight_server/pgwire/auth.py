@@ -49,9 +49,9 @@ class AuthFailed(Exception):
 class Scram:
     """Keys derived from the token once; ``exchange`` per connection."""
 
-    def __init__(self, password: str):
+    def __init__(self, password: str, salt: bytes | None = None):
         self.password = password
-        self.salt = secrets.token_bytes(16)
+        self.salt = salt or secrets.token_bytes(16)
         salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), self.salt, ITERATIONS)
         self.stored_key = hashlib.sha256(_hmac(salted, b"Client Key")).digest()
         self.server_key = _hmac(salted, b"Server Key")
@@ -60,15 +60,16 @@ class Scram:
         if not hmac.compare_digest(given.encode("utf-8"), self.password.encode("utf-8")):
             raise AuthFailed()
 
-    def exchange(self) -> "Exchange":
-        return Exchange(self)
+    def exchange(self, server_nonce: str | None = None) -> "Exchange":
+        return Exchange(self, server_nonce or base64.b64encode(secrets.token_bytes(18)).decode())
 
 
 class Exchange:
     """One connection's SCRAM conversation: ``first`` then ``final``."""
 
-    def __init__(self, keys: Scram):
+    def __init__(self, keys: Scram, server_nonce: str):
         self.keys = keys
+        self.server_nonce = server_nonce
         self.nonce = ""
         self.first_bare = ""
         self.server_first = ""
@@ -86,7 +87,7 @@ class Exchange:
             raise AuthFailed("malformed SCRAM client-first-message")
         self.gs2 = f"{header},{authzid},"
         self.first_bare = bare
-        self.nonce = client_nonce + base64.b64encode(secrets.token_bytes(18)).decode()
+        self.nonce = client_nonce + self.server_nonce
         salt = base64.b64encode(self.keys.salt).decode()
         self.server_first = f"r={self.nonce},s={salt},i={ITERATIONS}"
         return self.server_first.encode()

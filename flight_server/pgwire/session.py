@@ -14,8 +14,10 @@ The state machine of PostgreSQL's "Message Flow" section:
   statement commits on its own, so Sync ends the implicit transaction).
   A query's rows are computed once, at Describe or at the first Execute,
   and Execute with a row limit sends them in pieces (PortalSuspended).
-* Transaction status is always ``I``: BEGIN/COMMIT are accepted as no-ops
-  (commands.py).
+* BEGIN/COMMIT/ROLLBACK are accepted but change nothing (commands.py):
+  every statement commits on its own, and ROLLBACK undoes nothing. Between
+  BEGIN and COMMIT the status is ``T`` and portals outlive Sync (drivers'
+  cursors fetch in pieces across Syncs); otherwise it is ``I``.
 
 Statements go through the Database entry points Flight uses (statements.py
 ``run_query``/``run_update``, ``Database.apply_changes`` for COPY), inside a
@@ -106,6 +108,7 @@ class Session:
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.timed_out = False
+        self.in_block = False  # between BEGIN and COMMIT/ROLLBACK: status 'T', portals kept across Sync
 
     # --- I/O --------------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -243,6 +246,11 @@ class Session:
             raise ProtocolViolation(f"expected a password message, got {kind!r}")
         return body
 
+    @property
+    def status(self) -> bytes:
+        """ReadyForQuery's transaction status: 'T' inside BEGIN ... COMMIT (a block of no-ops), else 'I'."""
+        return b"T" if self.in_block else b"I"
+
     def loop(self) -> None:
         skipping = False  # after an error in extended mode: discard until Sync
         handlers: dict[bytes, Callable[[bytes], None]] = {
@@ -258,8 +266,9 @@ class Session:
                 self.on_query(body)
             elif kind == b"S":
                 skipping = False
-                self.portals.clear()
-                self.send(messages.ready_for_query(b"I"))
+                if not self.in_block:
+                    self.portals.clear()
+                self.send(messages.ready_for_query(self.status))
             elif kind in handlers:
                 if skipping:
                     continue
@@ -274,7 +283,7 @@ class Session:
                 continue  # copy messages outside COPY are ignored, as PostgreSQL does
             elif kind == b"F":
                 self.send(messages.error_response("ERROR", UNSUPPORTED, "the function call protocol is not supported"))
-                self.send(messages.ready_for_query(b"I"))
+                self.send(messages.ready_for_query(self.status))
             else:
                 raise ProtocolViolation(f"invalid frontend message type {kind!r}")
 
@@ -296,7 +305,7 @@ class Session:
             raise
         except Exception as e:  # noqa: BLE001
             self.error(e)
-        self.send(messages.ready_for_query(b"I"))
+        self.send(messages.ready_for_query(self.status))
 
     def complete(self, outcome: Outcome) -> None:
         self.send(messages.command_complete(outcome.tag))
@@ -433,6 +442,9 @@ class Session:
     def run_statement(self, sql: str, statement: Prepared, bound: pa.RecordBatch | None) -> Outcome:
         tag = commands.transaction(sql)
         if tag:
+            self.in_block = tag in ("BEGIN", "START TRANSACTION")
+            if not self.in_block:
+                self.portals = {k: v for k, v in self.portals.items() if v.statement is statement}
             return Outcome(tag)
         setting = commands.parse_set(sql)
         if setting is not None:
