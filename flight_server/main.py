@@ -48,7 +48,7 @@ def tls_pair(cert: str | None, key: str | None) -> list[fl.CertKeyPair]:
 
 
 def snippet(uri: str, token: str | None) -> str:
-    auth = f', db_kwargs={{"username": "ivm", "password": "<token>"}}' if token else ""
+    auth = ', db_kwargs={"username": "ivm", "password": "<token>"}' if token else ""
     return (
         "connect with ADBC (pip install adbc-driver-flightsql):\n"
         "    import adbc_driver_flightsql.dbapi as flight_sql\n"
