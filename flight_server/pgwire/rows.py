@@ -25,32 +25,62 @@ from flight_server.pgwire.types import Cells, encode_column
 CHUNK_ROWS = 16384  # rows assembled per buffer: bounds the temporary index arrays
 
 
-def _big_endian(values: np.ndarray, dtype: str) -> np.ndarray:
-    return values.astype(dtype).view(np.uint8).reshape(-1, np.dtype(dtype).itemsize)
+def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
+    """Rows whose every value has one width (binary numbers, dates, timestamps without NULLs): one
+    packed structured array, filled a column at a time. None when some column varies."""
+    widths = []
+    for cells in columns:
+        if not len(cells.lengths):
+            return None
+        width = int(cells.lengths[0])
+        if width < 0 or (cells.lengths != width).any() or len(cells.data) != width * n:
+            return None
+        widths.append(width)
+    layout = [("kind", "u1"), ("length", ">i4"), ("count", ">i2")]
+    for k, width in enumerate(widths):
+        layout += [(f"n{k}", ">i4"), (f"v{k}", f"V{width}")]
+    out = np.empty(n, np.dtype(layout))
+    out["kind"] = ord("D")
+    out["length"] = out.dtype.itemsize - 1
+    out["count"] = len(columns)
+    for k, (cells, width) in enumerate(zip(columns, widths)):
+        out[f"n{k}"] = width
+        out[f"v{k}"] = cells.data.view(f"V{width}")
+    return out.tobytes()
 
 
 def _assemble(columns: list[Cells], n: int) -> bytes:
+    fixed = _fixed_rows(columns, n)
+    if fixed is not None:
+        return fixed
+    # Every row is 1 + 2 * columns segments: its header, then each column's length field and bytes.
+    # All of them are copied by one gather from one source buffer holding the headers, the length
+    # fields and every column's bytes.
     present = [np.maximum(c.lengths, 0).astype(np.int64) for c in columns]
-    # message length (without the type byte): itself, the column count, and per column a length and the bytes
-    lengths = 4 + 2 + 4 * len(columns) + (np.sum(present, axis=0) if columns else np.zeros(n, np.int64))
-    ends = np.cumsum(lengths + 1)
-    starts = ends - lengths - 1
-    out = np.empty(int(ends[-1]) if n else 0, np.uint8)
-    out[starts] = ord("D")
-    four = np.arange(4)
-    out[(starts + 1)[:, None] + four] = _big_endian(lengths, ">i4")
-    out[(starts + 5)[:, None] + np.arange(2)] = np.frombuffer(np.array(len(columns), ">i2").tobytes(), np.uint8)
-    position = starts + 7
+    body = 4 + 2 + 4 * len(columns) + (np.sum(present, axis=0) if columns else np.zeros(n, np.int64))
+    header = np.empty((n, 7), np.uint8)
+    header[:, 0] = ord("D")
+    header[:, 1:5] = body.astype(">i4").view(np.uint8).reshape(n, 4)
+    header[:, 5:7] = np.frombuffer(np.array(len(columns), ">i2").tobytes(), np.uint8)
+    sources = [header.reshape(-1)]
+    starts = [np.arange(n, dtype=np.int64) * 7]
+    lengths = [np.full(n, 7, np.int64)]
+    base = 7 * n
     for cells, size in zip(columns, present):
-        out[position[:, None] + four] = _big_endian(cells.lengths, ">i4")
-        position = position + 4
-        total = int(size.sum())
-        if total:
-            before = np.cumsum(size) - size
-            within = np.arange(total, dtype=np.int64) - np.repeat(before, size)
-            out[np.repeat(position, size) + within] = cells.data[np.repeat(cells.starts, size) + within]
-        position = position + size
-    return out.tobytes()
+        sources.append(cells.lengths.astype(">i4").view(np.uint8))
+        starts.append(base + np.arange(n, dtype=np.int64) * 4)
+        lengths.append(np.full(n, 4, np.int64))
+        base += 4 * n
+        sources.append(cells.data)
+        starts.append(base + cells.starts)
+        lengths.append(size)
+        base += len(cells.data)
+    source = np.concatenate(sources)
+    segment_start = np.stack(starts, axis=1).reshape(-1)  # row-major: row 0's segments, then row 1's
+    segment_length = np.stack(lengths, axis=1).reshape(-1)
+    out_start = np.cumsum(segment_length) - segment_length
+    shift = np.repeat(segment_start - out_start, segment_length)
+    return source[np.arange(len(shift), dtype=np.int64) + shift].tobytes()
 
 
 def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:

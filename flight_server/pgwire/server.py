@@ -38,6 +38,9 @@ NO_LIMIT_BYTES = 1 << 30  # --max-statement-bytes 0: still no message over 1 GiB
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
+        # Replies are small writes (a DataRow, then CommandComplete, then ReadyForQuery): without
+        # TCP_NODELAY, Nagle's algorithm holds the last one for the client's delayed ACK (~40 ms).
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         Session(self.request, self.server.pg).run()
 
 
