@@ -17,12 +17,14 @@ True
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import pyarrow as pa
 
 from flight_server.pgwire.types import Cells, encode_column
 
-CHUNK_ROWS = 16384  # rows assembled per buffer: bounds the temporary index arrays
+CHUNK_ROWS = 8192  # rows per buffer: bounds the temporary arrays; the client parses one while the next is built
 
 
 def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
@@ -83,11 +85,14 @@ def _assemble(columns: list[Cells], n: int) -> bytes:
     return source[np.arange(len(shift), dtype=np.int64) + shift].tobytes()
 
 
-def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:
-    """The DataRow messages of every row of ``table``, columns in ``formats`` (0 text, 1 binary)."""
-    parts = []
+def chunks(table: pa.Table | pa.RecordBatch, formats: list[int]) -> Iterator[bytes]:
+    """The DataRow messages of ``table`` in pieces of CHUNK_ROWS rows (sent while the next is encoded)."""
     for start in range(0, table.num_rows, CHUNK_ROWS):
         chunk = table.slice(start, CHUNK_ROWS)
         columns = [encode_column(chunk.column(i), fmt) for i, fmt in enumerate(formats)]
-        parts.append(_assemble(columns, chunk.num_rows))
-    return b"".join(parts)
+        yield _assemble(columns, chunk.num_rows)
+
+
+def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:
+    """The DataRow messages of every row of ``table``, columns in ``formats`` (0 text, 1 binary)."""
+    return b"".join(chunks(table, formats))

@@ -316,12 +316,12 @@ class Session:
             self.send(messages.parameter_status("ivm_offset", str(outcome.offset)))
 
     def send_rows(self, table: pa.Table, formats: list[int]) -> None:
-        data = rows.data_rows(table, formats)
-        if len(data) < 1 << 16:
-            self.send(data)  # with the messages around it, in one write
-        else:
-            self.flush()
-            self.sock.sendall(data)
+        for data in rows.chunks(table, formats):
+            if len(data) < 1 << 16:
+                self.send(data)  # small results go out with the messages around them, in one write
+            else:
+                self.flush()
+                self.sock.sendall(data)
 
     # --- extended query ---------------------------------------------------------------------------
     def on_parse(self, body: bytes) -> None:
