@@ -27,8 +27,10 @@ import threading
 import pyarrow as pa
 
 import ivm
+from flight_server.pgwire import parameters
 from flight_server.pgwire.auth import Scram
 from flight_server.pgwire.session import Session
+from flight_server.sessions import Lru
 from flight_server.statements import Shapes
 
 log = logging.getLogger("ivm.pgwire")
@@ -55,6 +57,7 @@ class PgServer:
                  tls_cert: str | None = None, tls_key: str | None = None, max_statement_bytes: int | None = 1 << 20):
         self.db = db
         self.shapes = Shapes(db)
+        self._parameter_types: Lru[tuple, list[int]] = Lru(1024)
         self.scram = Scram(auth_token) if auth_token else None
         self.tls: ssl.SSLContext | None = None
         if tls_cert and tls_key:
@@ -107,6 +110,14 @@ class PgServer:
         if session is not None and hmac.compare_digest(secret, struct.pack("!i", session.secret)):
             log.info("cancel request for connection %d", process_id)
             session.cancel()
+
+    def parameter_types(self, sql: str, count: int, given: list[int]) -> list[int]:
+        """ParameterDescription's OIDs for a statement (inferred once per text and catalog version)."""
+        key = (sql, count, tuple(given), self.db.catalog_version)
+        oids = self._parameter_types.get(key)
+        if oids is None:
+            oids = self._parameter_types.put(key, parameters.describe(self.db, sql, count, given))
+        return list(oids)
 
     def table_schema(self, name: str) -> pa.Schema:
         """The columns of a table (for COPY FROM)."""

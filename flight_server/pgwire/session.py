@@ -337,7 +337,7 @@ class Session:
             raise PgError(UNSUPPORTED, message)
         count = self.server.shapes.shape(text)[0] if text and self._goes_to_database(text) else 0
         count = max(count, len(given))
-        oids = parameters.describe(self.db, text, count, given) if count else []
+        oids = self.server.parameter_types(text, count, given) if count else []
         self.statements[name] = Prepared(text, oids, count)
         self.send(messages.parse_complete())
 
