@@ -65,28 +65,6 @@ def _numbered(sql: str) -> tuple[str, int]:
     return "".join(pieces) + sql[last:], max((n for _, _, n in spots), default=0)
 
 
-@functools.lru_cache(maxsize=512)
-def split(sql: str) -> tuple[str, ...]:
-    """The statements of a ';'-separated script, as text (comments between them dropped).
-
-    Tokenized, so a ';' inside a string, a quoted name or a comment does not
-    split. A text of only comments and semicolons has no statements.
-
-    >>> split("SELECT ';'; -- done\\n INSERT INTO t VALUES (1);;")
-    ("SELECT ';'", 'INSERT INTO t VALUES (1)')
-    """
-    statements, first, last = [], None, None
-    for token in _tokens(sql) + [None]:
-        if token is None or token.token_type == TokenType.SEMICOLON:
-            if first is not None:
-                statements.append(sql[first.start:last.end + 1])
-            first = last = None
-        else:
-            first = first or token
-            last = token
-    return tuple(statements)
-
-
 def count(sql: str) -> int:
     """How many parameters a statement takes (tokenized only: some statements sqlglot cannot parse)."""
     return max((n for _, _, n in _placeholders(sql)), default=0)

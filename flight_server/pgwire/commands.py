@@ -25,9 +25,12 @@ reach the Database:
 
 from __future__ import annotations
 
+import functools
 import re
 
 from flight_server.pgwire.errors import PgError, UNSUPPORTED
+from sql_frontend.errors import SqlSyntaxError
+from sql_frontend.statements import statement_texts
 
 SERVER_VERSION = "15.0 (ivm)"
 VERSION_TEXT = "PostgreSQL 15.0 (ivm {version}) on DuckDB {duckdb}, an incremental materialized-view database"
@@ -36,6 +39,16 @@ _TRANSACTION = {"BEGIN": "BEGIN", "START": "START TRANSACTION", "COMMIT": "COMMI
                 "ROLLBACK": "ROLLBACK", "ABORT": "ROLLBACK"}
 _OBJECTS = ("MATERIALIZED VIEW", "TABLE", "VIEW", "SOURCE", "INDEX", "SCHEMA", "SEQUENCE")
 _WORDS = re.compile(r"[A-Za-z_]+")
+
+
+@functools.lru_cache(maxsize=512)
+def split(sql: str) -> tuple[str, ...]:
+    """The ';'-separated statements of a Query message, as written (the parser's own split)."""
+    texts = statement_texts(sql)
+    if texts is None:
+        raise SqlSyntaxError("syntax error: the text does not tokenize (an unterminated string, quoted name "
+                             "or comment?)")
+    return tuple(texts)
 
 
 def words(sql: str, n: int = 6) -> list[str]:

@@ -19,10 +19,8 @@ The state machine of PostgreSQL's "Message Flow" section:
   BEGIN and COMMIT the status is ``T`` and portals outlive Sync (drivers'
   cursors fetch in pieces across Syncs); otherwise it is ``I``.
 
-Statements go through the Database entry points Flight uses (statements.py
-``run_query``/``run_update``, ``Database.apply_changes`` for COPY), inside a
-``Cancellation.scope`` so a CancelRequest or the session's
-``statement_timeout`` can interrupt them. After every statement whose
+What each statement does is dispatch.py's (session commands, COPY, or the
+Database entry points Flight uses, cancellable). After every statement whose
 offset differs from the last one this connection saw, the server sends
 ``ParameterStatus ivm_offset``: the offset of the data that statement read
 (a query's ``ivm.offset``) or wrote.
@@ -36,20 +34,17 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import duckdb
 import pyarrow as pa
 
-from flight_server.params import split
-from flight_server.pgwire import commands, copy, messages, parameters, rows, types
+from flight_server.pgwire import commands, messages, parameters, rows, types
 from flight_server.pgwire.auth import AuthFailed
+from flight_server.pgwire.dispatch import Dispatcher, Outcome, Prepared
 from flight_server.pgwire.errors import (INVALID_PASSWORD, PROGRAM_LIMIT, PROTOCOL_VIOLATION, QUERY_CANCELED,
                                          UNSUPPORTED, PgError, describe)
 from flight_server.pgwire.messages import ProtocolViolation
-from flight_server.statements import run_query, run_update
 from ivm.cancel import Cancellation
 from sql_frontend.errors import StatementCancelledError
 
@@ -57,7 +52,6 @@ if TYPE_CHECKING:
     from flight_server.pgwire.server import PgServer
 
 log = logging.getLogger("ivm.pgwire")
-OFFSET_KEY = b"ivm.offset"
 STARTUP_TIMEOUT = 30.0  # seconds a client may take to start up and authenticate
 MAX_STARTUP_BYTES = 10_000
 
@@ -67,32 +61,15 @@ class Closed(Exception):
 
 
 @dataclass
-class Prepared:
-    sql: str
-    oids: list[int]  # parameter types (given or inferred)
-    count: int  # parameters in the text
-
-
-@dataclass
 class Portal:
     statement: Prepared
     bound: pa.RecordBatch | None
     formats: list[int]
-    result: "Outcome | None" = None
+    result: Outcome | None = None
     sent: int = 0
 
 
-@dataclass
-class Outcome:
-    """What a statement produced: rows (``table``) or none, and its command tag."""
-
-    tag: str
-    table: pa.Table | None = None
-    offset: int | None = None
-    statuses: list[tuple[str, str]] = field(default_factory=list)  # ParameterStatus to send
-
-
-class Session:
+class Session(Dispatcher):
     def __init__(self, sock: socket.socket, server: "PgServer"):
         self.sock = sock
         self.server = server
@@ -291,7 +268,7 @@ class Session:
     def on_query(self, body: bytes) -> None:
         try:
             text = messages.Reader(body).cstring()
-            statements = split(text)
+            statements = commands.split(text)
             if not statements:
                 self.send(messages.empty_query_response())
             for sql in statements:
@@ -328,14 +305,14 @@ class Session:
         name, sql, given = messages.parse_parse(body)
         if name and name in self.statements:
             raise PgError("42P05", f'prepared statement "{name}" already exists')
-        statements = split(sql) if sql.strip() else ()
+        statements = commands.split(sql) if sql.strip() else ()
         if len(statements) > 1:
             raise PgError("42601", "cannot insert multiple commands into a prepared statement")
         text = statements[0] if statements else ""
         message = commands.unsupported(text)
         if message:
             raise PgError(UNSUPPORTED, message)
-        count = self.server.shapes.shape(text)[0] if text and self._goes_to_database(text) else 0
+        count = self.server.shapes.shape(text)[0] if text and self.goes_to_database(text) else 0
         count = max(count, len(given))
         oids = self.server.parameter_types(text, count, given) if count else []
         self.statements[name] = Prepared(text, oids, count)
@@ -413,178 +390,3 @@ class Session:
         which, name = reader.byte(), reader.cstring()
         (self.statements if which == b"S" else self.portals).pop(name, None)
         self.send(messages.close_complete())
-
-    # --- running statements -----------------------------------------------------------------------
-    def _goes_to_database(self, sql: str) -> bool:
-        """False for the statements this session answers itself (commands.py, COPY)."""
-        return not (commands.transaction(sql) or commands.parse_set(sql) or commands.parse_reset(sql)
-                    or self._session_show(sql) or commands.intercepted_function(sql) or copy.parse(sql)
-                    or commands.words(sql, 1) in (["DISCARD"], ["DEALLOCATE"]))
-
-    def _session_show(self, sql: str) -> str | None:
-        name = commands.parse_show(sql)
-        return name if name is not None and (name in commands.PARAMETERS or name in ("ivm_offset", "all")) else None
-
-    def returns_rows(self, sql: str) -> bool:
-        if self._session_show(sql) or commands.intercepted_function(sql):
-            return True
-        return self._goes_to_database(sql) and self.server.shapes.shape(sql)[1]
-
-    def result_schema(self, statement: Prepared) -> pa.Schema | None:
-        """The columns a prepared statement returns, before it runs (None: it returns no rows)."""
-        if not statement.sql or not self.returns_rows(statement.sql):
-            return None
-        if not self._goes_to_database(statement.sql):  # SHOW and version(): answered without side effects
-            return self.run_statement(statement.sql, statement, None).table.schema
-        kinds = tuple(parameters.arrow_type(oid) for oid in statement.oids)
-        schema = self.server.shapes.schema(statement.sql, statement.count, kinds)
-        if schema is None:  # e.g. SHOW TABLES, or a text DuckDB must see with values: run it with NULLs
-            nulls = pa.record_batch([pa.nulls(1, k) for k in kinds], names=[str(i) for i in range(len(kinds))])
-            schema = self._guarded(lambda: run_query(self.db, statement.sql, statement.count, nulls)).schema
-        return schema
-
-    def run_statement(self, sql: str, statement: Prepared, bound: pa.RecordBatch | None) -> Outcome:
-        tag = commands.transaction(sql)
-        if tag:
-            self.in_block = tag in ("BEGIN", "START TRANSACTION")
-            if not self.in_block:
-                self.portals = {k: v for k, v in self.portals.items() if v.statement is statement}
-            return Outcome(tag)
-        setting = commands.parse_set(sql)
-        if setting is not None:
-            if setting[0].startswith("ivm."):
-                self._guarded(lambda: self.db.execute(sql))
-                return Outcome("SET")
-            shown = self.parameters.set(*setting)
-            return Outcome("SET", statuses=[(shown, self.parameters.values[setting[0]])] if shown else [])
-        reset = commands.parse_reset(sql)
-        if reset is not None:
-            names = self.parameters.reset(reset)
-            return Outcome("RESET", statuses=[(n, self.parameters.values[n.lower()]) for n in names])
-        shown = self._session_show(sql)
-        if shown is not None:
-            return Outcome("SHOW", self._show(shown))
-        first = commands.words(sql, 2)
-        if first[:1] in (["DISCARD"], ["DEALLOCATE"]):
-            if first[:1] == ["DEALLOCATE"]:
-                self.statements.clear() if "ALL" in commands.words(sql, 3) else None
-            return Outcome(" ".join(first) if first[0] == "DISCARD" else "DEALLOCATE")
-        message = commands.unsupported(sql)
-        if message:
-            raise PgError(UNSUPPORTED, message)
-        function = commands.intercepted_function(sql)
-        if function == "version":
-            text = commands.VERSION_TEXT.format(version=self.server.version, duckdb=duckdb.__version__)
-            return Outcome("SELECT 1", pa.table({"version": [text]}))
-        if function == "current_database":
-            return Outcome("SELECT 1", pa.table({"current_database": [self.database]}))
-        spec = copy.parse(sql)
-        if spec is not None:
-            return self._guarded(lambda: self.copy_in(spec) if spec.inbound else self.copy_out(spec))
-        count, is_query = self.server.shapes.shape(sql)
-        if count and bound is None:
-            raise PgError("08P01", f"the statement takes {count} parameter(s); send them with the extended "
-                                   "query protocol (Parse/Bind)")
-        if is_query:
-            table = self._guarded(lambda: run_query(self.db, sql, count, bound))
-            head = (first or ["SELECT"])[0]
-            tag = f"{head} {table.num_rows}" if head in ("SHOW", "EXPLAIN") else f"SELECT {table.num_rows}"
-            return Outcome(tag, table, _offset(table))
-        affected = self._guarded(lambda: run_update(self.db, sql, count, bound))
-        return Outcome(commands.tag(sql, affected), offset=self.db.offset)
-
-    def _show(self, name: str) -> pa.Table:
-        if name == "ivm_offset":
-            return pa.table({"ivm_offset": [str(self.offset if self.offset is not None else self.db.offset)]})
-        if name == "all":
-            values = self.parameters.values
-            return pa.table({"name": list(values), "setting": list(values.values())})
-        return pa.table({name: [self.parameters.show(name)]})
-
-    def _guarded(self, run: Callable):
-        """Run a statement's work so that a CancelRequest or the statement timeout can stop it."""
-        timeout = self.parameters.timeout_seconds() if self.parameters else None
-        timer = threading.Timer(timeout, self._time_out) if timeout else None
-        self.timed_out = False
-        with self.cancellation.scope():
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
-            try:
-                return run()
-            finally:
-                if timer is not None:
-                    timer.cancel()
-
-    def _time_out(self) -> None:
-        self.timed_out = True
-        self.cancellation.cancel()
-
-    def cancel(self) -> None:
-        """A CancelRequest for this connection (called on the canceller's thread)."""
-        self.cancellation.cancel()
-
-    # --- COPY -------------------------------------------------------------------------------------
-    def copy_in(self, spec: copy.CopySpec) -> Outcome:
-        schema = self.server.table_schema(spec.table)
-        names = spec.columns or [n for n in schema.names]
-        unknown = [n for n in names if n not in schema.names and n != "__op"]
-        if unknown:
-            raise PgError("42703", f"table {spec.table} has no column {', '.join(unknown)}")
-        self.send(messages.copy_response(b"G", len(names)))
-        self.flush()
-        chunks, failed = [], None
-        while True:
-            kind, body = self.read_message()
-            if kind == b"d":
-                chunks.append(body)
-            elif kind == b"c":
-                break
-            elif kind == b"f":
-                failed = messages.Reader(body).cstring()
-                break
-            elif kind in (b"H", b"S"):
-                continue
-            else:
-                raise ProtocolViolation(f"unexpected message type {kind!r} during COPY from stdin")
-        if failed is not None:
-            raise PgError(QUERY_CANCELED, f"COPY from stdin failed: {failed}")
-        data = copy.rows(b"".join(chunks), spec)
-        for number, row in enumerate(data, start=1):
-            if len(row) != len(names):
-                raise PgError("22P04", f"COPY {spec.table}, line {number}: expected {len(names)} columns, "
-                                       f"got {len(row)}; nothing was applied")
-        columns = [[row[i] for row in data] for i in range(len(names))]
-        arrays = [types.from_text(values, pa.string() if name == "__op" else schema.field(name).type)
-                  for name, values in zip(names, columns)]
-        if "__op" not in names:  # inserts: the columns not listed are NULL (an __op batch says what it means)
-            for f in schema:
-                if f.name not in names:
-                    names, arrays = names + [f.name], arrays + [pa.nulls(len(data), f.type)]
-        offset = self.db.apply_changes(spec.table, pa.table(arrays, names=names))
-        return Outcome(f"COPY {len(data)}", offset=offset)
-
-    def copy_out(self, spec: copy.CopySpec) -> Outcome:
-        if spec.query is not None:
-            query = spec.query
-        else:
-            columns = ", ".join(_quote(c) for c in spec.columns) if spec.columns else "*"
-            query = f"SELECT {columns} FROM {_quote(spec.table)}"
-        table = self.db.sql(query)
-        self.send(messages.copy_response(b"H", table.num_columns))
-        if spec.header:
-            self.send(messages.copy_data(copy.line(table.column_names, spec).encode()))
-        columns = [types.text_values(table.column(i)) for i in range(table.num_columns)]
-        for values in zip(*columns):
-            self.send(messages.copy_data(copy.line(list(values), spec).encode()))
-        self.send(messages.copy_done())
-        return Outcome(f"COPY {table.num_rows}", offset=_offset(table))
-
-
-def _offset(table: pa.Table) -> int | None:
-    value = (table.schema.metadata or {}).get(OFFSET_KEY)
-    return int(value) if value is not None else None
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

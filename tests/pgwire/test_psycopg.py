@@ -177,3 +177,18 @@ def test_empty_query(conn):
     cur = conn.cursor()
     cur.execute("-- nothing")
     assert cur.pgresult.status == psycopg.pq.ExecStatus.EMPTY_QUERY
+
+
+def test_writes_on_either_door_are_visible_on_the_other(server, conn):
+    import adbc_driver_flightsql.dbapi as flight_sql
+
+    conn.execute("CREATE TABLE doors (k BIGINT PRIMARY KEY, door TEXT)")
+    conn.execute("CREATE MATERIALIZED VIEW door_counts AS SELECT door, COUNT(*) AS n FROM doors GROUP BY door")
+    with flight_sql.connect(server.uri, autocommit=True) as flight, flight.cursor() as cur:
+        for k in range(5):
+            conn.execute("INSERT INTO doors VALUES (%s, 'pg')", (2 * k,))
+            cur.execute("SELECT n FROM door_counts WHERE door = 'pg'")  # Flight reads pgwire's write at once
+            assert cur.fetchall() == [(k + 1,)]
+            cur.execute(f"INSERT INTO doors VALUES ({2 * k + 1}, 'flight')")
+            got = conn.execute("SELECT n FROM door_counts WHERE door = %s", ("flight",)).fetchall()
+            assert got == [(k + 1,)]  # and pgwire reads Flight's
