@@ -616,7 +616,9 @@ def _explain(rest: str) -> Explain:
 
 
 def _show(rest: str) -> Show:
-    what = rest.strip().lower()
+    what = " ".join(rest.lower().split())
+    if what == "materialized views":  # Materialize's and PostgreSQL clients' words for SHOW VIEWS
+        what = "views"
     if what in ("tables", "views", "status"):
         return Show(what=what)
     raise UnsupportedError(f"SHOW {rest} is not supported (try SHOW TABLES or SHOW STATUS)")

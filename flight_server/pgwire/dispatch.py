@@ -25,11 +25,12 @@ import duckdb
 import pyarrow as pa
 
 from flight_server.pgwire import commands, copy, messages, parameters, types
-from flight_server.pgwire.errors import QUERY_CANCELED, UNSUPPORTED, PgError
+from flight_server.pgwire.errors import PROGRAM_LIMIT, QUERY_CANCELED, UNSUPPORTED, PgError
 from flight_server.pgwire.messages import ProtocolViolation
 from flight_server.statements import run_query, run_update
 
 OFFSET_KEY = b"ivm.offset"
+COPY_LIMIT_BYTES = 1 << 30
 
 
 @dataclass
@@ -172,10 +173,14 @@ class Dispatcher:
             raise PgError("42703", f"table {spec.table} has no column {', '.join(unknown)}")
         self.send(messages.copy_response(b"G", len(names)))
         self.flush()
-        chunks, failed = [], None
+        chunks, failed, received = [], None, 0
         while True:
             kind, body = self.read_message()
             if kind == b"d":
+                received += len(body)
+                if received > COPY_LIMIT_BYTES:  # held in memory until CopyDone: one batch, applied at once
+                    raise PgError(PROGRAM_LIMIT, f"COPY data over {COPY_LIMIT_BYTES >> 20} MiB: send it in "
+                                                 "several COPY statements; nothing was applied")
                 chunks.append(body)
             elif kind == b"c":
                 break

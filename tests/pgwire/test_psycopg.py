@@ -192,3 +192,12 @@ def test_writes_on_either_door_are_visible_on_the_other(server, conn):
             cur.execute(f"INSERT INTO doors VALUES ({2 * k + 1}, 'flight')")
             got = conn.execute("SELECT n FROM door_counts WHERE door = %s", ("flight",)).fetchall()
             assert got == [(k + 1,)]  # and pgwire reads Flight's
+
+
+def test_show_materialized_views(conn):
+    conn.execute("CREATE TABLE mv_src (k BIGINT PRIMARY KEY)")
+    conn.execute("CREATE MATERIALIZED VIEW mv_count AS SELECT COUNT(*) AS n FROM mv_src")
+    cur = conn.execute("SHOW MATERIALIZED VIEWS")
+    assert cur.statusmessage.startswith("SHOW")
+    names = {row[0]: row[1] for row in cur.fetchall()}
+    assert names.get("mv_count") == "materialized view" and "mv_src" not in names
