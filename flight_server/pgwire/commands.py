@@ -165,7 +165,8 @@ def _milliseconds(value: str) -> str:
 PARAMETERS = {
     "server_version": (SERVER_VERSION, None, True),
     "server_encoding": ("UTF8", None, True),
-    "client_encoding": ("UTF8", _one_of("client_encoding", ("UTF8", "UNICODE"), "UTF8"), True),
+    # SQL_ASCII (what psql asks for under the C locale) means "no conversion": UTF-8 bytes pass as they are
+    "client_encoding": ("UTF8", _one_of("client_encoding", ("UTF8", "UNICODE", "SQL_ASCII"), "UTF8"), True),
     "datestyle": ("ISO, MDY", _datestyle, True),
     "intervalstyle": ("postgres", _one_of("IntervalStyle", ("POSTGRES",), "postgres"), True),
     "integer_datetimes": ("on", None, True),

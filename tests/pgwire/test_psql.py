@@ -47,3 +47,13 @@ def test_files_are_refused(server, sql):
             conn.execute(sql)
         assert caught.value.sqlstate == "42501"
         assert "root:" not in str(caught.value)
+
+
+def test_psql_under_the_c_locale_connects(server):
+    # psql's client_encoding "auto" is SQL_ASCII under LANG=C: no conversion, which is what ivm does.
+    env = {**os.environ, "PGCONNECT_TIMEOUT": "20", "PSQLRC": "/dev/null", "LANG": "C", "LC_ALL": "C",
+           "PGCLIENTENCODING": "SQL_ASCII"}
+    result = subprocess.run(["psql", "-X", "-At", "-h", "127.0.0.1", "-p", str(server.pg_port), "-U", "any", "shop",
+                             "-c", "SHOW client_encoding"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "UTF8"
