@@ -11,6 +11,7 @@ subset a database needs is small: ``messages.py`` is the codec, ``types.py``
 the type OIDs and text/binary encodings, ``rows.py`` whole-result DataRow
 assembly, ``parameters.py`` decoding bound values, ``auth.py`` SCRAM-SHA-256,
 ``errors.py`` SQLSTATEs, ``commands.py`` the statements answered here (SET,
-SHOW, BEGIN, COPY), ``session.py`` one connection's state machine and
-``server.py`` the listener.
+SHOW, BEGIN), ``copy.py`` COPY's statement and formats, ``subscribe.py``
+SUBSCRIBE's rows, ``dispatch.py`` what one statement does, ``session.py``
+one connection's state machine and ``server.py`` the listener.
 """

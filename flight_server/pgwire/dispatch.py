@@ -17,6 +17,8 @@ socket, the parameters and the prepared statements it reads here).
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,13 +26,16 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from flight_server.pgwire import commands, copy, messages, parameters, types
+from flight_server.pgwire import commands, copy, messages, parameters, subscribe, types
 from flight_server.pgwire.errors import PROGRAM_LIMIT, QUERY_CANCELED, UNSUPPORTED, PgError
 from flight_server.pgwire.messages import ProtocolViolation
 from flight_server.statements import run_query, run_update
+from ivm.reads import CANCELLED
+from sql_frontend.errors import StatementCancelledError, UnknownObjectError, UnsupportedError
 
 OFFSET_KEY = b"ivm.offset"
 COPY_LIMIT_BYTES = 1 << 30
+HEARTBEAT_SECONDS = 1.0  # a subscription waits this long for changes before it checks for a cancel
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Outcome:
     table: pa.Table | None = None
     offset: int | None = None
     statuses: list[tuple[str, str]] = field(default_factory=list)  # ParameterStatus to send
+    stream: Callable | None = None  # SUBSCRIBE: called with emit(rows) after ``table`` (its columns) is sent
 
 
 class Dispatcher:
@@ -59,6 +65,7 @@ class Dispatcher:
         """False for the statements this session answers itself (commands.py, COPY)."""
         return not (commands.transaction(sql) or commands.parse_set(sql) or commands.parse_reset(sql)
                     or self._session_show(sql) or commands.intercepted_function(sql) or copy.parse(sql)
+                    or subscribe.parse(sql)
                     or commands.words(sql, 1) in (["DISCARD"], ["DEALLOCATE"]))
 
     def _session_show(self, sql: str) -> str | None:
@@ -66,7 +73,7 @@ class Dispatcher:
         return name if name is not None and (name in commands.PARAMETERS or name in ("ivm_offset", "all")) else None
 
     def returns_rows(self, sql: str) -> bool:
-        if self._session_show(sql) or commands.intercepted_function(sql):
+        if self._session_show(sql) or commands.intercepted_function(sql) or subscribe.parse(sql):
             return True
         return self.goes_to_database(sql) and self.server.shapes.shape(sql)[1]
 
@@ -118,6 +125,11 @@ class Dispatcher:
             return Outcome("SELECT 1", pa.table({"version": [text]}))
         if function == "current_database":
             return Outcome("SELECT 1", pa.table({"current_database": [self.database]}))
+        subscription = subscribe.parse(sql)
+        if subscription is not None:
+            target = self.subscription_schema(subscription)
+            return Outcome("SUBSCRIBE", target.empty_table(),
+                           stream=lambda emit: self.stream(subscription, target, emit))
         spec = copy.parse(sql)
         if spec is not None:
             return self._guarded(lambda: self.copy_in(spec) if spec.inbound else self.copy_out(spec))
@@ -209,6 +221,14 @@ class Dispatcher:
         return Outcome(f"COPY {len(data)}", offset=offset)
 
     def copy_out(self, spec: copy.CopySpec) -> Outcome:
+        subscription = subscribe.parse(spec.query) if spec.query is not None else None
+        if subscription is not None:  # COPY (SUBSCRIBE ...) TO STDOUT: CopyData until cancelled
+            target = self.subscription_schema(subscription)
+            self.send(messages.copy_response(b"H", len(target)))
+            self.flush()
+            self.stream(subscription, target, lambda rows: self._copy_lines(rows, spec, flush=True))
+            self.send(messages.copy_done())
+            return Outcome("COPY 0")
         if spec.query is not None:
             query = spec.query
         else:
@@ -218,11 +238,59 @@ class Dispatcher:
         self.send(messages.copy_response(b"H", table.num_columns))
         if spec.header:
             self.send(messages.copy_data(copy.line(table.column_names, spec).encode()))
+        self._copy_lines(table, spec)
+        self.send(messages.copy_done())
+        return Outcome(f"COPY {table.num_rows}", offset=_offset(table))
+
+
+    def _copy_lines(self, table: pa.Table, spec: copy.CopySpec, flush: bool = False) -> None:
         columns = [types.text_values(table.column(i)) for i in range(table.num_columns)]
         for values in zip(*columns):
             self.send(messages.copy_data(copy.line(list(values), spec).encode()))
-        self.send(messages.copy_done())
-        return Outcome(f"COPY {table.num_rows}", offset=_offset(table))
+        if flush:
+            self.flush()
+
+    # --- SUBSCRIBE ------------------------------------------------------------------------------
+    def subscription_schema(self, subscription: subscribe.Subscription) -> pa.Schema:
+        for info in self.db.objects():
+            if info.name == subscription.view:
+                if info.kind != "view":
+                    raise UnsupportedError(f"{info.name} is a table; SUBSCRIBE takes a materialized view")
+                return subscribe.schema(info.schema, subscription.progress)
+        raise UnknownObjectError(f"materialized view {subscription.view} does not exist")
+
+    def stream(self, subscription: subscribe.Subscription, target: pa.Schema, emit: Callable) -> None:
+        """Send a view's changes through ``emit`` as they commit, until the client cancels or leaves."""
+        with self.cancellation.scope():
+            since = subscription.since
+            if since is None:
+                rows = self.db.sql(f"SELECT * FROM {_quote(subscription.view)}")
+                since = _offset(rows) or 0
+                if subscription.snapshot and rows.num_rows:
+                    emit(subscribe.snapshot_rows(rows, since, target))
+            if subscription.progress:
+                emit(subscribe.progress_row(since, target))
+            while not self.server.stopping:
+                if self.cancellation.cancelled:
+                    raise StatementCancelledError(CANCELLED)
+                if self.client_gone():
+                    raise ConnectionResetError("the client left during SUBSCRIBE")
+                changes = self.db.changes(subscription.view, since, wait=HEARTBEAT_SECONDS)
+                if changes.rows.num_rows:
+                    emit(subscribe.change_rows(changes.rows, target))
+                since = max(since, changes.through)
+                if subscription.progress:
+                    emit(subscribe.progress_row(since, target))
+
+    def client_gone(self) -> bool:
+        """True when the client closed its end (a subscription that sends nothing would not notice)."""
+        if hasattr(self.sock, "cipher"):
+            return False  # TLS: no peeking; a departed client shows when the next rows fail to send
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
 
 def _offset(table: pa.Table) -> int | None:

@@ -73,6 +73,7 @@ class PgServer:
         self._listener.pg = self
         self.host, self.port = self._listener.server_address[:2]
         self._thread: threading.Thread | None = None
+        self.stopping = False
 
     def start(self) -> "PgServer":
         self._thread = threading.Thread(target=self._listener.serve_forever, name="pgwire", daemon=True)
@@ -81,6 +82,7 @@ class PgServer:
 
     def stop(self) -> None:
         """Stop accepting connections and close the open ones."""
+        self.stopping = True  # ends subscriptions
         self._listener.shutdown()
         self._listener.server_close()
         with self._lock:

@@ -277,6 +277,9 @@ class Session(Dispatcher):
                     formats = [0] * outcome.table.num_columns
                     self.send(messages.row_description(types.fields(outcome.table.schema, formats)))
                     self.send_rows(outcome.table, formats)
+                    if outcome.stream is not None:
+                        self.flush()
+                        outcome.stream(lambda table: self.emit(table, formats))
                 self.complete(outcome)
         except (ProtocolViolation, Closed):
             raise
@@ -291,6 +294,11 @@ class Session(Dispatcher):
         if outcome.offset is not None and outcome.offset != self.offset:
             self.offset = outcome.offset
             self.send(messages.parameter_status("ivm_offset", str(outcome.offset)))
+
+    def emit(self, table: pa.Table, formats: list[int]) -> None:
+        """Rows of a result that is still running (SUBSCRIBE): out now, not at the end."""
+        self.send_rows(table, formats)
+        self.flush()
 
     def send_rows(self, table: pa.Table, formats: list[int]) -> None:
         for data in rows.chunks(table, formats):
@@ -376,6 +384,13 @@ class Session(Dispatcher):
                 self.complete(outcome)
             return
         table = outcome.table
+        if outcome.stream is not None:
+            if limit > 0:
+                raise PgError(UNSUPPORTED, "SUBSCRIBE streams without a row limit (Execute with 0 rows)")
+            self.flush()
+            outcome.stream(lambda rows: self.emit(rows, types.formats_for(rows.num_columns, portal.formats)))
+            self.complete(outcome)
+            return
         end = table.num_rows if limit <= 0 else min(table.num_rows, max(portal.sent, 0) + limit)
         formats = types.formats_for(table.num_columns, portal.formats)
         self.send_rows(table.slice(portal.sent, end - portal.sent), formats)
