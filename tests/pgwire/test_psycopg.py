@@ -201,3 +201,15 @@ def test_show_materialized_views(conn):
     assert cur.statusmessage.startswith("SHOW")
     names = {row[0]: row[1] for row in cur.fetchall()}
     assert names.get("mv_count") == "materialized view" and "mv_src" not in names
+
+
+def test_show_create_materialized_view(conn):
+    conn.execute("CREATE TABLE sc_src (k BIGINT PRIMARY KEY, v BIGINT)")
+    conn.execute("CREATE MATERIALIZED VIEW sc_view AS SELECT v, COUNT(*) AS n FROM sc_src GROUP BY v")
+    name, create = conn.execute("SHOW CREATE MATERIALIZED VIEW sc_view").fetchone()
+    assert name == "sc_view" and create.startswith('CREATE MATERIALIZED VIEW "sc_view" AS SELECT')
+    conn.execute("DROP MATERIALIZED VIEW sc_view")
+    conn.execute(create)  # the statement creates the view again
+    assert conn.execute("SELECT count(*) FROM sc_view").fetchone() == (0,)
+    with pytest.raises(psycopg.Error):
+        conn.execute("SHOW CREATE MATERIALIZED VIEW sc_src")
