@@ -27,6 +27,12 @@ reads, not the load generator), measures:
 
 Reports medians and p99 and the ingest rate actually achieved (it is the
 target unless the machine cannot keep up, which the report says).
+
+The PostgreSQL door (``ivm serve --pg-port``) is measured beside Flight SQL
+on the same server before the ingest starts: the same 1-row lookup through
+psycopg 3 (server-side prepared, binary results) and the full read of
+``all_items`` through psycopg (binary, ``fetchall``) next to ADBC and
+pyarrow.flight. ``--doors-only`` measures just that comparison.
 """
 
 from __future__ import annotations
@@ -39,13 +45,16 @@ import os
 import platform
 import queue
 import random
+import socket
 import statistics
+import struct
 import tempfile
 import time
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
@@ -207,6 +216,80 @@ def time_full_reads(client: fl.FlightClient, rows: int, seconds: float) -> list[
     return samples
 
 
+def time_pg_lookups(conn: psycopg.Connection, sql: str, seconds: float) -> list[float]:
+    """The 1-row lookup over pgwire: psycopg, prepared on the server, binary results."""
+    rng = random.Random(2)
+    samples = []
+    cur = conn.cursor(binary=True)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        grp = rng.randrange(GROUPS)
+        started = time.perf_counter()
+        cur.execute(sql, (grp,), prepare=True)
+        rows = cur.fetchall()
+        samples.append(time.perf_counter() - started)
+        assert len(rows) == 1 and rows[0][0] == grp
+    return samples
+
+
+def time_pg_full_reads(conn: psycopg.Connection, rows: int, seconds: float, fetch: bool = True) -> list[float]:
+    """The full read over pgwire; ``fetch=False`` stops when libpq holds every row (no Python objects made)."""
+    samples = []
+    cur = conn.cursor(binary=True)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(samples) < 5:
+        started = time.perf_counter()
+        cur.execute("SELECT * FROM all_items")
+        got = len(cur.fetchall()) if fetch else cur.pgresult.ntuples
+        samples.append(time.perf_counter() - started)
+        assert got == rows
+    return samples
+
+
+def _pg_message(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + struct.pack("!i", len(body) + 4) + body
+
+
+def time_pg_raw_reads(port: int, seconds: float) -> list[float]:
+    """The full read over pgwire as the server delivers it: a raw socket sends Parse/Bind (binary
+    results)/Describe/Execute/Sync and reads bytes until ReadyForQuery, parsing nothing."""
+    ready = b"Z\x00\x00\x00\x05I"
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        body = struct.pack("!i", 196608) + b"user\x00bench\x00\x00"
+        sock.sendall(struct.pack("!i", len(body) + 4) + body)
+        seen = b""
+        while not seen.endswith(ready):
+            seen += sock.recv(65536)
+        query = (_pg_message(b"P", b"\x00SELECT * FROM all_items\x00\x00\x00")
+                 + _pg_message(b"B", b"\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01")
+                 + _pg_message(b"D", b"P\x00") + _pg_message(b"E", b"\x00\x00\x00\x00\x00") + _pg_message(b"S"))
+        samples = []
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline or len(samples) < 5:
+            started = time.perf_counter()
+            sock.sendall(query)
+            tail = b""
+            while tail != ready:
+                tail = (tail + sock.recv(1 << 20))[-6:]
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+def doors(server: ServerProcess, cur, rows: int, seconds: float) -> dict:
+    """Flight SQL and pgwire side by side on the same server, no ingest running."""
+    lookup = "SELECT * FROM by_grp WHERE grp = ?"
+    result = {"flight_lookup": quantiles(time_lookups(cur, lookup, seconds))}
+    with psycopg.connect(f"host=127.0.0.1 port={server.pg_port} user=bench dbname=ivm connect_timeout=20",
+                         autocommit=True) as conn:
+        result["pg_lookup"] = quantiles(time_pg_lookups(conn, lookup.replace("?", "%s"), seconds))
+        with fl.connect(server.uri) as client:
+            result["flight_full_read"] = quantiles(time_full_reads(client, rows, seconds))
+        result["pg_full_read"] = quantiles(time_pg_full_reads(conn, rows, seconds))
+        result["pg_full_receive"] = quantiles(time_pg_full_reads(conn, rows, seconds / 2, fetch=False))
+        result["pg_full_raw"] = quantiles(time_pg_raw_reads(server.pg_port, seconds / 2))
+    return result
+
+
 def visibility(uri: str, writes: int) -> dict:
     """Write a marker row, then read it back at once, ``writes`` times."""
     client = fl.connect(uri)
@@ -227,19 +310,20 @@ def visibility(uri: str, writes: int) -> dict:
 
 
 def run(rows: int, rate: float, batch: int, seconds: float, durable: bool, writers: int = 1,
-        ingest_nice: int = 0) -> dict:
+        ingest_nice: int = 0, doors_only: bool = False) -> dict:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
         server_args = ("--data", f"{directory}/db") if durable else ()
         if ingest_nice:
             server_args += ("--ingest-nice", str(ingest_nice))
-        result = measure(rows, rate, batch, seconds, server_args, writers)
+        result = measure(rows, rate, batch, seconds, server_args, writers, doors_only)
     result["load_average"] = [load_before, os.getloadavg()[0]]  # 1-minute, before and after: the sharing
     return result
 
 
-def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tuple[str, ...], writers: int = 1) -> dict:
-    with ServerProcess(*server_args) as server:
+def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tuple[str, ...], writers: int = 1,
+            doors_only: bool = False) -> dict:
+    with ServerProcess(*server_args, "--pg-port", "0") as server:
         with flight_sql.connect(server.uri, autocommit=True) as conn, conn.cursor() as cur:
             cur.executescript(
                 "CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE);"
@@ -252,6 +336,9 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
                                                 *(a for a in server_args if a.startswith("--ingest") or a.isdigit())])}
             lookup = "SELECT * FROM by_grp WHERE grp = ?"
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
+            result["doors"] = doors(server, cur, rows, min(10.0, seconds / 2))
+            if doors_only:
+                return result
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
             with Ingest(server.uri, rows, rate, batch, seconds * 2.5, writers) as ingest:
                 pids = {"server": server.process.pid, "readers (ADBC client)": os.getpid(),
@@ -274,9 +361,42 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
     return result
 
 
+def doors_report(r: dict) -> list[str]:
+    d = r["doors"]
+
+    def row(name: str, q: dict) -> str:
+        return f"| {name} | {q['n']} | {q['median_ms']:.2f} | {q['p99_ms']:.2f} |"
+
+    lookup_ratio = d["pg_lookup"]["median_ms"] / d["flight_lookup"]["median_ms"]
+    flight_rate = r["rows"] / d["flight_full_read"]["median_ms"] * 1000
+    pg_rate = r["rows"] / d["pg_full_read"]["median_ms"] * 1000
+    return [
+        "## PostgreSQL door beside Flight SQL (same server, no ingest)",
+        "",
+        "| read | samples | median ms | p99 ms |",
+        "| --- | --- | --- | --- |",
+        row("1-row lookup, Flight SQL (ADBC, prepared)", d["flight_lookup"]),
+        row("1-row lookup, pgwire (psycopg, prepared, binary)", d["pg_lookup"]),
+        row(f"{r['rows']:,} rows, Flight (pyarrow.flight read_all)", d["flight_full_read"]),
+        row(f"{r['rows']:,} rows, pgwire (psycopg binary fetchall)", d["pg_full_read"]),
+        row(f"{r['rows']:,} rows, pgwire, received by libpq (no fetchall)", d["pg_full_receive"]),
+        row(f"{r['rows']:,} rows, pgwire, raw socket (the server's delivery)", d["pg_full_raw"]),
+        "",
+        f"Lookup: pgwire/Flight = {lookup_ratio:.2f}x (target: within 2x). Full read: Flight {flight_rate:,.0f} "
+        f"rows/s, pgwire {pg_rate:,.0f} rows/s = {pg_rate / flight_rate:.2f} of Flight (target: at least 0.5); "
+        f"received by libpq without making Python rows: "
+        f"{r['rows'] / d['pg_full_receive']['median_ms'] * 1000 / flight_rate:.2f} of Flight; as the server "
+        f"delivers them (raw socket): {r['rows'] / d['pg_full_raw']['median_ms'] * 1000 / flight_rate:.2f} of Flight.",
+        "",
+    ]
+
+
 def report(r: dict, command: str) -> str:
     def row(name: str, q: dict) -> str:
         return f"| {name} | {q['n']} | {q['median_ms']:.2f} | {q['p99_ms']:.2f} | {q['max_ms']:.2f} |"
+
+    if "lookup" not in r:  # --doors-only
+        return "\n".join(["# Flight SQL and pgwire reads", "", f"Command: `{command}`", ""] + doors_report(r))
 
     shortfall = "" if r["achieved_rate"] >= 0.95 * r["target_rate"] else (
         " — **below the target**: the writer could not keep up on this machine")
@@ -303,6 +423,7 @@ def report(r: dict, command: str) -> str:
         row(f"full read of `all_items` ({r['rows']:,} rows), while ingesting", r["full_read"]),
         row("read right after an acknowledged write", r["visibility"]["read"]),
         "",
+        *doors_report(r),
         f"Lookup vs recompute (median): {r['recompute_lookup']['median_ms'] / r['lookup']['median_ms']:.1f}x faster.",
         "",
         "CPU during the lookups while ingesting (cores used; CPU ms per lookup): "
@@ -332,17 +453,21 @@ def main() -> None:
     parser.add_argument("--durable", action="store_true", help="serve --data in a temporary directory")
     parser.add_argument("--writers", type=int, default=1, help="writer processes, each at rate / writers")
     parser.add_argument("--ingest-nice", type=int, default=0, help="ivm serve --ingest-nice (in memory)")
+    parser.add_argument("--doors-only", action="store_true",
+                        help="measure only Flight SQL beside pgwire (no ingest)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     command = (f"python -m bench.flight --rows {args.rows} --rate {args.rate:.0f} --batch {args.batch} "
                f"--seconds {args.seconds:g}" + (" --durable" if args.durable else "")
                + (f" --writers {args.writers}" if args.writers != 1 else "")
-               + (f" --ingest-nice {args.ingest_nice}" if args.ingest_nice else ""))
-    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable, args.writers, args.ingest_nice)
+               + (f" --ingest-nice {args.ingest_nice}" if args.ingest_nice else "")
+               + (" --doors-only" if args.doors_only else ""))
+    result = run(args.rows, args.rate, args.batch, args.seconds, args.durable, args.writers, args.ingest_nice,
+                 args.doors_only)
     text = report(result, command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "flight_durable" if args.durable else "flight"
+    name = "flight_doors" if args.doors_only else "flight_durable" if args.durable else "flight"
     (out / f"{name}.md").write_text(text)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(text)

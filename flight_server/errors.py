@@ -91,7 +91,7 @@ def flight_error(error: BaseException) -> BaseException:
         return error
     if isinstance(error, RecursionError):
         return InvalidArgument(str(too_complex(error)))
-    message = _bounded(str(error))
+    message = bounded(str(error))
     if isinstance(error, AccessDeniedError):
         return fl.FlightUnauthorizedError(message)  # PERMISSION_DENIED
     if isinstance(error, StatementTimeoutError):
@@ -109,7 +109,7 @@ def flight_error(error: BaseException) -> BaseException:
     return fl.FlightInternalError(f"internal error ({type(error).__name__}: {message}); the server log has details")
 
 
-def _bounded(message: str) -> str:
+def bounded(message: str) -> str:
     if len(message) <= MESSAGE_CHARS:
         return message
     return f"{message[:MESSAGE_CHARS]}… (message cut: {len(message)} characters)"

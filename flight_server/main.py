@@ -2,7 +2,9 @@
 
 Prints one line ``ivm: serving Arrow Flight SQL on grpc://HOST:PORT`` when
 ready (``--port 0`` picks a free port; the line tells which), then a snippet
-showing how to connect. On SIGTERM/SIGINT it stops accepting calls, ends live
+showing how to connect. With ``--pg-port N`` it also serves PostgreSQL
+clients (flight_server/pgwire/) and prints ``ivm: serving PostgreSQL on
+postgresql://HOST:PORT`` just before the Flight line. On SIGTERM/SIGINT it stops accepting calls, ends live
 subscriptions, lets in-flight calls finish and closes the database.
 """
 
@@ -19,6 +21,7 @@ import pyarrow.flight as fl
 
 import ivm
 from flight_server.errors import quiet_tracebacks
+from flight_server.pgwire.server import PgServer
 from flight_server.server import IvmFlightServer
 
 log = logging.getLogger("ivm.flight")
@@ -45,7 +48,7 @@ def tls_pair(cert: str | None, key: str | None) -> list[fl.CertKeyPair]:
 
 
 def snippet(uri: str, token: str | None) -> str:
-    auth = f', db_kwargs={{"username": "ivm", "password": "<token>"}}' if token else ""
+    auth = ', db_kwargs={"username": "ivm", "password": "<token>"}' if token else ""
     return (
         "connect with ADBC (pip install adbc-driver-flightsql):\n"
         "    import adbc_driver_flightsql.dbapi as flight_sql\n"
@@ -55,8 +58,16 @@ def snippet(uri: str, token: str | None) -> str:
     )
 
 
+def pg_snippet(host: str, port: int, token: str | None, tls: bool) -> str:
+    password = "PGPASSWORD=<token> " if token else ""
+    mode = " sslmode=require" if tls else ""
+    return (f"connect with psql:  {password}psql \"host={host} port={port} user=ivm dbname=ivm{mode}\"\n"
+            f"or psycopg:         psycopg.connect(\"postgresql://ivm@{host}:{port}/ivm\"{', password=<token>' if token else ''})")
+
+
 def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_cert: str | None,
-          tls_key: str | None, demo: bool, options: dict | None = None) -> int:
+          tls_key: str | None, demo: bool, options: dict | None = None, pg_host: str = "127.0.0.1",
+          pg_port: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="ivm: %(message)s", stream=sys.stderr)
     quiet_tracebacks()
     tls = tls_pair(tls_cert, tls_key)
@@ -73,6 +84,19 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
         print(f"ivm serve: cannot listen on {host}:{port}: {e}", file=sys.stderr)
         return 1
     uri = f"{scheme}://{host}:{server.port}"
+    pg = None
+    if pg_port is not None:
+        try:
+            pg = PgServer(db, pg_host, pg_port, auth_token=auth_token, tls_cert=tls_cert, tls_key=tls_key,
+                          max_statement_bytes=(options or {}).get("max_statement_bytes", 1 << 20)).start()
+        except OSError as e:
+            server.stop()
+            db.close()
+            print(f"ivm serve: cannot listen on {pg_host}:{pg_port} for PostgreSQL clients: {e}", file=sys.stderr)
+            return 1
+        # Printed before the Flight line, which tells a waiting script that the server is ready.
+        print(f"ivm: serving PostgreSQL on postgresql://{pg.host}:{pg.port}", flush=True)
+        print(pg_snippet(pg.host, pg.port, auth_token, bool(tls)), file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -81,6 +105,8 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
     while not stop.wait(0.5):
         pass
     log.info("shutting down")
+    if pg is not None:
+        pg.stop()
     server.stop()
     db.close()
     log.info("stopped")

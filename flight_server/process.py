@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: the server runs its own code
 READY = "ivm: serving Arrow Flight SQL on "
+PG_READY = "ivm: serving PostgreSQL on "  # printed before READY when --pg-port is given
 
 
 class ServerProcess:
@@ -32,8 +33,10 @@ class ServerProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, args=(self.process.stdout, self._lines), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.process.stderr, None), daemon=True).start()
+        self.pg_uri: str | None = None  # postgresql://HOST:PORT with --pg-port
         self.uri = self._wait_ready(timeout)
         self.port = int(self.uri.rsplit(":", 1)[1])
+        self.pg_port = int(self.pg_uri.rsplit(":", 1)[1]) if self.pg_uri else None
 
     def _pump(self, stream, lines) -> None:
         for line in stream:
@@ -53,6 +56,8 @@ class ServerProcess:
                 continue
             if line is None:
                 break
+            if line.startswith(PG_READY):
+                self.pg_uri = line[len(PG_READY):].strip()
             if line.startswith(READY):
                 return line[len(READY):].strip()
         self.stop()

@@ -45,10 +45,11 @@ import pyarrow.flight as fl
 
 import ivm
 from ivm.cdc import debezium
-from flight_server import metadata, params, protocol
+from flight_server import metadata, protocol
 from flight_server.auth import Handshake, TokenAuth
 from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated
-from flight_server.sessions import Bounded, Lru, Prepared
+from flight_server.sessions import Bounded, Prepared
+from flight_server.statements import Shapes, run_query, run_update
 from flight_server.subscriptions import Subscription, open_stream
 
 OFFSET_KEY = b"ivm.offset"
@@ -82,8 +83,7 @@ class IvmFlightServer(fl.FlightServerBase):
                                                   lambda table: table.nbytes)
         self.statements: Bounded[Prepared] = Bounded("prepared statement", 4096)
         self.stopping = threading.Event()  # ends live subscriptions on shutdown
-        self._shapes: Lru[str, tuple[int, bool]] = Lru(1024)
-        self._schemas: Lru[tuple[str, int], bytes] = Lru(1024)
+        self.shapes = Shapes(db)
 
     def stop(self) -> None:
         """Stop: end subscriptions, finish in-flight calls, then return."""
@@ -259,7 +259,7 @@ class IvmFlightServer(fl.FlightServerBase):
         return list(ACTIONS.items())
 
     def _prepare(self, sql: str) -> bytes:
-        count, is_query = self._shape(sql)
+        count, is_query = self.shapes.shape(sql)
         statement = Prepared(sql, count, is_query)
         fields: dict[str, Any] = {"is_update": not is_query}
         if statement.is_query and count == 0:
@@ -269,32 +269,14 @@ class IvmFlightServer(fl.FlightServerBase):
             statement.cached = (version, self.results.add(result))
             fields["dataset_schema"] = result.schema.serialize().to_pybytes()
         elif statement.is_query:
-            fields["dataset_schema"] = self._parameterized_schema(sql, count)
+            schema = self.shapes.schema(sql, count)
+            if schema is not None:
+                fields["dataset_schema"] = schema.serialize().to_pybytes()
         if count:
             schema = pa.schema([pa.field(str(i), pa.null()) for i in range(count)])
             fields["parameter_schema"] = schema.serialize().to_pybytes()
         handle = self.statements.add(statement)
         return protocol.pack("ActionCreatePreparedStatementResult", prepared_statement_handle=handle, **fields)
-
-    def _shape(self, sql: str) -> tuple[int, bool]:
-        """(parameters, is a query) of a SQL text: parsed once per distinct text."""
-        shape = self._shapes.get(sql)
-        if shape is None:
-            shape = self._shapes.put(sql, (params.count(sql), self.db.is_query(sql)))
-        return shape
-
-    def _parameterized_schema(self, sql: str, count: int) -> bytes | None:
-        """The result schema of a query with parameters (typed as if NULL), cached per catalog version."""
-        key = (sql, self.db.catalog_version)
-        schema = self._schemas.get(key)
-        if schema is None:
-            nulls = pa.record_batch([pa.nulls(1)] * count, names=[str(i) for i in range(count)])
-            try:
-                schema = self.db.result_schema(params.bind(sql, nulls, 0)).serialize().to_pybytes()
-            except ivm.IvmError:
-                schema = b""  # known when it runs; errors are reported then
-            self._schemas.put(key, schema)
-        return schema or None
 
     def _bind(self, statement: Prepared, values: pa.Table) -> None:
         if values.num_columns != statement.parameters:
@@ -319,26 +301,10 @@ class IvmFlightServer(fl.FlightServerBase):
             self.db.offset
             if result is not None and version == self.db.version:
                 return result
-        if statement.parameters == 0:
-            return self.db.sql(statement.sql)
-        if bound is None:
-            raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s); none were bound")
-        if bound.num_rows != 1:
-            raise InvalidArgument(f"a query takes one row of parameters, not {bound.num_rows}")
-        values = [column[0] for column in bound.columns]  # $n is the n-th bound column
-        # The text is rendered only if DuckDB runs it (a point read is answered from the values).
-        return self.db.bound_query(params.numbered(statement.sql), lambda: params.bind(statement.sql, bound, 0), values)
+        return run_query(self.db, statement.sql, statement.parameters, bound)
 
     def _update_prepared(self, statement: Prepared, values: pa.Table) -> int:
-        if statement.parameters == 0:
-            return self.db.execute(statement.sql)
-        if values.num_columns != statement.parameters:
-            raise InvalidArgument(f"the statement takes {statement.parameters} parameter(s), "
-                                  f"{values.num_columns} were bound")
-        # One INSERT for all rows when possible (atomic); otherwise each row
-        # runs as its own statement, in order.
-        texts = params.bind_rows(statement.sql, values.combine_chunks().to_batches()[0]) if values.num_rows else []
-        return sum(self.db.execute(text) for text in texts)
+        return run_update(self.db, statement.sql, statement.parameters, values)
 
 
 def unpack(data: bytes) -> tuple[str, dict]:

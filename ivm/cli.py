@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     sql.add_argument("statements", help="one or more ';'-separated statements")
     compact = commands.add_parser("compact", help="checkpoint, compact the retained log, vacuum stored files")
     compact.add_argument("--data", required=True, help="the database directory")
-    serve = commands.add_parser("serve", help="run the Arrow Flight SQL server")
+    serve = commands.add_parser("serve", help="run the Arrow Flight SQL server (and, with --pg-port, the PostgreSQL one)")
     serve.add_argument("--data", metavar="DIR", default=None,
                        help="durable storage directory (default: in memory, nothing on disk)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
                             "default $IVM_AUTH_TOKEN, else no authentication")
     serve.add_argument("--tls-cert", metavar="PEM", default=None, help="serve TLS with this certificate")
     serve.add_argument("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
+    serve.add_argument("--pg-port", type=int, default=None, metavar="N",
+                       help="also serve PostgreSQL clients (psql, psycopg, asyncpg) on this port "
+                            "(0 picks a free one; default: off)")
+    serve.add_argument("--pg-host", default="127.0.0.1", help="address for --pg-port (default 127.0.0.1)")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
     serve.add_argument("--ingest-nice", type=_niceness, default=0, metavar="N",
                        help="in memory: apply change batches on a thread at OS niceness N (0-19), so lookups "
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ingest_nice": args.ingest_nice, "max_statement_bytes": args.max_statement_bytes,
                    "statement_timeout": args.statement_timeout or None}
         return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo,
-                          options)
+                          options, pg_host=args.pg_host, pg_port=args.pg_port)
     if args.command == "demo":
         from ivm.demo import run
 

@@ -380,6 +380,8 @@ class Database:
         if isinstance(statement, Show):
             if statement.what == "status":
                 return 0, status_table(engine_status(engine))
+            if statement.what == "create":
+                return 0, self._show_create(statement.extra["name"])
             return 0, self._show(statement)
         if isinstance(statement, Maintenance):
             if statement.what == "checkpoint":
@@ -547,6 +549,13 @@ class Database:
         text = describe_engine(setting, engine.settings.spark_rows)
         used = engine.engine_used.get(view.name) if stmt.view is not None else None
         return f"{text}; last step ran on {used}" if used else text
+
+    def _show_create(self, name: str) -> pa.Table:
+        """SHOW CREATE MATERIALIZED VIEW: the view's name and a statement that creates it (its SELECT as stored)."""
+        definition = self._engine.catalog.get(name)
+        if definition.kind != "view":
+            raise CatalogError(f"{name} is a table, not a materialized view")
+        return pa.table({"name": [name], "create_sql": [f"CREATE MATERIALIZED VIEW {quote(name)} AS {definition.sql}"]})
 
     def _show(self, stmt: Show) -> pa.Table:
         engine = self._engine

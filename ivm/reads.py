@@ -32,12 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from sql_frontend.errors import (AccessDeniedError, BindError, ExecutionError, IvmError, StatementTimeoutError,
-                                   UnknownObjectError)
+from sql_frontend.errors import (AccessDeniedError, BindError, ExecutionError, IvmError, StatementCancelledError,
+                                 StatementTimeoutError, UnknownObjectError)
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
-from ivm import duck, point_reads
+from ivm import cancel, duck, point_reads
 from ivm.executor import duckdb_message
 from delta_operators.program import scan_name
 from ivm.binder import quote
@@ -100,6 +100,9 @@ def failed_view_error(name: str, failed: str) -> ExecutionError:
         f"materialized view {name} failed while being maintained and is not readable: {failed} "
         "(its tables kept every change; DROP the view and create it again)"
     )
+
+
+CANCELLED = "canceling statement due to user request"  # PostgreSQL's words: clients show them
 
 
 @dataclass
@@ -291,10 +294,15 @@ class Reader:
             timer.daemon = True
             timer.start()
         try:
-            return duck.arrow(cursor, sql)
+            with cancel.running(cursor) as cancelled:
+                if cancelled:
+                    raise StatementCancelledError(CANCELLED)
+                return duck.arrow(cursor, sql)
         except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
             raise AccessDeniedError(duckdb_message(e)) from None
         except duckdb.InterruptException:
+            if cancel.requested():  # a client's cancel request (ivm/cancel.py), not the timer
+                raise StatementCancelledError(CANCELLED) from None
             raise StatementTimeoutError(f"statement cancelled after the statement timeout of {timeout:g} s "
                                         "(statement_timeout, ivm serve --statement-timeout); nothing changed") from None
         except duckdb.CatalogException as e:

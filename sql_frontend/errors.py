@@ -66,5 +66,9 @@ class StatementTimeoutError(IvmError, TimeoutError):
     """A statement ran past the statement timeout and was cancelled; nothing changed."""
 
 
+class StatementCancelledError(StatementTimeoutError):
+    """A client asked to cancel its running statement (ivm/cancel.py); nothing changed."""
+
+
 class InternalError(IvmError, RuntimeError):
     """An invariant of the engine was violated; this is a bug in ivm."""

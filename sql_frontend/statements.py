@@ -119,7 +119,7 @@ class SetOption:
 
 @dataclass
 class Show:
-    what: str  # "tables" | "status"
+    what: str  # "tables" | "views" | "status" | "create" (extra["name"]: SHOW CREATE MATERIALIZED VIEW)
     extra: dict = field(default_factory=dict)
 
 
@@ -616,7 +616,14 @@ def _explain(rest: str) -> Explain:
 
 
 def _show(rest: str) -> Show:
-    what = rest.strip().lower()
+    what = " ".join(rest.lower().split())
+    if what == "materialized views":  # Materialize's and PostgreSQL clients' words for SHOW VIEWS
+        what = "views"
+    create = re.fullmatch(r"create\s+materialized\s+view\s+(\"(?:[^\"]|\"\")+\"|[\w$]+)", rest.strip(), re.IGNORECASE)
+    if create:  # SHOW CREATE MATERIALIZED VIEW v: the statement that made it
+        name = create.group(1)
+        name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
+        return Show(what="create", extra={"name": name})
     if what in ("tables", "views", "status"):
         return Show(what=what)
     raise UnsupportedError(f"SHOW {rest} is not supported (try SHOW TABLES or SHOW STATUS)")

@@ -1,0 +1,98 @@
+"""DataRow messages for a whole result at once, assembled with numpy.
+
+A DataRow is ``'D' Int32(length) Int16(columns)`` then, per column,
+``Int32(value length, -1 for NULL)`` and the value's bytes. Encoding row by
+row in Python costs microseconds per value; a 100k-row result would take
+most of a second. Instead every column is encoded once (types.py gives its
+bytes, per-row starts and lengths), the message offsets of every row come
+from one cumulative sum, and the bytes are scattered into one buffer with
+fancy indexing: the cost is a few numpy passes over the output bytes.
+
+>>> import pyarrow as pa
+>>> from flight_server.pgwire import messages
+>>> table = pa.table({"a": pa.array([1, None], pa.int32()), "b": ["x", "yz"]})
+>>> data_rows(table, [0, 0]) == (messages.data_row([b"1", b"x"]) + messages.data_row([None, b"yz"]))
+True
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from flight_server.pgwire.types import Cells, encode_column
+
+CHUNK_ROWS = 8192  # rows per buffer: bounds the temporary arrays; the client parses one while the next is built
+
+
+def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
+    """Rows whose every value has one width (binary numbers, dates, timestamps without NULLs): one
+    packed structured array, filled a column at a time. None when some column varies."""
+    widths = []
+    for cells in columns:
+        if not len(cells.lengths):
+            return None
+        width = int(cells.lengths[0])
+        if width < 0 or (cells.lengths != width).any() or len(cells.data) != width * n:
+            return None
+        widths.append(width)
+    layout = [("kind", "u1"), ("length", ">i4"), ("count", ">i2")]
+    for k, width in enumerate(widths):
+        layout += [(f"n{k}", ">i4"), (f"v{k}", f"V{width}")]
+    out = np.empty(n, np.dtype(layout))
+    out["kind"] = ord("D")
+    out["length"] = out.dtype.itemsize - 1
+    out["count"] = len(columns)
+    for k, (cells, width) in enumerate(zip(columns, widths)):
+        out[f"n{k}"] = width
+        out[f"v{k}"] = cells.data.view(f"V{width}")
+    return out.tobytes()
+
+
+def _assemble(columns: list[Cells], n: int) -> bytes:
+    fixed = _fixed_rows(columns, n)
+    if fixed is not None:
+        return fixed
+    # Every row is 1 + 2 * columns segments: its header, then each column's length field and bytes.
+    # All of them are copied by one gather from one source buffer holding the headers, the length
+    # fields and every column's bytes.
+    present = [np.maximum(c.lengths, 0).astype(np.int64) for c in columns]
+    body = 4 + 2 + 4 * len(columns) + (np.sum(present, axis=0) if columns else np.zeros(n, np.int64))
+    header = np.empty((n, 7), np.uint8)
+    header[:, 0] = ord("D")
+    header[:, 1:5] = body.astype(">i4").view(np.uint8).reshape(n, 4)
+    header[:, 5:7] = np.frombuffer(np.array(len(columns), ">i2").tobytes(), np.uint8)
+    sources = [header.reshape(-1)]
+    starts = [np.arange(n, dtype=np.int64) * 7]
+    lengths = [np.full(n, 7, np.int64)]
+    base = 7 * n
+    for cells, size in zip(columns, present):
+        sources.append(cells.lengths.astype(">i4").view(np.uint8))
+        starts.append(base + np.arange(n, dtype=np.int64) * 4)
+        lengths.append(np.full(n, 4, np.int64))
+        base += 4 * n
+        sources.append(cells.data)
+        starts.append(base + cells.starts)
+        lengths.append(size)
+        base += len(cells.data)
+    source = np.concatenate(sources)
+    segment_start = np.stack(starts, axis=1).reshape(-1)  # row-major: row 0's segments, then row 1's
+    segment_length = np.stack(lengths, axis=1).reshape(-1)
+    out_start = np.cumsum(segment_length) - segment_length
+    shift = np.repeat(segment_start - out_start, segment_length)
+    return source[np.arange(len(shift), dtype=np.int64) + shift].tobytes()
+
+
+def chunks(table: pa.Table | pa.RecordBatch, formats: list[int]) -> Iterator[bytes]:
+    """The DataRow messages of ``table`` in pieces of CHUNK_ROWS rows (sent while the next is encoded)."""
+    for start in range(0, table.num_rows, CHUNK_ROWS):
+        chunk = table.slice(start, CHUNK_ROWS)
+        columns = [encode_column(chunk.column(i), fmt) for i, fmt in enumerate(formats)]
+        yield _assemble(columns, chunk.num_rows)
+
+
+def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:
+    """The DataRow messages of every row of ``table``, columns in ``formats`` (0 text, 1 binary)."""
+    return b"".join(chunks(table, formats))

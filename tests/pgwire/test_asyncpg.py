@@ -1,0 +1,78 @@
+"""asyncpg (binary protocol throughout, its own codecs chosen from ParameterDescription/RowDescription)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+
+import asyncpg
+import pytest
+
+TIMEOUT = 20
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, TIMEOUT))
+
+
+async def _connect(server):
+    return await asyncpg.connect(host="127.0.0.1", port=server.pg_port, user="ivm", database="ivm",
+                                 timeout=TIMEOUT, statement_cache_size=100)
+
+
+def test_fetch_with_parameters_and_binary_codecs(server):
+    async def go():
+        conn = await _connect(server)
+        try:
+            await conn.execute("CREATE TABLE a (id BIGINT PRIMARY KEY, name TEXT, price DECIMAL(10, 2), "
+                               "day DATE, at TIMESTAMP, ok BOOLEAN, score DOUBLE, n INTEGER)")
+            await conn.executemany("INSERT INTO a VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", [
+                (1, "x", decimal.Decimal("1.25"), datetime.date(2024, 1, 2), datetime.datetime(2024, 1, 2, 3, 4, 5),
+                 True, 0.5, 7),
+                (2, None, None, None, None, None, None, None)])
+            rows = await conn.fetch("SELECT * FROM a WHERE id >= $1 ORDER BY id", 1)
+            assert [tuple(r) for r in rows] == [
+                (1, "x", decimal.Decimal("1.25"), datetime.date(2024, 1, 2), datetime.datetime(2024, 1, 2, 3, 4, 5),
+                 True, 0.5, 7),
+                (2, None, None, None, None, None, None, None)]
+            assert await conn.fetchval("SELECT name FROM a WHERE id = $1 AND price = $2", 1,
+                                       decimal.Decimal("1.25")) == "x"
+            assert await conn.fetchval("SELECT count(*) FROM a WHERE day < $1", datetime.date(2030, 1, 1)) == 1
+        finally:
+            await conn.close()
+
+    run(go())
+
+
+def test_prepared_statement_and_cursor(server):
+    async def go():
+        conn = await _connect(server)
+        try:
+            await conn.execute("CREATE TABLE p (k BIGINT PRIMARY KEY, v TEXT)")
+            await conn.execute("INSERT INTO p SELECT i, 'v' || i FROM (VALUES (1), (2), (3), (4), (5)) t(i)")
+            statement = await conn.prepare("SELECT v FROM p WHERE k = $1")
+            assert [await statement.fetchval(k) for k in (1, 3, 5)] == ["v1", "v3", "v5"]
+            assert [a.name for a in statement.get_attributes()] == ["v"]
+            async with conn.transaction():  # a cursor fetches in pieces: Execute with a row limit
+                got = [r["k"] async for r in conn.cursor("SELECT k FROM p ORDER BY k", prefetch=2)]
+            assert got == [1, 2, 3, 4, 5]
+        finally:
+            await conn.close()
+
+    run(go())
+
+
+def test_errors(server):
+    async def go():
+        conn = await _connect(server)
+        try:
+            with pytest.raises(asyncpg.UndefinedTableError):
+                await conn.fetch("SELECT * FROM nowhere WHERE x = $1", 1)
+            with pytest.raises(asyncpg.PostgresSyntaxError):
+                await conn.fetch("SELEC 1")
+            assert await conn.fetchval("SELECT 1") == 1
+        finally:
+            await conn.close()
+
+    run(go())

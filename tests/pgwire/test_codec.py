@@ -1,0 +1,113 @@
+"""The codec, byte for byte against PostgreSQL's protocol documentation and RFC 7677's SCRAM example."""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import struct
+
+import pyarrow as pa
+import pytest
+
+from flight_server.pgwire import messages, rows, types
+from flight_server.pgwire.auth import AuthFailed, Scram
+from flight_server.pgwire.parameters import decode
+
+
+def test_special_request_codes():
+    # "The SSL request code. The value is chosen to contain 1234 in the most significant 16 bits,
+    # and 5679 in the least significant 16 bits"; cancel 1234/5678, GSSENC 1234/5680; protocol 3.0 = 196608.
+    assert messages.SSL_REQUEST == (1234 << 16) | 5679
+    assert messages.CANCEL_REQUEST == (1234 << 16) | 5678
+    assert messages.GSSENC_REQUEST == (1234 << 16) | 5680
+    assert messages.PROTOCOL_3_0 == 196608
+    startup = messages.parse_startup(struct.pack("!i", 196608) + b"user\x00bob\x00database\x00shop\x00\x00")
+    assert startup.parameters == {"user": "bob", "database": "shop"}
+    cancel = messages.parse_startup(struct.pack("!iii", messages.CANCEL_REQUEST, 4242, 99))
+    assert (cancel.process_id, cancel.secret) == (4242, struct.pack("!i", 99))
+
+
+def test_backend_messages_bytes():
+    assert messages.authentication_ok() == b"R\x00\x00\x00\x08\x00\x00\x00\x00"
+    assert messages.authentication_cleartext() == b"R\x00\x00\x00\x08\x00\x00\x00\x03"
+    assert messages.authentication_sasl(["SCRAM-SHA-256"]) == \
+        b"R\x00\x00\x00\x17\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"
+    assert messages.parameter_status("TimeZone", "UTC") == b"S\x00\x00\x00\x11TimeZone\x00UTC\x00"
+    assert messages.backend_key_data(7, 9) == b"K\x00\x00\x00\x0c\x00\x00\x00\x07\x00\x00\x00\x09"
+    assert messages.ready_for_query(b"I") == b"Z\x00\x00\x00\x05I"
+    assert messages.empty_query_response() == b"I\x00\x00\x00\x04"
+    assert messages.parse_complete() + messages.bind_complete() + messages.close_complete() == \
+        b"1\x00\x00\x00\x042\x00\x00\x00\x043\x00\x00\x00\x04"
+    assert messages.no_data() == b"n\x00\x00\x00\x04" and messages.portal_suspended() == b"s\x00\x00\x00\x04"
+    assert messages.parameter_description([23, 25]) == b"t\x00\x00\x00\x0e\x00\x02\x00\x00\x00\x17\x00\x00\x00\x19"
+    assert messages.data_row([b"12", None]) == b"D\x00\x00\x00\x10\x00\x02\x00\x00\x00\x0212\xff\xff\xff\xff"
+    field = messages.Field("a", 23, 4, 1)
+    assert messages.row_description([field]) == (
+        b"T\x00\x00\x00\x1a\x00\x01a\x00" + b"\x00\x00\x00\x00" + b"\x00\x00" + b"\x00\x00\x00\x17"
+        + b"\x00\x04" + b"\xff\xff\xff\xff" + b"\x00\x01")
+    assert messages.error_response("ERROR", "42601", "bad") == \
+        b"E\x00\x00\x00\x1fSERROR\x00VERROR\x00C42601\x00Mbad\x00\x00"
+    assert messages.copy_response(b"G", 2) == b"G\x00\x00\x00\x0b\x00\x00\x02\x00\x00\x00\x00"
+
+
+def test_bind_and_parse_decoding():
+    body = (b"portal\x00stmt\x00" + struct.pack("!hh", 1, 1) + struct.pack("!h", 2)
+            + struct.pack("!i", 4) + struct.pack("!i", 42) + struct.pack("!i", -1) + struct.pack("!hh", 1, 1))
+    assert messages.parse_bind(body) == ("portal", "stmt", [1], [struct.pack("!i", 42), None], [1])
+    assert messages.parse_parse(b"s\x00SELECT $1\x00\x00\x01\x00\x00\x00\x17") == ("s", "SELECT $1", [23])
+    with pytest.raises(messages.ProtocolViolation):
+        messages.parse_bind(b"p\x00s\x00\x00\x01")  # cut short
+
+
+@pytest.mark.parametrize("text, hexed", [
+    # ndigits, weight, sign, dscale, digits (base 10000)
+    ("0", "0000" "0000" "0000" "0000"),
+    ("1", "0001" "0000" "0000" "0000" "0001"),
+    ("-12.345", "0002" "0000" "4000" "0003" "000c" "0d7a"),
+    ("10000", "0001" "0001" "0000" "0000" "0001"),
+    ("0.0001", "0001" "ffff" "0000" "0004" "0001"),
+    ("1.50", "0002" "0000" "0000" "0002" "0001" "1388"),
+])
+def test_numeric_binary(text, hexed):
+    assert types.numeric_binary(decimal.Decimal(text)).hex() == hexed
+    assert types.numeric_from_binary(bytes.fromhex(hexed)) == decimal.Decimal(text)
+
+
+def test_binary_date_timestamp_interval_epochs():
+    table = pa.table({"d": pa.array([0], pa.int32()).cast(pa.date32()),
+                      "t": pa.array([946684800000000], pa.timestamp("us")),
+                      "i": pa.array([pa.scalar((1, 2, 3000), pa.month_day_nano_interval())])})
+    data = rows.data_rows(table, [1, 1, 1])
+    # 1970-01-01 is -10957 days from 2000-01-01; 2000-01-01 00:00 is 0 microseconds; interval = (us, days, months)
+    assert data == messages.data_row([struct.pack("!i", -10957), struct.pack("!q", 0), struct.pack("!qii", 3, 2, 1)])
+
+
+def test_text_output_like_postgresql():
+    table = pa.table({"b": [True, None], "f": [float("inf"), 1.5], "ts": pa.array([1, 1_500_000], pa.timestamp("us")),
+                      "l": [[1, None], []], "by": [b"\x01\xff", b""]})
+    got = rows.data_rows(table, [0] * 5)
+    assert got == (messages.data_row([b"t", b"Infinity", b"1970-01-01 00:00:00.000001", b"{1,NULL}", b"\\x01ff"])
+                   + messages.data_row([None, b"1.5", b"1970-01-01 00:00:01.5", b"{}", b"\\x"]))
+    assert types.interval_text(14, 3, 4 * 3600_000_000 + 5) == "1 year 2 mons 3 days 04:00:00.000005"
+
+
+def test_parameter_decoding():
+    batch = decode([struct.pack("!q", -5), b"2.50", b"t", struct.pack("!d", 0.25), "é".encode()],
+                   [1, 0, 0, 1, 0], [types.INT8, types.NUMERIC, types.BOOL, types.FLOAT8, 0])
+    assert batch.to_pylist() == [{"0": -5, "1": decimal.Decimal("2.50"), "2": True, "3": 0.25, "4": "é"}]
+
+
+def test_scram_rfc7677_example():
+    # RFC 7677 section 3: user "user", password "pencil"
+    keys = Scram("pencil", salt=base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
+    exchange = keys.exchange(server_nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
+    first = exchange.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
+    assert first == b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+    final = exchange.final(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                           b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+    assert final == b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    wrong = Scram("pencil!", salt=keys.salt).exchange(server_nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
+    wrong.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
+    with pytest.raises(AuthFailed):
+        wrong.final(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                    b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")

@@ -1,0 +1,106 @@
+"""SUBSCRIBE over pgwire: a view's rows, then its changes as they commit, until the client cancels."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import psycopg
+import pytest
+
+from tests.pgwire.conftest import connect
+
+WAIT = 20  # seconds for any expected row
+
+
+@pytest.fixture(scope="module", autouse=True)
+def view(server):
+    with connect(server) as conn:
+        conn.execute("CREATE TABLE s_orders (id BIGINT PRIMARY KEY, cust BIGINT, amount BIGINT)")
+        conn.execute("CREATE MATERIALIZED VIEW s_totals AS SELECT cust, SUM(amount) AS total FROM s_orders GROUP BY cust")
+        conn.execute("INSERT INTO s_orders VALUES (1, 7, 10)")
+
+
+class Subscriber:
+    """Runs ``consume(conn, rows)`` on a thread; rows arrive in ``rows``; ``stop`` cancels it."""
+
+    def __init__(self, server, consume):
+        self.conn = connect(server)
+        self.conn.execute("SET statement_timeout = 0")  # a subscription runs until cancelled
+        self.rows: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(consume,), daemon=True)
+        self.thread.start()
+
+    def _run(self, consume) -> None:
+        try:
+            consume(self.conn, self.rows)
+        except BaseException as e:  # noqa: BLE001 (the test inspects it)
+            self.error = e
+
+    def take(self, n: int) -> list:
+        return [self.rows.get(timeout=WAIT) for _ in range(n)]
+
+    def stop(self) -> BaseException | None:
+        self.conn.cancel()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+        self.conn.close()
+        return self.error
+
+
+def copy_rows(conn, rows, sql="COPY (SUBSCRIBE TO s_totals) TO STDOUT"):
+    with conn.cursor().copy(sql) as copy:
+        for row in copy.rows():
+            rows.put(row)
+
+
+def test_copy_subscribe_streams_snapshot_then_changes(server):
+    subscriber = Subscriber(server, copy_rows)
+    try:
+        (snapshot,) = subscriber.take(1)
+        start = int(snapshot[0])
+        assert snapshot[1:] == ("1", "7", "10")  # mz_diff, cust, total
+        with connect(server) as writer:
+            writer.execute("INSERT INTO s_orders VALUES (2, 7, 5)")
+            offset = int(writer.info.parameter_status("ivm_offset"))
+        changes = sorted(subscriber.take(2), key=lambda r: r[1])
+        assert [r[1:] for r in changes] == [("-1", "7", "10"), ("1", "7", "15")]
+        assert {int(r[0]) for r in changes} == {offset} and offset > start
+    finally:
+        error = subscriber.stop()
+    assert isinstance(error, psycopg.errors.QueryCanceled)
+
+
+def test_subscribe_with_progress_as_of_over_extended_protocol(server):
+    with connect(server) as conn:
+        since = int(conn.execute("SHOW ivm_offset").fetchone()[0])
+        conn.execute("INSERT INTO s_orders VALUES (3, 8, 1)")
+
+    def stream(conn, rows):
+        for row in conn.cursor().stream(f"SUBSCRIBE s_totals AS OF {since} WITH (PROGRESS)"):
+            rows.put(row)
+
+    subscriber = Subscriber(server, stream)
+    try:
+        got = []
+        while not any(r[1] is False for r in got):  # the change made after `since`, no snapshot
+            got += subscriber.take(1)
+        first = got[0]
+        assert first[1] is True and first[0] == since and first[2:] == (None, None, None)  # progress row
+        change = next(r for r in got if r[1] is False)
+        assert change[2:] == (1, 8, 1) and change[0] > since
+        assert any(r[1] is True and r[0] >= change[0] for r in got + subscriber.take(1))
+    finally:
+        error = subscriber.stop()
+    assert isinstance(error, psycopg.errors.QueryCanceled)
+
+
+def test_subscribe_errors(conn):
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        conn.execute("SUBSCRIBE TO no_such_view")
+    with pytest.raises(psycopg.errors.FeatureNotSupported):
+        conn.execute("SUBSCRIBE TO s_orders")  # a table
+    with pytest.raises(psycopg.errors.SyntaxError):
+        conn.execute("SUBSCRIBE TO s_totals WITH (COLOR)")
+    assert conn.execute("SELECT 1").fetchone() == (1,)
