@@ -310,18 +310,19 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
         at = np.minimum(probes - np.uint64(base), np.uint64(len(offsets) - 2)).astype(np.intp)  # below base wraps
         lo = offsets[at].astype(np.int64)
         counts = offsets[at + 1] - lo
-        if index.unique:
-            rows = index.rows[lo[counts > 0]].astype(np.int64, copy=False)
-            return rows if run.live is None else rows[run.is_live(rows)]
-        return _rows_from(run, index, lo, counts)
-    lo = np.searchsorted(index.codes, probes, side="left")
-    if index.unique:  # at most one row per probe: where its search landed (a handful of numpy calls)
+        if not index.unique:
+            return _rows_from(run, index, lo, counts)
+        found = lo[counts > 0]
+    else:
+        lo = np.searchsorted(index.codes, probes, side="left")
+        if not index.unique:
+            return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))
         if not len(index.codes):
             return np.empty(0, dtype=np.int64)
         found = lo[index.codes.take(lo, mode="clip") == probes]
-        rows = index.rows[found].astype(np.int64, copy=False)
-        return rows if run.live is None else rows[run.is_live(rows)]
-    return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))
+    # A unique index: at most one row per probe, where its offset or search landed.
+    rows = index.rows[found].astype(np.int64, copy=False)
+    return rows if run.live is None else rows[run.is_live(rows)]
 
 
 def _rows_from(run: Run, index: RunIndex, lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
