@@ -14,12 +14,19 @@ each a sum over the input's rows r with weight w:
                                               deleted infinity leaves no NaN behind)
 
 so S_new(g) = S_old(g) + Σ_{r ∈ δX, g(r)=g} component(r): only touched groups
-are read and written. MIN/MAX are not invertible: a value multiset
-V(g, v) = Σ w holds every group's values. An insert can only lower the
-minimum, so new_min = LEAST(old_min, min of touched values still present),
-unless the old minimum's multiplicity dropped to zero; only those groups are
-re-scanned, through V's index on the group key. DISTINCT aggregates use V's
-presence changes [V_new(g,v) > 0] - [V_old(g,v) > 0] as their input.
+are read and written. MIN/MAX are not invertible. An insert can only lower
+the minimum, so new_min = LEAST(old_min, min of the values δX adds),
+unless δX deletes a value equal to old_min; only those groups are
+re-scanned. A re-scan reads the group's rows where they are already kept:
+
+- the input itself, through an index on the group key, when the input is a
+  stored table (maybe projected or filtered) that keeps every row: the
+  table is the arrangement, and the aggregate keeps no copy of it;
+- otherwise a value multiset V(g, v) = Σ w of every group's values, kept
+  beside the state, through its index on the group key.
+
+DISTINCT aggregates use V's presence changes [V_new(g,v) > 0] - [V_old(g,v) > 0]
+as their input, so they always keep V.
 
 The node's delta is -old_row(g) + new_row(g) for every touched group.
 
@@ -38,7 +45,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from sql_frontend.errors import UnsupportedError
-from sql_frontend.plan import FLOAT_TYPES, AggCall, Aggregate, Column
+from sql_frontend.plan import FLOAT_TYPES, SPJ, AggCall, Aggregate, Column, Source
 from sql_frontend.plan_sql import alias, column, lit, quoted, table
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
@@ -118,6 +125,26 @@ class AggregateRule:
     def values_state(self, ctx: Context, arg: str) -> str:
         return f"{ctx.state_name(self.node, 'vals')}_{self.value_args.index(arg)}"
 
+    def rescans_input(self, arg: str) -> bool:
+        """Whether MIN/MAX(``arg``) re-scans a group by looking up the input, keeping no multiset.
+
+        The input must be one stored table that keeps every row (a RETAIN stream does not),
+        read through at most a projection and filter whose group key columns the table can be
+        looked up by: a re-scan then reads the group's rows (the index is shared with every
+        other reader of the table). Joins keep the multiset: re-reading a group through a
+        join would redo the join for it. DISTINCT needs the multiset's presence changes.
+        """
+        if not self.keys or any(c.arg == arg and c.distinct for c in self.node.aggregates):
+            return False
+        node = self.node.input
+        if isinstance(node, SPJ):
+            # Every key a column of the table: the lookup finds the group's rows and no more.
+            outputs = dict(node.outputs)
+            if len(node.inputs) != 1 or not all(isinstance(outputs.get(k), exp.Column) for k in self.keys):
+                return False
+            node = node.inputs[0][1]
+        return isinstance(node, Source) and node.kind == "table" and node.complete
+
     def key_columns(self) -> tuple[Column, ...]:
         return tuple(Column(k, self.input_types[k]) for k in self.keys)
 
@@ -148,6 +175,8 @@ class AggregateRule:
             )
         ]
         for arg in self.value_args:
+            if self.rescans_input(arg):
+                continue
             specs.append(
                 StateSpec(
                     name=self.values_state(ctx, arg),
@@ -203,10 +232,12 @@ class AggregateRule:
         old = ctx.temp("aggold")
         ctx.emit(Lookup(out=old, relation=self.state(ctx), index=self.keys, probe=partial,
                         probe_columns=self.keys, positions=True, note="state of touched groups"))
-        joins: list[tuple[str, exp.Expression, str]] = []  # (temp, on, alias)
         extreme: dict[str, tuple[str, str]] = {}
         presence_of: dict[str, str] = {}
         for arg in self.value_args:
+            if self.rescans_input(arg):
+                extreme[arg] = self._extremes_from_input(ctx, arg, self._value_changes(ctx, arg, delta_in), old)
+                continue
             merged = self._values(ctx, arg, delta_in)
             if any(c.arg == arg and c.func in ("min", "max") for c in self.node.aggregates):
                 extreme[arg] = self._extremes(ctx, arg, merged, old)
@@ -258,10 +289,8 @@ class AggregateRule:
             parts.append(alias(coalesce0(exp.Sum(this=when(test, w.copy(), lit(0)))), f"__{name}{i}"))
         return parts
 
-    def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
-        """Merge the input's values of ``arg`` into V; return the merged temp."""
-        relation = self.values_state(ctx, arg)
-        names = self.keys + (VALUE,)
+    def _value_changes(self, ctx: Context, arg: str, delta_in: str) -> str:
+        """The change of each group's multiset of ``arg``: (keys, __v, net weight ≠ 0), NULLs left out."""
         w = column(WEIGHT, "d")
         x = column(arg, "d")
         select = exp.select(
@@ -272,8 +301,14 @@ class AggregateRule:
         select = self._group_by(select, "d", [x.copy()]).having(
             exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
         )
-        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True,
-                            pinned=True)
+        return ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True,
+                         pinned=True)
+
+    def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
+        """Merge the input's values of ``arg`` into V; return the merged temp."""
+        relation = self.values_state(ctx, arg)
+        names = self.keys + (VALUE,)
+        changes = self._value_changes(ctx, arg, delta_in)
         old = ctx.temp("valold")
         ctx.emit(Lookup(out=old, relation=relation, index=names, probe=changes, probe_columns=names,
                         positions=True, note=f"stored multiplicities of {arg}"))
@@ -296,25 +331,61 @@ class AggregateRule:
         ctx.replace(Replace(relation=relation, deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
         return merged
 
-    def _extremes(self, ctx: Context, arg: str, merged: str, old: str) -> tuple[str, str]:
-        """(rescanned groups, per-group min/max over the values that decide it)."""
-        relation = self.values_state(ctx, arg)
+    def _rescan(self, ctx: Context, arg: str, changed: str, old: str) -> str:
+        """The touched groups whose old MIN/MAX(``arg``) is among ``changed``'s rows with WEIGHT <= 0
+        (a value deleted, or whose multiplicity fell to zero): their extreme must be found again."""
         calls = [(i, c) for i, c in enumerate(self.node.aggregates) if c.arg == arg and c.func in ("min", "max")]
         value = column(VALUE, "n")
         hits = [exp.EQ(this=value.copy(), expression=column(f"__m{i}", "o")) for i, _ in calls]
         rescan_sql = (
             exp.select(*[alias(column(k, "n"), k) for k in self.keys], alias(exp.true(), RESCAN))
             .distinct()
-            .from_(table(merged, "n"))
+            .from_(table(changed, "n"))
             .join(table(old, "o"), on=not_distinct("n", "o", self.keys), join_type="inner")
             .where(exp.and_(exp.LTE(this=column(WEIGHT, "n"), expression=lit(0)), exp.or_(*hits)))
         )
         # Most batches delete no group's current extreme: the guard sees that
         # on the driver (deleted values vs the old extremes) and skips the query.
-        guard = Guard(probe=merged, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
+        guard = Guard(probe=changed, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
                       keys=tuple(self.keys))
-        rescan = ctx.query("rescan", rescan_sql, drivers=(merged, old),
-                           note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard, beside_state=True)
+        return ctx.query("rescan", rescan_sql, drivers=(changed, old),
+                         note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard, beside_state=True)
+
+    def _extremes_from_input(self, ctx: Context, arg: str, changes: str, old: str) -> tuple[str, str]:
+        """(rescanned groups, per-group min/max over the values that decide it), re-scanning a
+        group by looking up its rows in the input (``rescans_input``): its new version holds
+        every value the group has, the values this batch added included."""
+        rescan = self._rescan(ctx, arg, changes, old)
+        rows = ctx.rule(self.node.input).lookup(ctx, self.keys, rescan, self.keys, NEW)
+        x = column(arg, "g")
+        # The lookup may find more than the groups (a superset, as every lookup): the join keeps
+        # the re-scanned ones. Its rows are a Z-set: a value is there if its weights add up above 0.
+        found = (
+            exp.select(*[alias(column(k, "g"), k) for k in self.keys], alias(x, VALUE))
+            .from_(table(rows, "g"))
+            .join(table(rescan, "r"), on=not_distinct("g", "r", self.keys), join_type="inner")
+            .where(exp.Not(this=exp.Is(this=x.copy(), expression=exp.null())))
+        )
+        found = self._group_by(found, "g", [x.copy()]).having(
+            exp.GT(this=exp.Sum(this=column(WEIGHT, "g")), expression=lit(0))
+        )
+        added = exp.select(*[column(n, "c") for n in self.keys + (VALUE,)]).from_(table(changes, "c")).where(
+            exp.GT(this=column(WEIGHT, "c"), expression=lit(0))
+        )
+        values = exp.Subquery(this=union_all([found, added]), alias=exp.TableAlias(this=quoted("v")))
+        ext_sql = self._group_by(exp.select(
+            *[alias(column(k, "v"), k) for k in self.keys],
+            alias(exp.Min(this=column(VALUE, "v")), "__min"),
+            alias(exp.Max(this=column(VALUE, "v")), "__max"),
+        ).from_(values), "v")
+        extremes = ctx.query("ext", ext_sql, drivers=(changes,), note=f"MIN/MAX({arg}) candidates")
+        return rescan, extremes
+
+    def _extremes(self, ctx: Context, arg: str, merged: str, old: str) -> tuple[str, str]:
+        """(rescanned groups, per-group min/max over the values that decide it), re-scanning a
+        group through the multiset V."""
+        relation = self.values_state(ctx, arg)
+        rescan = self._rescan(ctx, arg, merged, old)
         group_rows = ctx.temp("valgrp")
         ctx.emit(Lookup(out=group_rows, relation=relation, index=self.keys, probe=rescan,
                         probe_columns=self.keys, note=f"all values of {arg} in rescanned groups"))

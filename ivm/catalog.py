@@ -194,6 +194,10 @@ class Catalog:
         definition = self.get(name)
         return definition.not_null if isinstance(definition, TableDef) else frozenset()
 
+    def relation_complete(self, name: str) -> bool:
+        """Whether the stored relation holds every row no change deleted (RETAIN drops old ones)."""
+        return name not in self.retained()
+
     def schema(self) -> dict[str, dict[str, str]]:
         out = {}
         for d in list(self.tables.values()) + list(self.views.values()):

@@ -50,6 +50,8 @@ class CatalogReader(Protocol):
 
     def relation_not_null(self, name: str) -> frozenset[str]: ...
 
+    def relation_complete(self, name: str) -> bool: ...
+
     def schema(self) -> dict[str, dict[str, str]]: ...
 
     def describe(self, sql: str) -> tuple[Column, ...]: ...
@@ -103,6 +105,7 @@ class Builder:
                 columns=self.catalog.relation_columns(name),
                 key=self.catalog.relation_key(name),
                 not_null=self.catalog.relation_not_null(name),
+                complete=self.catalog.relation_complete(name),
             )
         return self._sources[name]
 

@@ -85,6 +85,9 @@ class Source(Node):
     columns: tuple[Column, ...]
     key: tuple[str, ...] = ()  # primary key, if any: a lookup by it finds at most one row
     not_null: frozenset[str] = frozenset()  # columns declared NOT NULL (and the key's)
+    # Holds every row not deleted by a change (False: a stream with RETAIN, which drops old rows
+    # without a delta): only then can a rule re-read rows it saw before from the relation itself.
+    complete: bool = True
 
 
 @dataclass(eq=False)
