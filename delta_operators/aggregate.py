@@ -142,8 +142,15 @@ class AggregateRule:
             outputs = dict(node.outputs)
             if len(node.inputs) != 1 or not all(isinstance(outputs.get(k), exp.Column) for k in self.keys):
                 return False
+        source = self._table(node)
+        return source is not None and source.kind == "table" and source.complete
+
+    @staticmethod
+    def _table(node) -> Source | None:  # noqa: ANN001
+        """The one stored relation ``node`` reads through at most a projection and filter, or None."""
+        if isinstance(node, SPJ) and len(node.inputs) == 1:
             node = node.inputs[0][1]
-        return isinstance(node, Source) and node.kind == "table" and node.complete
+        return node if isinstance(node, Source) else None
 
     def key_columns(self) -> tuple[Column, ...]:
         return tuple(Column(k, self.input_types[k]) for k in self.keys)
@@ -359,16 +366,19 @@ class AggregateRule:
         rows = ctx.rule(self.node.input).lookup(ctx, self.keys, rescan, self.keys, NEW)
         x = column(arg, "g")
         # The lookup may find more than the groups (a superset, as every lookup): the join keeps
-        # the re-scanned ones. Its rows are a Z-set: a value is there if its weights add up above 0.
+        # the re-scanned ones.
         found = (
             exp.select(*[alias(column(k, "g"), k) for k in self.keys], alias(x, VALUE))
             .from_(table(rows, "g"))
             .join(table(rescan, "r"), on=not_distinct("g", "r", self.keys), join_type="inner")
             .where(exp.Not(this=exp.Is(this=x.copy(), expression=exp.null())))
         )
-        found = self._group_by(found, "g", [x.copy()]).having(
-            exp.GT(this=exp.Sum(this=column(WEIGHT, "g")), expression=lit(0))
-        )
+        if self._table(self.node.input).relation not in ctx.options.stored_new:
+            # Its rows are a Z-set (the stored version and the delta): a value is there if its
+            # weights add up above 0. A table holding the new version has only rows that are there.
+            found = self._group_by(found, "g", [x.copy()]).having(
+                exp.GT(this=exp.Sum(this=column(WEIGHT, "g")), expression=lit(0))
+            )
         added = exp.select(*[column(n, "c") for n in self.keys + (VALUE,)]).from_(table(changes, "c")).where(
             exp.GT(this=column(WEIGHT, "c"), expression=lit(0))
         )
