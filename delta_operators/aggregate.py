@@ -243,7 +243,7 @@ class AggregateRule:
         presence_of: dict[str, str] = {}
         for arg in self.value_args:
             if self.rescans_input(arg):
-                extreme[arg] = self._extremes_from_input(ctx, arg, self._value_changes(ctx, arg, delta_in), old)
+                extreme[arg] = self._extremes_from_input(ctx, arg, delta_in, old)
                 continue
             merged = self._values(ctx, arg, delta_in)
             if any(c.arg == arg and c.func in ("min", "max") for c in self.node.aggregates):
@@ -338,11 +338,11 @@ class AggregateRule:
         ctx.replace(Replace(relation=relation, deletes=merged, inserts=merged, keep=KEEP, nonnegative=True))
         return merged
 
-    def _rescan(self, ctx: Context, arg: str, changed: str, old: str) -> str:
+    def _rescan(self, ctx: Context, arg: str, changed: str, old: str, value_column: str = VALUE) -> str:
         """The touched groups whose old MIN/MAX(``arg``) is among ``changed``'s rows with WEIGHT <= 0
         (a value deleted, or whose multiplicity fell to zero): their extreme must be found again."""
         calls = [(i, c) for i, c in enumerate(self.node.aggregates) if c.arg == arg and c.func in ("min", "max")]
-        value = column(VALUE, "n")
+        value = column(value_column, "n")
         hits = [exp.EQ(this=value.copy(), expression=column(f"__m{i}", "o")) for i, _ in calls]
         rescan_sql = (
             exp.select(*[alias(column(k, "n"), k) for k in self.keys], alias(exp.true(), RESCAN))
@@ -353,16 +353,21 @@ class AggregateRule:
         )
         # Most batches delete no group's current extreme: the guard sees that
         # on the driver (deleted values vs the old extremes) and skips the query.
-        guard = Guard(probe=changed, column=VALUE, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
+        guard = Guard(probe=changed, column=value_column, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
                       keys=tuple(self.keys))
         return ctx.query("rescan", rescan_sql, drivers=(changed, old),
                          note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard, beside_state=True)
 
-    def _extremes_from_input(self, ctx: Context, arg: str, changes: str, old: str) -> tuple[str, str]:
+    def _extremes_from_input(self, ctx: Context, arg: str, delta_in: str, old: str) -> tuple[str, str]:
         """(rescanned groups, per-group min/max over the values that decide it), re-scanning a
         group by looking up its rows in the input (``rescans_input``): its new version holds
-        every value the group has, the values this batch added included."""
-        rescan = self._rescan(ctx, arg, changes, old)
+        every value the group has, the values this batch added included.
+
+        Read from the input's delta row by row, unconsolidated: a value with a row of positive
+        weight is in the new version (NEW(v) = OLD(v) + plus(v) - minus(v) and minus(v) <= OLD(v),
+        so NEW(v) >= plus(v)), and a deleted row equal to the old extreme re-scans its group even
+        when another copy stays (the re-scan finds it)."""
+        rescan = self._rescan(ctx, arg, delta_in, old, value_column=arg)
         rows = ctx.rule(self.node.input).lookup(ctx, self.keys, rescan, self.keys, NEW)
         x = column(arg, "g")
         # The lookup may find more than the groups (a superset, as every lookup): the join keeps
@@ -379,16 +384,18 @@ class AggregateRule:
             found = self._group_by(found, "g", [x.copy()]).having(
                 exp.GT(this=exp.Sum(this=column(WEIGHT, "g")), expression=lit(0))
             )
-        added = exp.select(*[column(n, "c") for n in self.keys + (VALUE,)]).from_(table(changes, "c")).where(
-            exp.GT(this=column(WEIGHT, "c"), expression=lit(0))
-        )
+        added_value = column(arg, "c")
+        added = exp.select(*[alias(column(k, "c"), k) for k in self.keys], alias(added_value, VALUE)).from_(
+            table(delta_in, "c")).where(exp.and_(
+                exp.GT(this=column(WEIGHT, "c"), expression=lit(0)),
+                exp.Not(this=exp.Is(this=added_value.copy(), expression=exp.null()))))
         values = exp.Subquery(this=union_all([found, added]), alias=exp.TableAlias(this=quoted("v")))
         ext_sql = self._group_by(exp.select(
             *[alias(column(k, "v"), k) for k in self.keys],
             alias(exp.Min(this=column(VALUE, "v")), "__min"),
             alias(exp.Max(this=column(VALUE, "v")), "__max"),
         ).from_(values), "v")
-        extremes = ctx.query("ext", ext_sql, drivers=(changes,), note=f"MIN/MAX({arg}) candidates")
+        extremes = ctx.query("ext", ext_sql, drivers=(delta_in,), note=f"MIN/MAX({arg}) candidates")
         return rescan, extremes
 
     def _extremes(self, ctx: Context, arg: str, merged: str, old: str) -> tuple[str, str]:
