@@ -96,7 +96,10 @@ def inline_queries(program: Program) -> Program:
     for step in program.steps:
         if isinstance(step, Query) and step.pinned:
             pinned.add(step.out)
-        elif isinstance(step, Loop):
+        if isinstance(step, Query) and step.guard is not None:
+            # The guard reads them on the driver, as temporaries (inlined, it could not test).
+            pinned.update((step.guard.probe, step.guard.values))
+        if isinstance(step, Loop):
             pinned.update(step.reads())
         elif isinstance(step, Lookup):
             pinned.add(step.probe)
