@@ -43,9 +43,9 @@ def test_the_per_customer_steps_run_compiled_and_explain_says_so():
     db = _db()
     _batches(db, 4)
     steps = _query_lines(db)
-    # per-group change, MAX's rescan test, the state merge (a rescan reads the table by cust: a
-    # lookup, no query)
-    assert len(steps) == 3 and all(line.endswith("(compiled)") for line in steps), steps
+    # the projection of the delta (kept: the rescan's guard reads it), per-group change, MAX's
+    # rescan test, the state merge (a rescan reads the table by cust: a lookup, no query)
+    assert len(steps) == 4 and all(line.endswith("(compiled)") for line in steps), steps
     counts = db.status()["steps"]
     assert counts["compiled"] >= 3 * 6 and counts["mismatch"] == 0 and counts["shadowed"] >= counts["compiled"]
     assert sorted(db.sql("SELECT * FROM v").to_pylist(), key=str) == _recompute(db)
