@@ -136,14 +136,14 @@ class AggregateRule:
         """
         if not self.keys or any(c.arg == arg and c.distinct for c in self.node.aggregates):
             return False
-        node = self.node.input
-        if isinstance(node, SPJ):
-            # Every key a column of the table: the lookup finds the group's rows and no more.
-            outputs = dict(node.outputs)
-            if len(node.inputs) != 1 or not all(isinstance(outputs.get(k), exp.Column) for k in self.keys):
-                return False
-        source = self._table(node)
-        return source is not None and source.kind == "table" and source.complete
+        source = self._table(self.node.input)
+        if source is None or source.kind != "table" or not source.complete:
+            return False
+        if not isinstance(self.node.input, SPJ):
+            return True
+        # Every key a column of the table: the lookup finds the group's rows and no more.
+        outputs = dict(self.node.input.outputs)
+        return all(isinstance(outputs.get(k), exp.Column) for k in self.keys)
 
     @staticmethod
     def _table(node) -> Source | None:  # noqa: ANN001
@@ -296,8 +296,10 @@ class AggregateRule:
             parts.append(alias(coalesce0(exp.Sum(this=when(test, w.copy(), lit(0)))), f"__{name}{i}"))
         return parts
 
-    def _value_changes(self, ctx: Context, arg: str, delta_in: str) -> str:
-        """The change of each group's multiset of ``arg``: (keys, __v, net weight ≠ 0), NULLs left out."""
+    def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
+        """Merge the input's values of ``arg`` into V; return the merged temp."""
+        relation = self.values_state(ctx, arg)
+        names = self.keys + (VALUE,)
         w = column(WEIGHT, "d")
         x = column(arg, "d")
         select = exp.select(
@@ -308,14 +310,8 @@ class AggregateRule:
         select = self._group_by(select, "d", [x.copy()]).having(
             exp.NEQ(this=exp.Sum(this=w.copy()), expression=lit(0))
         )
-        return ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True,
-                         pinned=True)
-
-    def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
-        """Merge the input's values of ``arg`` into V; return the merged temp."""
-        relation = self.values_state(ctx, arg)
-        names = self.keys + (VALUE,)
-        changes = self._value_changes(ctx, arg, delta_in)
+        changes = ctx.query("vald", select, drivers=(delta_in,), note=f"change of {arg} multiset", transparent=True,
+                            pinned=True)
         old = ctx.temp("valold")
         ctx.emit(Lookup(out=old, relation=relation, index=names, probe=changes, probe_columns=names,
                         positions=True, note=f"stored multiplicities of {arg}"))
