@@ -116,7 +116,7 @@ class Mirrors:
             con = self._connection()
             for source in view.sources:
                 self._sync(con, source, catalog.tables[source].primary_key, _reads(view, source), snapshot,
-                           published, deltas, coder)
+                           published, deltas, coder, lambda table: _reads_of_any(catalog, table))
             try:
                 return Reader._run(con, sql)  # DuckDB's errors as the reader's (ExecutionError, BindError...)
             except BindError:
@@ -171,7 +171,10 @@ class Mirrors:
         return self._con
 
     def _sync(self, con: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...], reads: frozenset[str] | None,
-              snapshot: "Snapshot", published: "Snapshot", deltas: Mapping[str, pa.Table], coder: "KeyCoder") -> None:
+              snapshot: "Snapshot", published: "Snapshot", deltas: Mapping[str, pa.Table], coder: "KeyCoder",
+              others: Callable[[str], frozenset[str] | None] | None = None) -> None:
+        """Bring the copy of ``table`` to ``snapshot``'s version holding at least ``reads``; a copy made
+        whole holds also what ``others(table)`` names (the columns other views may read)."""
         target = snapshot[table]
         stamp = self._stamps.get(table)
         columns = self._columns.get(table, ALL)
@@ -188,6 +191,12 @@ class Mirrors:
             started = time.perf_counter()
             if not covered and table in self._columns:  # widen: what the copy held, and what this view reads
                 reads = ALL if reads is ALL or columns is ALL else reads | {c.lower() for c in columns}
+            if others is not None and reads is not ALL:
+                # Every mirror-eligible view's columns at once: the views that trial the refresh path in
+                # one fold (ivm/maintenance.py) read different columns of one table, and widening the copy
+                # for each in turn copied lineitem's 6M rows again and again (13 copies in one fold at SF 1).
+                wider = others(table)
+                reads = ALL if wider is ALL else reads | wider
             self._columns[table] = self._rebuild(con, table, target, key, reads)
             self.copy_seconds += time.perf_counter() - started
             self.rebuilds += 1
@@ -244,6 +253,18 @@ class Mirrors:
                 con.execute(f"INSERT INTO {quote(table)} ({listed}) SELECT {listed} FROM {net} WHERE __net > 0")
         finally:
             con.unregister("__mirror_delta")
+
+
+def _reads_of_any(catalog: "Catalog", table: str) -> frozenset[str] | None:
+    """The columns of ``table`` any view that may read its mirror reads (ALL: maybe every one)."""
+    reads: frozenset[str] = frozenset()
+    for view in catalog.views.values():
+        if table in view.sources and eligible(catalog, view):
+            found = _reads(view, table)
+            if found is ALL:
+                return ALL
+            reads |= found
+    return reads
 
 
 def _reads(view: "ViewDef", table: str) -> frozenset[str] | None:
