@@ -793,11 +793,14 @@ class Engine:
 
     def _keep_mirrors(self, snapshot: Snapshot, deltas: dict[str, pa.Table], worker: Worker) -> None:
         """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory;
-        the others follow this batch's deltas."""
+        the others follow this batch's deltas. A copy a view that may still trial reads stays a few passes
+        after its last use (``LINGER_PASSES``): the next view's trial finds it instead of copying again."""
         if not self.mirrors.tables:
             return
-        self.mirrors.keep(source for view in self.catalog.views.values() if view.cost.last == "recompute"
-                          for source in view.sources)
+        views = self.catalog.views.values()
+        self.mirrors.keep((source for view in views if view.cost.last == "recompute" for source in view.sources),
+                          lingering=(source for view in views if view.cost.provisional and not view.cost.refresh_failed
+                                     for source in view.sources))
         self.mirrors.follow(self.catalog, snapshot, self.store.snapshot, deltas, worker.coder)
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:

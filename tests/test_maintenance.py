@@ -555,6 +555,41 @@ def test_a_trial_refresh_measures_recompute_and_changes_nothing(monkeypatch):
     assert cost.recompute > 1e-6  # the refresh's own time, not the provisional guess
 
 
+@pytest.mark.parametrize("linger", [8, 1])
+def test_a_copy_made_for_one_views_trial_serves_the_next_views_trial(monkeypatch, linger):
+    """Views trial the refresh path in different passes; the copy the first trial made stays (following
+    the table's deltas) while another view may still trial, so the second trial copies nothing. Past
+    LINGER_PASSES idle passes it is dropped, and a later trial copies again."""
+    from ivm import mirrors as mirrors_module
+
+    monkeypatch.setattr(mirrors_module, "LINGER_PASSES", linger)
+    db, cost_a = view_on_a_low_guess(monkeypatch, 300, "SELECT g, SUM(v) AS total FROM t GROUP BY g")
+    db.execute("CREATE MATERIALIZED VIEW b AS SELECT g, COUNT(*) AS n FROM t GROUP BY g")
+    views, mirrors = db._engine.catalog.views, db._engine.mirrors
+    cost_b = views["b"].cost
+    cost_b.recompute = 1e6  # b's provisional refresh looks dear: it stays incremental, no trial yet
+    rebuilds = mirrors.rebuilds
+    for i in range(12):
+        db.execute(f"UPDATE t SET v = v + 1 WHERE id % 17 = {i}")
+        if not cost_a.provisional:
+            break
+    assert not cost_a.provisional and cost_b.provisional and mirrors.rebuilds == rebuilds + 1
+    for i in range(3):  # idle passes: no trial, no refresh reads the copy
+        db.execute(f"UPDATE t SET g = g + 1 WHERE id % 19 = {i}")
+    assert ("t" in mirrors.tables) == (linger >= 3 or cost_a.last == "recompute")
+    cost_b.recompute, cost_b.recompute_rows = 1e-9, 300  # now b's incremental passes its guess: it trials
+    for i in range(12):
+        db.execute(f"UPDATE t SET g = g - 1 WHERE id % 23 = {i}")  # b reads g (an update of v skips b)
+        if not cost_b.provisional:
+            break
+    assert not cost_b.provisional
+    copied = mirrors.rebuilds - rebuilds
+    assert copied == (1 if linger >= 3 or cost_a.last == "recompute" else 2)
+    for name, body in (("s", "SELECT g, SUM(v) AS total FROM t GROUP BY g"), ("b", "SELECT g, COUNT(*) AS n FROM t GROUP BY g")):
+        got = sorted(db.sql(f"SELECT * FROM {name}").to_pylist(), key=str)
+        assert got == sorted(db.sql(body).to_pylist(), key=str)
+
+
 def test_a_failing_trial_leaves_the_view_incremental(monkeypatch):
     db, cost = view_on_a_low_guess(monkeypatch, 50, "SELECT COUNT(*) AS n, SUM(v) AS total FROM t")
     tried = []
