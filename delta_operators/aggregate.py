@@ -350,7 +350,7 @@ class AggregateRule:
         # Most batches delete no group's current extreme: the guard sees that
         # on the driver (deleted values vs the old extremes) and skips the query.
         guard = Guard(probe=changed, column=value_column, values=old, value_columns=tuple(f"__m{i}" for i, _ in calls),
-                      keys=tuple(self.keys))
+                      keys=tuple(self.keys), result=RESCAN)
         return ctx.query("rescan", rescan_sql, drivers=(changed, old),
                          note=f"groups whose MIN/MAX({arg}) was deleted", guard=guard, beside_state=True)
 

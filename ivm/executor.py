@@ -43,6 +43,7 @@ from sql_frontend.plan_sql import quoted, render
 from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
+from ivm.compiled.extremes import DeletedExtremes
 from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, static_reason
 from ivm.duck import Holder
 from storage.keys import KeyCoder
@@ -106,13 +107,15 @@ def guard_empty(guard: Guard, probe: pa.Table, values: pa.Table, coder: KeyCoder
     """
     if probe.num_rows == 0:
         return True
+    value_type = probe.schema.field(guard.column).type
+    if pa.types.is_floating(value_type) or any(values.schema.field(c).type != value_type
+                                               for c in guard.value_columns):
+        return False  # decided before filtering: the test answers nothing for these types
     deleted = probe.filter(pc.less_equal(probe.column(WEIGHT), 0))
     if deleted.num_rows == 0:
         return True
     value = deleted.column(guard.column)
     columns = [values.column(c) for c in guard.value_columns]
-    if pa.types.is_floating(value.type) or any(c.type != value.type for c in columns):
-        return False
     try:
         if coder is not None and _same_key_types(guard.keys, deleted, values):
             return _no_pair(coder.codes(deleted, guard.keys), value, coder.codes(values, guard.keys), columns)
@@ -479,7 +482,7 @@ class Executor(StepRunner):
         if state is None:
             return None
         if state.compiled is not None:
-            text = "compiled"
+            text = getattr(state.compiled, "label", "compiled")
             if state.fallbacks:
                 text += f"; {state.fallbacks} batch(es) on DuckDB, last: {state.last_fallback}"
             return text
@@ -571,8 +574,15 @@ class Executor(StepRunner):
 
     def _compile(self, step: Query, state: StepState, inputs: dict[str, pa.Table], schema: pa.Schema) -> None:
         """Compile the step for these inputs, typed by DuckDB's result ``schema``; else note why not."""
+        schemas = {n: t.schema for n, t in inputs.items()}
+        if step.guard is not None and step.guard.result is not None:
+            try:  # a MIN/MAX rescan whose guard states its result: computed from it (compiled/extremes.py)
+                state.compiled = DeletedExtremes(step.guard, schemas, schema)
+                return
+            except Unsupported:
+                pass  # the general compiled step below
         try:
-            state.compiled = CompiledStep(step.sql, {n: t.schema for n, t in inputs.items()}, schema)
+            state.compiled = CompiledStep(step.sql, schemas, schema)
         except Unsupported as e:
             state.reason = str(e)
         except Exception as e:  # a compiler bug must not stop maintenance; the step stays on DuckDB
