@@ -111,3 +111,12 @@ def test_scram_rfc7677_example():
     with pytest.raises(AuthFailed):
         wrong.final(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                     b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+
+
+@pytest.mark.parametrize("table", [pa.table({"a": [""]}), pa.table({"a": ["", ""], "b": pa.array([1, 2], pa.int64())})])
+def test_rows_of_empty_strings(table):
+    # Every value of a column the same width 0 (psql's \d selects '' AS a column): the packed fixed-width
+    # path cannot hold a zero-width value, the general one sends each as a 0-byte value (not NULL).
+    expected = b"".join(messages.data_row([b"" if k == "a" else str(row[k]).encode() for k in table.column_names])
+                        for row in table.to_pylist())
+    assert rows.data_rows(table, [0] * table.num_columns) == expected
