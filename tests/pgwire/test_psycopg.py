@@ -164,7 +164,7 @@ def test_session_statements(conn):
     assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
     assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 15.0 (ivm")
     assert conn.execute("SELECT current_database()").fetchone() == ("ivm",)
-    assert conn.execute("SELECT current_schema()").fetchone() == ("main",)
+    assert conn.execute("SELECT current_schema()").fetchone() == ("public",)  # as pg_catalog.pg_namespace says
 
 
 def test_savepoints_are_accepted_and_undo_nothing(conn):
