@@ -152,6 +152,11 @@ FUNCTIONS: dict[str, Callable[[list[exp.Expression], "_Rewriter"], exp.Expressio
     # DuckDB lacks it; ivm publishes nothing for logical replication
     "pg_relation_is_publishable": lambda args, _: exp.false(),
     "current_setting": _current_setting,
+    # DuckDB lacks them; sizes by OID are not known here (SHOW STATUS has each relation's stored_bytes)
+    "pg_table_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
+    "pg_relation_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
+    "pg_total_relation_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
+    "pg_indexes_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
     # DuckDB's name for it (SQLAlchemy's column reflection builds identity options with it)
     "json_build_object": lambda args, _: exp.Anonymous(this="json_object", expressions=args),
     # DuckDB lacks array_upper: an array's upper bound is its length (PostgreSQL's arrays here start at 1)
