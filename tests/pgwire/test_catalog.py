@@ -21,7 +21,6 @@ import sqlalchemy as sa
 from tests.pgwire.conftest import TIMEOUT, connect
 
 FIXTURES = Path(__file__).parent / "fixtures"
-INTERNAL = ("__", "agg", ".")  # prefixes and marks of ivm's own relation names (state is "<view>.<part>")
 
 
 def psql(server, *args: str) -> subprocess.CompletedProcess:
