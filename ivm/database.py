@@ -58,6 +58,7 @@ from ivm.engine_choice import check_engine, describe as describe_engine
 from ivm.event_time import view_query
 from ivm.maintenance import check_mode
 from ivm.reads import time_windows_in
+from ivm.system_relations import reads_system
 from ivm.recompute import is_stale
 from ivm.explain import explain_view
 from ivm.status import engine_status, status_table
@@ -65,6 +66,14 @@ from ivm.status import engine_status, status_table
 
 MESSAGE_CHARS = 2000  # longest error message a statement gets back (DuckDB's may repeat the whole text)
 ROWS = (Query, Explain, Show)  # statements that return rows
+# SHOW SOURCES: a table, or a source made by CREATE SOURCE (Database._show_sources).
+SOURCES_SCHEMA = pa.schema([
+    pa.field("name", pa.string()),
+    pa.field("type", pa.string()),  # "table" | "postgres"
+    pa.field("written_by", pa.string()),  # a table's CREATE SOURCE source (NULL: written by clients only)
+    pa.field("status", pa.string()),  # a source's phase ("snapshot", "streaming"…) or "failed: why"; NULL for a table
+    pa.field("rows", pa.int64()),  # a table's rows now; NULL for a source
+])
 
 
 def _statement_errors(method: Callable) -> Callable:
@@ -183,6 +192,8 @@ class Database:
         statement = parse_one(sql)
         if not isinstance(statement, Query):
             raise UnsupportedError("only a SELECT has a result schema before it runs")
+        if reads_system(statement.expression):  # the binder has no catalog relations; they are small: run it
+            return self._engine.reader.query(statement.sql, statement.expression).schema.remove_metadata()
         columns = self._engine.binder.describe(statement.sql)
         return self._engine.binder.arrow_schema(columns)
 
@@ -204,8 +215,10 @@ class Database:
         self._check_open()
         self._check_size(template)
         reads = _parsed_reads(template)
-        # TUMBLE/HOP expand the parsed tree, which holds $n, not the values: those take the ordinary path.
-        if reads is None or len(reads) != 1 or time_windows_in(reads[0].expression):
+        # TUMBLE/HOP expand the parsed tree, and a catalog query is rewritten (ivm/system_relations.py); the tree
+        # holds $n, not the values: those take the ordinary path.
+        if reads is None or len(reads) != 1 or time_windows_in(reads[0].expression) \
+                or reads_system(reads[0].expression):
             return self.sql(text() if callable(text) else text)
         return self._engine.reader.query(text, reads[0].expression, values=values, timeout=self._timeout)
 
@@ -382,6 +395,8 @@ class Database:
                 return 0, status_table(engine_status(engine))
             if statement.what == "create":
                 return 0, self._show_create(statement.extra["name"])
+            if statement.what == "sources":
+                return 0, self._show_sources()
             return 0, self._show(statement)
         if isinstance(statement, Maintenance):
             if statement.what == "checkpoint":
@@ -556,6 +571,30 @@ class Database:
         if definition.kind != "view":
             raise CatalogError(f"{name} is a table, not a materialized view")
         return pa.table({"name": [name], "create_sql": [f"CREATE MATERIALIZED VIEW {quote(name)} AS {definition.sql}"]})
+
+    def _show_sources(self) -> pa.Table:
+        """SHOW SOURCES: what ivm reads changes from, one row each (see SOURCES_SCHEMA).
+
+        Every table is a source (INSERT/UPDATE/DELETE, COPY, ``apply_changes``,
+        Flight ingest and Debezium write it); ``written_by`` names the
+        CREATE SOURCE source that replicates into it, if one does. A source
+        made by CREATE SOURCE is a row of type ``postgres`` with its state
+        (its phase, or why it failed); it has no rows of its own.
+        """
+        engine = self._engine
+        upstream = []
+        if self.path is not None:
+            from ivm.cdc.postgres import sources_status  # (psycopg2, imported only where sources can exist)
+
+            upstream = sources_status(self.path)
+        writer = {table: source["name"] for source in upstream for table in source["tables"]}
+        snapshot = engine.store.snapshot
+        rows = [{"name": t.name, "type": "table", "written_by": writer.get(t.name), "status": None,
+                 "rows": snapshot[t.name].num_rows}
+                for t in engine.catalog.visible_tables()]
+        rows += [{"name": s["name"], "type": s["kind"], "written_by": None,
+                  "status": s["status"] if s["status"] != "ok" else s["phase"], "rows": None} for s in upstream]
+        return pa.Table.from_pylist(sorted(rows, key=lambda row: (row["name"], row["type"])), schema=SOURCES_SCHEMA)
 
     def _show(self, stmt: Show) -> pa.Table:
         engine = self._engine

@@ -38,6 +38,7 @@ from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from delta_operators.zset import WEIGHT
 from ivm import cancel, duck, point_reads
+from ivm.system_relations import SystemRelations, reads_system
 from ivm.executor import duckdb_message
 from delta_operators.program import scan_name
 from ivm.binder import quote
@@ -121,6 +122,7 @@ class Reader:
         self._lock = threading.Lock()
         self._closed = False
         self._computed_read: set[str] = set()  # views computed on read that were read since the last warm()
+        self.system = SystemRelations(engine.catalog)  # pg_catalog and information_schema
 
     def close(self) -> None:
         with self._lock:
@@ -155,9 +157,9 @@ class Reader:
             except duckdb.Error as e:
                 raise ExecutionError(duckdb_message(e)) from None
 
-    def relations_in(self, expression: exp.Expression) -> list[str]:
-        """Catalog relations a query names; unknown plain names are errors."""
-        names = _named_relations(expression)
+    def relations_in(self, expression: exp.Expression, system: frozenset[str] | dict = frozenset()) -> list[str]:
+        """Catalog relations a query names (besides the ``system`` relations); unknown plain names are errors."""
+        names = [name for name in _named_relations(expression) if name not in system]
         for name in names:
             if not self.engine.catalog.exists(name):
                 raise UnknownObjectError(f"table or view {name} does not exist")
@@ -272,10 +274,18 @@ class Reader:
         if time_windows_in(expression):  # TUMBLE/HOP in FROM: the same expansion views get
             expression, values = expand_time_windows(expression, self.engine.catalog.schema()), None
             sql = expression.sql("duckdb")
-        names = self.relations_in(expression)
+        system: dict[str, pa.Table] = {}
+        if reads_system(expression):  # pg_catalog, information_schema, a schema-qualified name, PostgreSQL syntax
+            expression, system = self.system.prepare(expression)
+            sql, values = expression.sql("duckdb"), None
+        names = self.relations_in(expression, system)
         point = point_reads.shape(expression) if values is not None else None
         with self._lease() as lease:
             self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal)
+            for name, rows in system.items():
+                if lease.registered.get(name) is not rows:
+                    lease.cursor.register(name, rows)
+                    lease.registered[name] = rows
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
                 table = self._run(lease.cursor, sql() if callable(sql) else sql, timeout)

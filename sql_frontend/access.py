@@ -63,5 +63,7 @@ def check_tree(tree: exp.Expression) -> None:
 
 def function_name(call: exp.Func) -> str:
     """The function's name, lower case (sqlglot renames a few: ``range`` is GENERATE_SERIES)."""
+    if isinstance(call, exp.Explode):  # ``pg_catalog.unnest(a)`` (psql's \d+) is parsed as EXPLODE, rendered UNNEST
+        return "unnest"
     return (call.name if isinstance(call, exp.Anonymous) else call.sql_name()).lower()
 

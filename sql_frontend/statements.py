@@ -21,10 +21,11 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from sql_frontend.access import check_statement, check_tree
-from sql_frontend.errors import SqlSyntaxError, UnsupportedError
+from sql_frontend.errors import AccessDeniedError, SqlSyntaxError, UnknownObjectError, UnsupportedError
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
 from sql_frontend.limits import check_text, check_view_nesting, ensure_recursion_limit, echo, too_complex
 from sql_frontend.session_windows import quote_session_calls
+from sql_frontend.system_queries import SYSTEM_SCHEMAS, USER_SCHEMAS
 
 DIALECT = "duckdb"
 
@@ -119,7 +120,7 @@ class SetOption:
 
 @dataclass
 class Show:
-    what: str  # "tables" | "views" | "status" | "create" (extra["name"]: SHOW CREATE MATERIALIZED VIEW)
+    what: str  # "tables" | "views" | "sources" | "status" | "create" (extra["name"]: SHOW CREATE MATERIALIZED VIEW)
     extra: dict = field(default_factory=dict)
 
 
@@ -506,7 +507,7 @@ def _drop(tree: exp.Drop) -> Drop:
         raise UnsupportedError("DROP of several objects in one statement is not supported; drop them one by one")
     return Drop(
         kind="table" if kind == "TABLE" else "view",
-        name=normalize_name(tables[0]),
+        name=_user_relation(tables[0], "DROP") if isinstance(tables[0], exp.Table) else normalize_name(tables[0]),
         if_exists=bool(tree.args.get("exists")),
         cascade=bool(tree.args.get("cascade")),
     )
@@ -518,6 +519,22 @@ def _target_table(tree: exp.Expression, what: str) -> str:
         table = table.this
     if not isinstance(table, exp.Table):
         raise UnsupportedError(f"{what} target must be a table name")
+    return _user_relation(table, what)
+
+
+def _user_relation(table: exp.Table, what: str) -> str:
+    """The name of a relation a statement changes: ``t``, ``public.t`` or ``main.t``, never another schema's.
+
+    (Without this check a write to ``information_schema.tables`` went to a user table named ``tables``.)
+    """
+    schema = table.args.get("db")
+    if schema is not None or table.args.get("catalog") is not None:
+        shown = table.sql(DIALECT)
+        if schema is not None and schema.name.lower() in SYSTEM_SCHEMAS and table.args.get("catalog") is None:
+            raise AccessDeniedError(f"{what} of {shown} is not allowed: ivm's catalog relations are read-only "
+                                    "(they are answered from its tables and views)")
+        if table.args.get("catalog") is not None or schema.name.lower() not in USER_SCHEMAS:
+            raise UnknownObjectError(f"relation {shown} does not exist: ivm's relations are in schema public")
     return normalize_name(table)
 
 
@@ -624,6 +641,7 @@ def _show(rest: str) -> Show:
         name = create.group(1)
         name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
         return Show(what="create", extra={"name": name})
-    if what in ("tables", "views", "status"):
+    if what in ("tables", "views", "sources", "status"):
         return Show(what=what)
-    raise UnsupportedError(f"SHOW {rest} is not supported (try SHOW TABLES or SHOW STATUS)")
+    raise UnsupportedError(f"SHOW {rest} is not supported (try SHOW TABLES, SHOW MATERIALIZED VIEWS, SHOW SOURCES "
+                           "or SHOW STATUS)")

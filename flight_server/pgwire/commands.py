@@ -8,7 +8,8 @@ reach the Database:
 * ``BEGIN``/``START TRANSACTION``/``COMMIT``/``END``/``ROLLBACK``/``ABORT``
   are accepted and answer their tags, but change nothing: every statement
   is its own atomic change batch, committed when acknowledged. A ROLLBACK
-  undoes nothing (the tag is PostgreSQL's; the README says so).
+  undoes nothing (the tag is PostgreSQL's; the README says so). So are
+  ``SAVEPOINT``, ``RELEASE`` and ``ROLLBACK TO`` (``savepoint``).
 * ``SET``/``RESET``/``SHOW`` of the parameters in ``PARAMETERS``. A value
   ivm cannot honour (a TimeZone other than UTC, a DateStyle other than
   ISO, an encoding other than UTF8) is refused with 0A000, not accepted and
@@ -21,6 +22,8 @@ reach the Database:
 ('INSERT 0 3', 'CREATE MATERIALIZED VIEW')
 >>> parse_set("SET SESSION TIME ZONE UTC"), parse_set("set search_path to public, x")
 (('timezone', 'UTC'), ('search_path', 'public, x'))
+>>> savepoint('SAVEPOINT "_pg3_1"'), savepoint("ROLLBACK TO SAVEPOINT s"), savepoint("release s"), savepoint("ROLLBACK")
+('SAVEPOINT', 'ROLLBACK', 'RELEASE', None)
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ _TRANSACTION = {"BEGIN": "BEGIN", "START": "START TRANSACTION", "COMMIT": "COMMI
                 "ROLLBACK": "ROLLBACK", "ABORT": "ROLLBACK"}
 _OBJECTS = ("MATERIALIZED VIEW", "TABLE", "VIEW", "SOURCE", "INDEX", "SCHEMA", "SEQUENCE")
 _WORDS = re.compile(r"[A-Za-z_]+")
+_SAVEPOINT = re.compile(r'\s*(SAVEPOINT|RELEASE(?:\s+SAVEPOINT)?|ROLLBACK(?:\s+(?:WORK|TRANSACTION))?\s+TO'
+                        r'(?:\s+SAVEPOINT)?)\s+(?:"(?:[^"]|"")+"|[A-Za-z_]\w*)\s*;?\s*$', re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=512)
@@ -63,8 +68,22 @@ def transaction(sql: str) -> str | None:
     if first[0] == "START" and first[1:2] != ["TRANSACTION"]:
         return None
     if first[0] == "ROLLBACK" and "TO" in first:
-        raise PgError(UNSUPPORTED, "savepoints are not supported: every statement commits on its own")
+        return None  # ROLLBACK TO SAVEPOINT: ``savepoint``
     return _TRANSACTION[first[0]]
+
+
+def savepoint(sql: str) -> str | None:
+    """The tag of ``SAVEPOINT s``, ``RELEASE [SAVEPOINT] s`` or ``ROLLBACK TO [SAVEPOINT] s``, or None.
+
+    Accepted as no-ops, like BEGIN and COMMIT: every statement has already
+    committed, so there is nothing to mark, and ROLLBACK TO undoes nothing
+    (as ROLLBACK). Drivers need them: psycopg's ``conn.transaction()``
+    inside a transaction (which SQLAlchemy's psycopg dialect runs on
+    connect, to look up the hstore type) sends SAVEPOINT, then RELEASE or,
+    after an error, ROLLBACK TO SAVEPOINT.
+    """
+    match = _SAVEPOINT.match(sql)
+    return None if match is None else match[1].split()[0].upper()
 
 
 def tag(sql: str, count: int) -> str:
@@ -249,7 +268,7 @@ def unsupported(sql: str) -> str | None:
     """A message for session statements ivm does not have (cursors, LISTEN, prepared SQL statements)."""
     head = (words(sql, 1) or [""])[0]
     if head in ("DECLARE", "FETCH", "MOVE", "CLOSE", "LISTEN", "UNLISTEN", "NOTIFY", "PREPARE", "EXECUTE",
-                "DEALLOCATE", "SAVEPOINT", "RELEASE", "LOCK", "VACUUM", "ANALYZE", "GRANT", "REVOKE", "TRUNCATE"):
+                "DEALLOCATE", "LOCK", "VACUUM", "ANALYZE", "GRANT", "REVOKE", "TRUNCATE"):
         if head == "DEALLOCATE":
             return None
         return f"{head} is not supported by ivm's PostgreSQL door"

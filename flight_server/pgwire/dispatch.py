@@ -63,7 +63,7 @@ class Dispatcher:
 
     def goes_to_database(self, sql: str) -> bool:
         """False for the statements this session answers itself (commands.py, COPY)."""
-        return not (commands.transaction(sql) or commands.parse_set(sql) or commands.parse_reset(sql)
+        return not (commands.transaction(sql) or commands.savepoint(sql) or commands.parse_set(sql) or commands.parse_reset(sql)
                     or self._session_show(sql) or commands.intercepted_function(sql) or copy.parse(sql)
                     or subscribe.parse(sql)
                     or commands.words(sql, 1) in (["DISCARD"], ["DEALLOCATE"]))
@@ -91,6 +91,9 @@ class Dispatcher:
         return schema
 
     def run_statement(self, sql: str, statement: Prepared, bound: pa.RecordBatch | None) -> Outcome:
+        tag = commands.savepoint(sql)
+        if tag:
+            return Outcome(tag)  # no-ops inside or outside a block (commands.savepoint)
         tag = commands.transaction(sql)
         if tag:
             self.in_block = tag in ("BEGIN", "START TRANSACTION")

@@ -35,7 +35,7 @@ def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
         if not len(cells.lengths):
             return None
         width = int(cells.lengths[0])
-        if width < 0 or (cells.lengths != width).any() or len(cells.data) != width * n:
+        if width <= 0 or (cells.lengths != width).any() or len(cells.data) != width * n:
             return None
         widths.append(width)
     layout = [("kind", "u1"), ("length", ">i4"), ("count", ">i2")]

@@ -13,11 +13,14 @@ per-row start and length, -1 for NULL) with Arrow compute or numpy where it
 can, so a 100k-row result is not a Python loop per value; the rarer types
 (interval, bytea text, numeric binary, lists) go value by value.
 
-Columns of types PostgreSQL has no counterpart for (lists, structs, maps)
+Lists of strings are PostgreSQL ``text[]`` (in text ``{a,"b c",NULL}`` or
+binary ``array_send`` format), so drivers return Python lists (SQLAlchemy's
+reflection reads an ``array_agg`` of key columns; see ``ARRAYS``). Columns
+of types PostgreSQL has no counterpart for here (other lists, structs, maps)
 are sent as ``text`` in PostgreSQL's array/record literal style.
 
->>> oid_of(pa.int64()), oid_of(pa.decimal128(12, 2)), oid_of(pa.list_(pa.int32()))
-(20, 1700, 25)
+>>> oid_of(pa.int64()), oid_of(pa.decimal128(12, 2)), oid_of(pa.list_(pa.string())), oid_of(pa.list_(pa.int32()))
+(20, 1700, 1009, 25)
 >>> numeric_binary(decimal.Decimal("-12.345")).hex()
 '0002000040000003000c0d7a'
 """
@@ -45,8 +48,23 @@ EPOCH_DAYS = 10957  # days from 1970-01-01 to 2000-01-01, PostgreSQL's epoch
 EPOCH_MICROS = EPOCH_DAYS * 86_400_000_000
 
 
+# Lists of these element types are sent as PostgreSQL arrays (element OID -> array OID), so drivers return
+# lists (SQLAlchemy's reflection reads an array_agg of key column names); other lists as text. Only text[]:
+# asyncpg decodes it without asking the server, but for int4[] and the others it first runs its type
+# introspection query over pg_type/pg_range (with current_setting('jit')), which ivm does not answer.
+ARRAYS = {TEXT: 1009}
+ELEMENTS = {array: element for element, array in ARRAYS.items()}
+
+
 def oid_of(kind: pa.DataType) -> int:
     """The PostgreSQL type OID a column of Arrow type ``kind`` is sent as."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        element = kind.value_type
+        if pa.types.is_string(element) or pa.types.is_large_string(element):
+            return ARRAYS[TEXT]
+        if pa.types.is_nested(element) or pa.types.is_dictionary(element) or oid_of(element) == TEXT:
+            return TEXT
+        return ARRAYS.get(oid_of(element), TEXT)
     if pa.types.is_boolean(kind):
         return BOOL
     if kind in (pa.int8(), pa.int16()):
@@ -173,7 +191,30 @@ def _binary(array: pa.Array, oid: int) -> Cells:
         return _python(array, lambda v: numeric_binary(decimal.Decimal(v)))
     if oid == BYTEA or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         return _strings(array)
-    return _text(array, oid)  # text-typed columns (lists, structs): binary text is the UTF-8 text
+    if oid in ELEMENTS:
+        return _array_binary(array, ELEMENTS[oid])
+    return _text(array, oid)  # text-typed columns (other lists, structs): binary text is the UTF-8 text
+
+
+def _array_binary(array: pa.Array, element: int) -> Cells:
+    """PostgreSQL's binary array (array_send): dimensions, NULL flag, element OID, then each element's bytes."""
+    values = _binary(array.flatten(), element)  # every list's elements, in order
+    data = values.data.tobytes()
+    offsets = np.asarray(array.offsets)
+    out, at = [], 0
+    for valid, start, end in zip(np.asarray(array.is_valid()), offsets[:-1], offsets[1:]):
+        if not valid:
+            out.append(None)
+            continue
+        lengths = values.lengths[at:at + end - start]
+        starts = values.starts[at:at + end - start]
+        at += end - start
+        header = struct.pack("!iii", 1 if end > start else 0, int((lengths < 0).any()), element)
+        parts = [header + (struct.pack("!ii", end - start, 1) if end > start else b"")]
+        for begin, length in zip(starts.tolist(), lengths.tolist()):
+            parts.append(struct.pack("!i", length) + (data[begin:begin + length] if length > 0 else b""))
+        out.append(b"".join(parts))
+    return _strings(pa.array(out, pa.large_binary()))
 
 
 def _text(array: pa.Array, oid: int) -> Cells:

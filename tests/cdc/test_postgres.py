@@ -278,6 +278,11 @@ def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tm
             assert time.monotonic() < deadline
             time.sleep(0.05)
         w.create_views(db)
+        sources = db.sql("SHOW SOURCES").to_pylist()  # the source, and the tables it writes
+        assert [s for s in sources if s["type"] == "postgres"] == [
+            {"name": "shop", "type": "postgres", "written_by": None, "status": "streaming", "rows": None}]
+        assert sorted(s["name"] for s in sources if s["written_by"] == "shop") == \
+            ["audit", "customers", "marker", "orders", "products"]
         load = w.Workload(upstream, seed=3)
         try:
             run_rounds(load, db, progress, rounds=2, transactions=10)
@@ -293,6 +298,7 @@ def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tm
             db.execute(f"CREATE SOURCE shop FROM POSTGRES CONNECTION '{upstream}' PUBLICATION 'shop'")
         db.execute("DROP SOURCE shop")
         assert db.status()["sources"] == []
+        assert {(s["type"], s["written_by"]) for s in db.sql("SHOW SOURCES").to_pylist()} == {("table", None)}
         with contextlib.closing(w.connect(upstream)) as conn, conn.cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = %s", (slot(upstream),))
             assert cur.fetchone()[0] == 0

@@ -76,3 +76,18 @@ def test_errors(server):
             await conn.close()
 
     run(go())
+
+
+def test_lists_of_strings_are_text_arrays_in_binary(server):
+    # asyncpg asks for binary results: a list of strings arrives as text[] in array_send format and decodes to a
+    # list; a list of another type stays text.
+    async def go():
+        conn = await _connect(server)
+        try:
+            row = await conn.fetchrow("SELECT ['x', 'y z', NULL] AS t, []::VARCHAR[] AS e, NULL::VARCHAR[] AS n, "
+                                      "[1, 2] AS i")
+            assert tuple(row) == (["x", "y z", None], [], None, "{1,2}")
+        finally:
+            await conn.close()
+
+    run(go())

@@ -111,3 +111,28 @@ def test_scram_rfc7677_example():
     with pytest.raises(AuthFailed):
         wrong.final(b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                     b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+
+
+@pytest.mark.parametrize("table", [pa.table({"a": [""]}), pa.table({"a": ["", ""], "b": pa.array([1, 2], pa.int64())})])
+def test_rows_of_empty_strings(table):
+    # Every value of a column the same width 0 (psql's \d selects '' AS a column): the packed fixed-width
+    # path cannot hold a zero-width value, the general one sends each as a 0-byte value (not NULL).
+    expected = b"".join(messages.data_row([b"" if k == "a" else str(row[k]).encode() for k in table.column_names])
+                        for row in table.to_pylist())
+    assert rows.data_rows(table, [0] * table.num_columns) == expected
+
+
+def test_arrays_text_and_binary():
+    # PostgreSQL's array_send: ndim, has-NULL flag, element OID, (length, lower bound 1) per dimension,
+    # then each element as a length (-1: NULL) and its binary value; an empty array has no dimensions.
+    table = pa.table({"t": pa.array([["a", None, "b c"], None, []], pa.list_(pa.string()))})
+    assert types.fields(table.schema, [0])[0].type_oid == 1009
+    assert rows.data_rows(table, [0]) == (messages.data_row([b'{a,NULL,"b c"}']) + messages.data_row([None])
+                                          + messages.data_row([b"{}"]))
+    first = (struct.pack("!iiiii", 1, 1, 25, 3, 1) + struct.pack("!i", 1) + b"a" + struct.pack("!i", -1)
+             + struct.pack("!i", 3) + b"b c")
+    assert rows.data_rows(table, [1]) == (messages.data_row([first]) + messages.data_row([None])
+                                          + messages.data_row([struct.pack("!iii", 0, 0, 25)]))
+    numbers = pa.table({"i": pa.array([[1, 2]], pa.list_(pa.int32()))})  # other lists stay text
+    assert types.fields(numbers.schema, [1])[0].type_oid == 25
+    assert rows.data_rows(numbers, [1]) == messages.data_row([b"{1,2}"])

@@ -164,7 +164,23 @@ def test_session_statements(conn):
     assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
     assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 15.0 (ivm")
     assert conn.execute("SELECT current_database()").fetchone() == ("ivm",)
-    assert conn.execute("SELECT current_schema()").fetchone() == ("main",)
+    assert conn.execute("SELECT current_schema()").fetchone() == ("public",)  # as pg_catalog.pg_namespace says
+
+
+def test_savepoints_are_accepted_and_undo_nothing(conn):
+    conn.execute("CREATE TABLE sp (id BIGINT PRIMARY KEY)")
+    with conn.transaction():
+        with conn.transaction():  # inside a block, psycopg sends SAVEPOINT ... RELEASE SAVEPOINT
+            conn.execute("INSERT INTO sp VALUES (1)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with conn.transaction():  # ... and ROLLBACK TO SAVEPOINT after an error
+                conn.execute("INSERT INTO sp VALUES (2)")
+                conn.execute("INSERT INTO sp VALUES (1)")
+    # every statement committed on its own: the rollback to the savepoint undid nothing
+    assert conn.execute("SELECT id FROM sp ORDER BY id").fetchall() == [(1,), (2,)]
+    for sql in ("SAVEPOINT", "RELEASE", "ROLLBACK TO"):  # without a name: not a savepoint statement
+        with pytest.raises(psycopg.Error):
+            conn.execute(sql)
 
 
 def test_server_side_cursors_are_refused_clearly(conn):
