@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -77,6 +78,8 @@ def test_a_durable_server_after_batches(tmp_path):
             assert cur.fetchall() == [(100 * (i + 1),)]
         status = show_status(cur)
         _, after = scrape(server.metrics_url)
+        with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+            served = set(re.findall(r"^# HELP (ivm_\w+)", response.read().decode(), re.M))
 
     assert value(after, "ivm_batch_duration_seconds_count") - value(before, "ivm_batch_duration_seconds_count") == 5
     for name in ("ivm_fold_duration_seconds_count", "ivm_ack_to_visible_seconds_count"):
@@ -103,6 +106,11 @@ def test_a_durable_server_after_batches(tmp_path):
     assert value(after, "ivm_arrow_allocated_bytes") > 0
     assert value(after, "ivm_spilled_bytes") == 0  # 500 rows are far below spill_rows
     assert value(after, "process_resident_memory_bytes") > 0
+    # the README's table names exactly the metrics a durable server serves
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Metrics (Prometheus)"):]
+    section = section[:section.index("\n## ")]
+    assert set(re.findall(r"`(ivm_\w+)`", section)) == served
 
 
 def test_a_taken_port_fails_the_start_naming_it():
