@@ -4,8 +4,12 @@ Prints one line ``ivm: serving Arrow Flight SQL on grpc://HOST:PORT`` when
 ready (``--port 0`` picks a free port; the line tells which), then a snippet
 showing how to connect. With ``--pg-port N`` it also serves PostgreSQL
 clients (flight_server/pgwire/) and prints ``ivm: serving PostgreSQL on
-postgresql://HOST:PORT`` just before the Flight line. On SIGTERM/SIGINT it stops accepting calls, ends live
-subscriptions, lets in-flight calls finish and closes the database.
+postgresql://HOST:PORT`` just before the Flight line; with ``--metrics-port N``
+it serves Prometheus metrics (flight_server/metrics.py) and prints ``ivm:
+serving Prometheus metrics on http://HOST:PORT/metrics``, also before the
+Flight line. A port that is taken fails the start with a message naming it.
+On SIGTERM/SIGINT it stops accepting calls, ends live subscriptions, lets
+in-flight calls finish and closes the database.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pyarrow.flight as fl
 
 import ivm
 from flight_server.errors import quiet_tracebacks
+from flight_server.metrics import MetricsServer
 from flight_server.pgwire.server import PgServer
 from flight_server.server import IvmFlightServer
 
@@ -67,7 +72,7 @@ def pg_snippet(host: str, port: int, token: str | None, tls: bool) -> str:
 
 def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_cert: str | None,
           tls_key: str | None, demo: bool, options: dict | None = None, pg_host: str = "127.0.0.1",
-          pg_port: int | None = None) -> int:
+          pg_port: int | None = None, metrics_host: str = "127.0.0.1", metrics_port: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="ivm: %(message)s", stream=sys.stderr)
     quiet_tracebacks()
     tls = tls_pair(tls_cert, tls_key)
@@ -84,19 +89,32 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
         print(f"ivm serve: cannot listen on {host}:{port}: {e}", file=sys.stderr)
         return 1
     uri = f"{scheme}://{host}:{server.port}"
-    pg = None
+    running = [server]  # stopped in reverse order, then the database is closed
+
+    def give_up(message: str) -> int:
+        for door in reversed(running):
+            door.stop()
+        db.close()
+        print(f"ivm serve: {message}", file=sys.stderr)
+        return 1
+
     if pg_port is not None:
         try:
             pg = PgServer(db, pg_host, pg_port, auth_token=auth_token, tls_cert=tls_cert, tls_key=tls_key,
                           max_statement_bytes=(options or {}).get("max_statement_bytes", 1 << 20)).start()
         except OSError as e:
-            server.stop()
-            db.close()
-            print(f"ivm serve: cannot listen on {pg_host}:{pg_port} for PostgreSQL clients: {e}", file=sys.stderr)
-            return 1
+            return give_up(f"cannot listen on {pg_host}:{pg_port} for PostgreSQL clients: {e}")
+        running.append(pg)
         # Printed before the Flight line, which tells a waiting script that the server is ready.
         print(f"ivm: serving PostgreSQL on postgresql://{pg.host}:{pg.port}", flush=True)
         print(pg_snippet(pg.host, pg.port, auth_token, bool(tls)), file=sys.stderr, flush=True)
+    if metrics_port is not None:
+        try:
+            metrics = MetricsServer(db, metrics_host, metrics_port)
+        except OSError as e:
+            return give_up(f"cannot listen on {metrics_host}:{metrics_port} for metrics: {e}")
+        running.append(metrics)
+        print(f"ivm: serving Prometheus metrics on {metrics.url}", flush=True)  # also before the Flight line
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -105,9 +123,8 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
     while not stop.wait(0.5):
         pass
     log.info("shutting down")
-    if pg is not None:
-        pg.stop()
-    server.stop()
+    for door in reversed(running):
+        door.stop()
     db.close()
     log.info("stopped")
     return 0

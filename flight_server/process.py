@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: the server runs its own code
 READY = "ivm: serving Arrow Flight SQL on "
 PG_READY = "ivm: serving PostgreSQL on "  # printed before READY when --pg-port is given
+METRICS_READY = "ivm: serving Prometheus metrics on "  # printed before READY when --metrics-port is given
 
 
 class ServerProcess:
@@ -34,6 +35,7 @@ class ServerProcess:
         threading.Thread(target=self._pump, args=(self.process.stdout, self._lines), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.process.stderr, None), daemon=True).start()
         self.pg_uri: str | None = None  # postgresql://HOST:PORT with --pg-port
+        self.metrics_url: str | None = None  # http://HOST:PORT/metrics with --metrics-port
         self.uri = self._wait_ready(timeout)
         self.port = int(self.uri.rsplit(":", 1)[1])
         self.pg_port = int(self.pg_uri.rsplit(":", 1)[1]) if self.pg_uri else None
@@ -58,6 +60,8 @@ class ServerProcess:
                 break
             if line.startswith(PG_READY):
                 self.pg_uri = line[len(PG_READY):].strip()
+            if line.startswith(METRICS_READY):
+                self.metrics_url = line[len(METRICS_READY):].strip()
             if line.startswith(READY):
                 return line[len(READY):].strip()
         self.stop()

@@ -201,6 +201,7 @@ class Checkpointer:
             self.count += 1
             self.last_duration = time.perf_counter() - start
             self.durations.append(self.last_duration)
+            self.engine.observed.checkpoint_seconds.observe(self.last_duration)
             self.written.append((self._appended, self._overwritten))
             self.error = None
             try:

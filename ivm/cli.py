@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="also serve PostgreSQL clients (psql, psycopg, asyncpg) on this port "
                             "(0 picks a free one; default: off)")
     serve.add_argument("--pg-host", default="127.0.0.1", help="address for --pg-port (default 127.0.0.1)")
+    serve.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                       help="also serve Prometheus metrics over HTTP on this port, at /metrics "
+                            "(0 picks a free one; default: off)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="address for --metrics-port (default 127.0.0.1; the endpoint has no authentication)")
     serve.add_argument("--demo", action="store_true", help="load the demo tables and views (see ivm demo)")
     serve.add_argument("--ingest-nice", type=_niceness, default=0, metavar="N",
                        help="in memory: apply change batches on a thread at OS niceness N (0-19), so lookups "
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                    "ingest_nice": args.ingest_nice, "max_statement_bytes": args.max_statement_bytes,
                    "statement_timeout": args.statement_timeout or None}
         return run_server(args.data, args.host, args.port, args.auth_token, args.tls_cert, args.tls_key, args.demo,
-                          options, pg_host=args.pg_host, pg_port=args.pg_port)
+                          options, pg_host=args.pg_host, pg_port=args.pg_port,
+                          metrics_host=args.metrics_host, metrics_port=args.metrics_port)
     if args.command == "demo":
         from ivm.demo import run
 

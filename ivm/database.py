@@ -332,6 +332,14 @@ class Database:
         self._check_open()
         return engine_status(self._engine)
 
+    def observations(self) -> dict:
+        """Latencies and counts recorded since the database was opened (ivm/observations.py):
+        under "histograms" each histogram's ``HistogramCounts`` (batch, fold, visible,
+        checkpoint seconds), under "ingested" per table (batches, rows) acknowledged."""
+        self._check_open()
+        observed = self._engine.observed
+        return {"histograms": observed.histograms(), "ingested": observed.ingested()}
+
     def checkpoint(self) -> int:
         """Store everything acknowledged now (durable databases); return the stored offset."""
         self._check_open()

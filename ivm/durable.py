@@ -162,6 +162,7 @@ class DurableEngine(Engine):
     def ingest(self, table: str, data: Any, on_missing_delete: str | None = None,
                source: str | None = None, seq: int | None = None) -> int:
         check_producer(source, seq)
+        started = time.perf_counter()
         ticket = Ticket(table, data, on_missing_delete, source, seq)
         self._pending.add(ticket)
         with self.write_lock:
@@ -177,6 +178,7 @@ class DurableEngine(Engine):
             raise ticket.error
         self.log.wait_durable(ticket.offset)
         self.maintainer.wake()
+        self.acknowledged(ticket, started)
         return ticket.offset
 
     def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
@@ -239,7 +241,8 @@ class DurableEngine(Engine):
         self.producers.record(record.source, record.seq, record.offset)
         self._note_unstored(record.offset, record.timestamp, prepared.change.delta.num_rows, record.table)
         deltas = {part.change_table: [part.change.delta] for part in [prepared, *prepared.hidden]}
-        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp, prepared.counts()))
+        self.maintainer.enqueue(Entry(record.offset, deltas, versions, record.timestamp, prepared.counts(),
+                                      replayed=True))
 
     def _note_unstored(self, offset: int, now: float, rows: int, table: str) -> None:
         with self._unstored_lock:

@@ -52,6 +52,7 @@ from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
 from ivm.producers import Producers, check_producer
 from ivm.mirrors import Mirrors
+from ivm.observations import Observations
 from ivm.reads import Reader
 from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -239,6 +240,8 @@ class Engine:
         self.failed: dict[str, str] = {}
         # Largest event time per watermarked table (ivm/event_time.py).
         self.watermarks = Watermarks()
+        # Latencies and counts recorded where they happen (ivm/observations.py).
+        self.observed = Observations()
 
     def wait_visible(self) -> None:
         """Block until reads see every acknowledged change (in memory: they always do)."""
@@ -544,6 +547,7 @@ class Engine:
         (ivm/group_commit.py).
         """
         check_producer(source, seq)
+        started = time.perf_counter()
         ticket = Ticket(table, data, on_missing_delete, source, seq)
         if self.write_lock._is_owned():  # CREATE TABLE ... AS holds the lock: its batch goes alone, now
             with self.write_lock:
@@ -557,25 +561,31 @@ class Engine:
                     take_and_commit(self)
         if ticket.error is not None:
             raise ticket.error
+        self.acknowledged(ticket, started)
         return ticket.offset
+
+    def acknowledged(self, ticket: Ticket, started: float) -> None:
+        """Record a batch acknowledged now, handed in at ``started`` (``time.perf_counter()``)."""
+        self.observed.batch_seconds.observe(time.perf_counter() - started)
+        self.observed.acknowledged(ticket.table, ticket.batch.num_rows if ticket.batch is not None else 0)
 
     def ingest_one(self, ticket: Ticket) -> None:
         """Apply one batch on its own (under the write lock); fill in its offset or error."""
         try:
-            ticket.offset = self._ingest_one(ticket.table, ticket.data, ticket.on_missing_delete,
-                                             ticket.source, ticket.seq)
+            ticket.offset = self._ingest_one(ticket)
         except Exception as e:
             ticket.error = e
         ticket.done = True
 
-    def _ingest_one(self, table: str, data: Any, on_missing_delete: str | None,
-                    source: str | None, seq: int | None) -> int:
+    def _ingest_one(self, ticket: Ticket) -> int:
+        table, source, seq = ticket.table, ticket.source, ticket.seq
         if source is not None:
             known = self.producers.known(source, seq)
             if known is not None:
                 return known
         snapshot = self.store.snapshot
-        prepared = self.prepare(table, data, on_missing_delete)
+        prepared = self.prepare(table, ticket.data, ticket.on_missing_delete)
+        ticket.batch = prepared.batch  # normalized: its rows are the batch's
         snapshot = snapshot.with_changes(prepared.versions())
         deltas = prepared.deltas()
         snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
@@ -610,6 +620,7 @@ class Engine:
         a durable fold maintains several batches (ivm/maintainer.py). A bad
         batch fails the whole call before anything is published.
         """
+        started = time.perf_counter()
         with self.write_lock:
             snapshot = self.store.snapshot
             prepared = [(table, self.prepare(table, data, on_missing_delete)) for table, data in batches]
@@ -624,7 +635,11 @@ class Engine:
             snapshot = self._maintain(deltas, snapshot, self.worker(rows))
             for table, one in prepared:
                 self.accept_events(table, one)
-            return self.publish(snapshot, deltas, counts)
+            offset = self.publish(snapshot, deltas, counts)
+        self.observed.batch_seconds.observe(time.perf_counter() - started)
+        for table, one in prepared:
+            self.observed.acknowledged(table, one.batch.num_rows)
+        return offset
 
     def view_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """The views' deltas among those ``_maintain`` added to ``deltas``."""

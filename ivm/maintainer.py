@@ -68,6 +68,7 @@ class Entry:
     # per table: accepted batches not converted yet, (normalized batch, policy) in
     # order (ivm/deferred.py); their deltas and the table's version come at the fold
     batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)
+    replayed: bool = False  # replayed from the log at open: acknowledged by an earlier process
 
     @property
     def rows(self) -> int:
@@ -230,6 +231,7 @@ class Maintainer:
         """Fold the durable queued entries into the views and publish (see ``_take``)."""
         with self.fold_lock:
             engine = self.engine
+            started = time.perf_counter()  # the conversion of deferred upserts is part of the fold
             entries, converted = self._take_converted(everything)
             if not entries:
                 return
@@ -262,6 +264,16 @@ class Maintainer:
                 engine.store.publish(snapshot)
                 self.folds += 1
                 self.cond.notify_all()
+            self._observe(entries, started)
+
+    def _observe(self, entries: list[Entry], started: float) -> None:
+        """Record the fold's time and, per entry, how long its batches waited to be visible."""
+        observed = self.engine.observed
+        observed.fold_seconds.observe(time.perf_counter() - started)
+        now = time.time()  # entries are stamped with wall-clock time (it is logged with them)
+        for entry in entries:
+            if not entry.replayed:  # its age says when it was logged, not how late a fold made it visible
+                observed.visible_seconds.observe(max(0.0, now - entry.timestamp))
 
     def _take_converted(self, everything: bool) -> tuple[list[Entry], dict[str, "Prepared"]]:
         """The entries to fold, and the conversion of their batches not converted yet.

@@ -7,12 +7,12 @@ event time, lateness, late events counted), the offset of its
 stored (checkpointed) version, the offset reads see (published), the log
 head (last accepted offset), the lag of stored state behind the head in
 changes and seconds (of the oldest change to the relation's tables that is
-not stored yet), the stored size, and the buffer: changed rows acknowledged
-but not yet folded into views, and (views) how the last batches were
-maintained: incremental or recompute (ivm/maintenance.py; the estimates
-are in ``facts["maintenance"]``), and how many query steps ran compiled or
-on DuckDB (``facts["steps"]``). Database-wide facts (log segments,
-truncations repaired at open, recovery, checkpoints) come alongside.
+not stored yet), the stored size, the size of its columns in memory, and
+the buffer: changed rows acknowledged but not yet folded into views, and
+(views) how the last batches were maintained: incremental or recompute
+(ivm/maintenance.py; the estimates are in ``facts["maintenance"]``), and
+how many query steps ran compiled or on DuckDB (``facts["steps"]``). Database-wide facts (log segments,
+truncations repaired at open, recovery, checkpoints, memory) come alongside.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 COLUMNS = [
     ("name", pa.string()), ("kind", pa.string()), ("rows", pa.int64()), ("stored_offset", pa.int64()),
     ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
-    ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
+    ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("memory_bytes", pa.int64()),
+    ("buffer_rows", pa.int64()),
     ("status", pa.string()), ("maintenance", pa.string()), ("engine", pa.string()),
     ("watermark", pa.string()),
 ]
@@ -80,6 +81,8 @@ def engine_status(engine: "Engine") -> dict:
                 "lag_changes": len(mine) if durable else 0,
                 "lag_seconds": round(now - mine[0][1], 3) if mine else 0.0,
                 "stored_bytes": engine.checkpointer.stored_bytes(relation) if durable else None,
+                # its columns in the published snapshot (spilled runs: memory-mapped, counted too)
+                "memory_bytes": held.num_bytes if held is not None else None,
                 "buffer_rows": sum(queued.get(t, 0) for t in tables),
                 "status": "failed: " + engine.failed[name] if name in engine.failed else "ok",
                 "maintenance": _maintenance(engine, view) if view is not None and relation == name else None,
@@ -99,6 +102,10 @@ def engine_status(engine: "Engine") -> dict:
              "spill": {"dir": str(engine.spill.directory) if engine.spill else None,
                        "rows": engine.spill.rows if engine.spill else None,
                        "bytes": sum(r.spilled_bytes for r in snapshot.relations.values())},
+             # the published relations' columns (spilled ones included), and every Arrow buffer the
+             # process holds (Arrow's allocator is per process: other databases' buffers count too)
+             "memory": {"relation_bytes": sum(r.num_bytes for r in snapshot.relations.values()),
+                        "arrow_allocated_bytes": pa.total_allocated_bytes()},
              "streams": {t.name: engine.watermarks.status(t) for t in catalog.tables.values()
                          if t.event_time is not None}}
     if durable:
