@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 COLUMNS = [
     ("name", pa.string()), ("kind", pa.string()), ("rows", pa.int64()), ("stored_offset", pa.int64()),
     ("published_offset", pa.int64()), ("log_head", pa.int64()), ("lag_changes", pa.int64()),
-    ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("memory_bytes", pa.int64()),
-    ("buffer_rows", pa.int64()),
+    ("lag_seconds", pa.float64()), ("stored_bytes", pa.int64()), ("buffer_rows", pa.int64()),
     ("status", pa.string()), ("maintenance", pa.string()), ("engine", pa.string()),
-    ("watermark", pa.string()),
+    ("watermark", pa.string()), ("memory_bytes", pa.int64()),  # last: added after the others were in use
 ]
 
 
@@ -81,8 +80,6 @@ def engine_status(engine: "Engine") -> dict:
                 "lag_changes": len(mine) if durable else 0,
                 "lag_seconds": round(now - mine[0][1], 3) if mine else 0.0,
                 "stored_bytes": engine.checkpointer.stored_bytes(relation) if durable else None,
-                # its columns in the published snapshot (spilled runs: memory-mapped, counted too)
-                "memory_bytes": held.num_bytes if held is not None else None,
                 "buffer_rows": sum(queued.get(t, 0) for t in tables),
                 "status": "failed: " + engine.failed[name] if name in engine.failed else "ok",
                 "maintenance": _maintenance(engine, view) if view is not None and relation == name else None,
@@ -90,6 +87,8 @@ def engine_status(engine: "Engine") -> dict:
                 "engine": engine.engine_used.get(name) if view is not None and relation == name else None,
                 # watermarked tables: max event time seen - lateness (ivm/event_time.py)
                 "watermark": _watermark(engine, name) if relation == name else None,
+                # its columns in the published snapshot (spilled runs: memory-mapped, counted too)
+                "memory_bytes": held.num_bytes if held is not None else None,
             })
     facts = {"path": str(engine.path) if durable else None, "log_head": engine.offset,
              "published_offset": snapshot.offset, "stored_offset": stored_offset, "relations": relations,

@@ -239,7 +239,9 @@ def test_status_checkpoint_and_compaction(tmp_path):
     table = db.sql("SHOW STATUS")
     assert table.column_names == ["name", "kind", "rows", "stored_offset", "published_offset", "log_head",
                                   "lag_changes", "lag_seconds", "stored_bytes", "buffer_rows", "status",
-                                  "maintenance", "engine", "watermark"]
+                                  "maintenance", "engine", "watermark", "memory_bytes"]
+    memory = {r["name"]: r["memory_bytes"] for r in table.to_pylist()}
+    assert memory["orders"] > 0 and memory["totals"] is None  # a view computed on read holds no rows
     head = db.offset
     assert db.sql("CHECKPOINT").to_pylist() == [{"offset": head}]
     result = db.sql("COMPACT").to_pylist()[0]
