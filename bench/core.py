@@ -111,13 +111,19 @@ def recompute_times(native: duckdb.DuckDBPyConnection, sql: str, repeats: int) -
     return times
 
 
-def database_with_view(data: dict[str, pa.Table], view: str, sql: str) -> tuple[ivm.Database, float]:
-    """An in-memory database loaded with ``data`` and holding one view; also the seconds CREATE took."""
+def loaded_database(data: dict[str, pa.Table]) -> ivm.Database:
+    """An in-memory database holding the tables of ``data``, no view."""
     db = ivm.connect()
     for statement in SCHEMA:
         db.execute(statement)
     for name in ("nations", "customers", "orders"):
         db.apply_changes(name, data[name])
+    return db
+
+
+def database_with_view(data: dict[str, pa.Table], view: str, sql: str) -> tuple[ivm.Database, float]:
+    """An in-memory database loaded with ``data`` and holding one view; also the seconds CREATE took."""
+    db = loaded_database(data)
     start = time.perf_counter()
     db.execute(f"CREATE MATERIALIZED VIEW {view} AS {sql}")
     return db, time.perf_counter() - start

@@ -106,14 +106,9 @@ def restore(undo: list[tuple[object, str, object]]) -> None:
 
 
 def database(data: dict, view: str | None) -> ivm.Database:
-    if view is not None:
-        db, _ = core.database_with_view(data, view, core.VIEWS[view])
-        return db
-    db = ivm.connect()
-    for statement in core.SCHEMA:
-        db.execute(statement)
-    for name in ("nations", "customers", "orders"):
-        db.apply_changes(name, data[name])
+    if view is None:
+        return core.loaded_database(data)
+    db, _ = core.database_with_view(data, view, core.VIEWS[view])
     return db
 
 

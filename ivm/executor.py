@@ -482,7 +482,7 @@ class Executor(StepRunner):
         if state is None:
             return None
         if state.compiled is not None:
-            text = getattr(state.compiled, "label", "compiled")
+            text = state.compiled.label
             if state.fallbacks:
                 text += f"; {state.fallbacks} batch(es) on DuckDB, last: {state.last_fallback}"
             return text

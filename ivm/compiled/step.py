@@ -56,6 +56,8 @@ def static_reason(sql: exp.Expression) -> str | None:
 class CompiledStep:
     """One query compiled for given input schemas; ``run`` maps input tables to DuckDB's result schema."""
 
+    label = "compiled"  # what EXPLAIN says of the step
+
     def __init__(self, sql: exp.Expression, schemas: dict[str, pa.Schema], expected: pa.Schema):
         reason = static_reason(sql)
         if reason is not None:
