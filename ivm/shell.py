@@ -164,19 +164,24 @@ class _History:
             pass
         self.mark = readline.get_current_history_length()
 
-    def statement(self, text: str) -> None:
-        """Replace the lines input() added since the last statement by the statement on one line."""
-        if self.readline is None:
-            return
+    def _drop_lines(self) -> None:
+        """Forget the lines input() added since the last statement."""
         readline = self.readline
         for position in range(readline.get_current_history_length() - 1, self.mark - 1, -1):
             readline.remove_history_item(position)
-        readline.add_history(" ".join(part.strip() for part in text.splitlines() if part.strip()))
-        self.mark = readline.get_current_history_length()
+
+    def statement(self, text: str) -> None:
+        """The statement on one line, instead of the lines it was typed on."""
+        if self.readline is None:
+            return
+        self._drop_lines()
+        self.readline.add_history(" ".join(part.strip() for part in text.splitlines() if part.strip()))
+        self.mark = self.readline.get_current_history_length()
 
     def save(self) -> None:
         if self.readline is None:
             return
+        self._drop_lines()  # \q, or a statement dropped with Ctrl-C
         try:
             self.readline.write_history_file(self.path)
         except OSError as e:
