@@ -117,6 +117,8 @@ def _overview(facts: dict, width: int) -> list[str]:
 
 
 def _relations(relations: list[dict], width: int) -> list[str]:
+    if not relations:
+        return ["no tables or views yet"]
     rows, view = [], None
     for r in relations:
         name = r["name"]

@@ -39,3 +39,9 @@ def test_long_names_failures_and_sources_fit_80_columns():
 
 def test_only_sources_when_the_database_is_open_elsewhere():
     assert status_lines({"sources": []}) == ["no sources (CREATE SOURCE, ivm replicate)"]
+
+
+def test_an_empty_database_says_so():
+    with ivm.connect() as db:
+        lines = status_lines(db.status())
+    assert "no tables or views yet" in lines and lines[0] == "database     in memory"
