@@ -79,6 +79,7 @@ def run_statements(execute, statements: str, errors: tuple) -> int:
 
 def _with_progress(db, work):
     """Run ``work()`` while a rich progress bar shows any backfill in db.status()."""
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     done = threading.Event()
@@ -93,8 +94,10 @@ def _with_progress(db, work):
             done.set()
 
     worker = threading.Thread(target=target, name="ivm-sql", daemon=True)
+    # On stderr, and only on a terminal: stdout holds the results, which a pipe reads without bars.
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
-                  TimeElapsedColumn(), transient=True) as progress:
+                  TimeElapsedColumn(), transient=True, console=Console(stderr=True),
+                  disable=not sys.stderr.isatty()) as progress:
         bars: dict[str, int] = {}
         worker.start()
         while not done.wait(POLL_SECONDS):
