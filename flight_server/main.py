@@ -1,8 +1,11 @@
 """``ivm serve``: run the Flight SQL server until SIGTERM or SIGINT.
 
 Prints one line ``ivm: serving Arrow Flight SQL on grpc://HOST:PORT`` when
-ready (``--port 0`` picks a free port; the line tells which), then a snippet
-showing how to connect. With ``--pg-port N`` it also serves PostgreSQL
+ready (``--port 0`` picks a free port; the line tells which), then how to
+connect: ``ivm sql --connect``, ``ivm status --connect`` and an ADBC snippet,
+with a query that works on this database (the demo's view only where the
+demo is loaded). With ``--data`` the address is recorded in the directory
+(ivm/serving.py) while the server runs, so ``ivm sql --data`` can name it. With ``--pg-port N`` it also serves PostgreSQL
 clients (flight_server/pgwire/) and prints ``ivm: serving PostgreSQL on
 postgresql://HOST:PORT`` just before the Flight line; with ``--metrics-port N``
 it serves Prometheus metrics (flight_server/metrics.py) and prints ``ivm:
@@ -24,6 +27,7 @@ from pathlib import Path
 import pyarrow.flight as fl
 
 import ivm
+from ivm import serving
 from flight_server.errors import quiet_tracebacks
 from flight_server.metrics import MetricsServer
 from flight_server.pgwire.server import PgServer
@@ -52,13 +56,24 @@ def tls_pair(cert: str | None, key: str | None) -> list[fl.CertKeyPair]:
     return [fl.CertKeyPair(cert=Path(cert).read_bytes(), key=Path(key).read_bytes())]
 
 
-def snippet(uri: str, token: str | None) -> str:
+DEMO_VIEW = "region_sales"  # ivm/demo.py's: suggested only where it exists
+
+
+def first_query(db: ivm.Database) -> str:
+    """A query that works on this database: the demo's view when it holds it, else SHOW TABLES."""
+    return f"SELECT * FROM {DEMO_VIEW}" if any(o.name == DEMO_VIEW for o in db.objects()) else "SHOW TABLES"
+
+
+def snippet(uri: str, token: str | None, query: str = "SHOW TABLES", tls_cert: str | None = None) -> str:
     auth = ', db_kwargs={"username": "ivm", "password": "<token>"}' if token else ""
+    shell_options = (" --auth-token <token>" if token else "") + (f" --tls-root-certs {tls_cert}" if tls_cert else "")
     return (
+        f"a shell:  ivm sql --connect {uri}{shell_options}   (or add \"{query}\" to run it)\n"
+        f"status:   ivm status --connect {uri}{shell_options}\n"
         "connect with ADBC (pip install adbc-driver-flightsql):\n"
         "    import adbc_driver_flightsql.dbapi as flight_sql\n"
         f'    with flight_sql.connect("{uri}"{auth}, autocommit=True) as conn, conn.cursor() as cur:\n'
-        '        cur.execute("SELECT * FROM region_sales")\n'
+        f'        cur.execute("{query}")\n'
         "        print(cur.fetch_arrow_table())"
     )
 
@@ -118,11 +133,19 @@ def serve(data: str | None, host: str, port: int, auth_token: str | None, tls_ce
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if data is not None:  # so that ivm sql/status --data can name the address to --connect to instead
+        try:
+            serving.record(data, uri, f"postgresql://{pg.host}:{pg.port}" if pg_port is not None else None,
+                           auth=bool(auth_token))
+        except OSError as e:  # only a hint is lost
+            log.warning("could not record the address in %s: %s", data, e)
     print(f"ivm: serving Arrow Flight SQL on {uri}", flush=True)
-    print(snippet(uri, auth_token), file=sys.stderr, flush=True)
+    print(snippet(uri, auth_token, first_query(db), tls_cert), file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
     log.info("shutting down")
+    if data is not None:
+        serving.forget(data)
     for door in reversed(running):
         door.stop()
     db.close()

@@ -39,16 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--shell", action=argparse.BooleanOptionalAction, default=None,
                       help="open a SQL shell afterwards (default: when stdin is a terminal)")
 
-    status = commands.add_parser("status", help="offsets, lags and sizes of a durable database")
-    status.add_argument("--data", required=True, help="the database directory")
+    status = commands.add_parser("status", help="offsets, lags and sizes of a durable database or a running server")
+    status_target = status.add_mutually_exclusive_group(required=True)
+    status_target.add_argument("--data", help="the database directory (not while ivm serve holds it)")
+    status_target.add_argument("--connect", metavar="URL", help="a running ivm serve: grpc://HOST:PORT")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sql = commands.add_parser("sql", help="run SQL statements on a durable database (a progress bar while "
-                                            "CREATE MATERIALIZED VIEW computes the view)")
-    sql.add_argument("--data", required=True, help="the database directory (created if missing)")
-    sql.add_argument("--engine", choices=ENGINES, default="duckdb", help="maintenance engine (as ivm serve)")
+    _client_arguments(status)
+    sql = commands.add_parser("sql", help="run SQL statements, or a shell, on a durable database or a running "
+                                            "server (a progress bar while CREATE MATERIALIZED VIEW computes "
+                                            "the view)")
+    sql_target = sql.add_mutually_exclusive_group(required=True)
+    sql_target.add_argument("--data", help="the database directory (created if missing)")
+    sql_target.add_argument("--connect", metavar="URL",
+                            help="a running ivm serve: grpc://HOST:PORT (grpc+tls:// with TLS), or "
+                                 "postgresql://HOST:PORT for its PostgreSQL door (needs psycopg)")
+    sql.add_argument("--engine", choices=ENGINES, default=None, help="with --data: maintenance engine (as ivm serve)")
     sql.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
-                     help="a Spark setting (repeatable)")
-    sql.add_argument("statements", help="one or more ';'-separated statements")
+                     help="with --data: a Spark setting (repeatable)")
+    _client_arguments(sql)
+    sql.add_argument("statements", nargs="?", default=None,
+                     help="one or more ';'-separated statements (none: a shell reading them from stdin, with "
+                          "history in ~/.ivm_history)")
     compact = commands.add_parser("compact", help="checkpoint, compact the retained log, vacuum stored files")
     compact.add_argument("--data", required=True, help="the database directory")
     serve = commands.add_parser("serve", help="run the Arrow Flight SQL server (and, with --pg-port, the PostgreSQL one)")
@@ -118,11 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         from ivm.cdc.cli import replicate
 
         return replicate(args)
+    if args.command in ("sql", "status"):
+        _check_client_arguments(parser, args)
     if args.command == "sql":
-        from ivm.cli_sql import run_sql
+        from ivm.cli_sql import run_remote, run_sql
 
-        return run_sql(args.data, args.statements, {"engine": args.engine,
+        if args.connect:
+            return run_remote(args.connect, args.statements, _token(args), args.tls_root_certs)
+        return run_sql(args.data, args.statements, {"engine": args.engine or "duckdb",
                                                     "spark_conf": _spark_conf(parser, args.spark_conf)})
+    if args.command == "status" and args.connect:
+        return _remote_status(args)
     if args.command in ("status", "compact"):
         return _maintenance(args)
     if args.command == "serve":
@@ -140,6 +157,28 @@ def main(argv: list[str] | None = None) -> int:
         shell = sys.stdin.isatty() if args.shell is None else args.shell
         run(batches=args.batches, rows=args.rows, shell=shell)
     return 0
+
+
+def _client_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--auth-token", default=None,
+                         help="with --connect: the server's token (default $IVM_AUTH_TOKEN)")
+    command.add_argument("--tls-root-certs", metavar="PEM", default=None,
+                         help="with --connect to a grpc+tls:// server: trust the certificates in this file "
+                              "(e.g. the server's own --tls-cert)")
+
+
+def _check_client_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.connect is None:
+        given = [flag for flag, value in (("--auth-token", args.auth_token), ("--tls-root-certs", args.tls_root_certs))
+                 if value is not None]
+        if given:
+            parser.error(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --connect, not --data")
+    elif args.command == "sql" and (args.engine is not None or args.spark_conf):
+        parser.error("--engine and --spark-conf go with --data; a server (--connect) has its own settings")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return args.auth_token if args.auth_token is not None else os.environ.get("IVM_AUTH_TOKEN") or None
 
 
 def _spark_conf(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
@@ -167,6 +206,7 @@ def _maintenance(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import ivm
+    from ivm.serving import connect_hint
 
     if not (Path(args.data) / "checkpoint.json").exists() and not (Path(args.data) / "log").exists():
         print(f"ivm: {args.data} is not an ivm database directory", file=sys.stderr)
@@ -174,66 +214,68 @@ def _maintenance(args: argparse.Namespace) -> int:
     try:
         db = ivm.connect(args.data)
     except ivm.IvmError as e:
-        print(f"ivm: {e}", file=sys.stderr)
-        if args.command == "status" and "open in another process" in str(e):
+        locked = "open in another process" in str(e)
+        print(f"ivm: {e}" + (f"\n{connect_hint(args.data, f'ivm {args.command}')}" if locked else ""),
+              file=sys.stderr)
+        if args.command == "status" and locked:
             return _sources_only(args)
         return 1
     with db:
         if args.command == "compact":
             print(json.dumps(db.compact()))
             return 0
-        facts = db.status()
-        if args.json:
-            print(json.dumps(facts, indent=1))
-            return 0
-        _print_status(facts)
+        _print_status(db.status(), args.json)
+    return 0
+
+
+def _remote_status(args: argparse.Namespace) -> int:
+    """SHOW STATUS of a running server: its rows are the relations, its schema metadata the rest."""
+    import json
+
+    from ivm.remote import FlightConnection, RemoteError, connect
+
+    try:
+        connection = connect(args.connect, _token(args), args.tls_root_certs)
+    except RemoteError as e:
+        print(f"ivm status: {e}", file=sys.stderr)
+        return 1
+    try:
+        if not isinstance(connection, FlightConnection):
+            print("ivm status: --connect needs the server's Flight SQL address (grpc://HOST:PORT): the "
+                  "database-wide facts of SHOW STATUS travel in Arrow metadata", file=sys.stderr)
+            return 2
+        table = connection.arrow("SHOW STATUS")
+    except RemoteError as e:
+        print(f"ivm status: {e}", file=sys.stderr)
+        return 1
+    finally:
+        connection.close()
+    facts = json.loads((table.schema.metadata or {}).get(b"ivm.status", b"{}"))
+    facts["relations"] = table.to_pylist()
+    _print_status(facts, args.json)
     return 0
 
 
 def _sources_only(args: argparse.Namespace) -> int:
     """Status of the CDC sources from their files, while another process holds the database."""
-    import json
-
     from ivm.cdc.postgres import sources_status
 
-    sources = sources_status(args.data)
-    if args.json:
-        print(json.dumps({"sources": sources}, indent=1))
-    else:
-        _print_rows("sources (the database is open in another process)", sources)
+    _print_status({"sources": sources_status(args.data)}, args.json)
     return 0
 
 
-def _print_rows(title: str, rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _print_status(facts: dict, as_json: bool) -> None:
+    import json
+    import shutil
 
-    table = Table(title=title)
-    columns = list(rows[0]) if rows else []
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-    Console().print(table)
+    from ivm.status_text import WIDTH, status_lines
 
-
-def _print_status(facts: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if facts.get("sources"):
-        _print_rows("sources", facts["sources"])
-    overview = {k: v for k, v in facts.items() if k not in ("relations", "sources")}
-    for key, value in overview.items():
-        console.print(f"[bold]{key}[/bold]: {value}")
-    table = Table()
-    columns = list(facts["relations"][0]) if facts["relations"] else []
-    for column in columns:
-        table.add_column(column)
-    for row in facts["relations"]:
-        table.add_row(*("" if row[c] is None else str(row[c]) for c in columns))
-    console.print(table)
+    if as_json:
+        print(json.dumps(facts, indent=1))
+        return
+    # 80 columns unless the terminal is wider (a pipe gets 80, so the output reads the same in a log)
+    width = max(WIDTH, shutil.get_terminal_size().columns) if sys.stdout.isatty() else WIDTH
+    print("\n".join(status_lines(facts, width=width)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A durable database: ``ivm.connect("dir")``.
 
     DIR/LOCK              one process at a time (flock)
+    DIR/server.json       where ivm serve listens, while it holds the lock (ivm/serving.py)
     DIR/log/*.log         the change log (storage/log.py)
     DIR/relations/r<N>/   one Delta table per stored relation, named by an id
                           (storage/checkpoint.py); the manifest maps names to ids

@@ -111,3 +111,11 @@ def test_tls_with_token(tmp_path):
         with fl.connect(server.uri) as untrusting:
             with pytest.raises(fl.FlightUnavailableError):
                 list(untrusting.list_flights(options=fl.FlightCallOptions(timeout=5)))
+
+
+def test_banner_suggests_the_demo_view_where_the_demo_is_loaded(secured):
+    from tests.flight.test_shell import banner
+
+    text = banner(secured)
+    assert 'cur.execute("SELECT * FROM region_sales")' in text
+    assert f"ivm sql --connect {secured.uri} --auth-token <token>" in text
