@@ -29,6 +29,7 @@ from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError,
 from sql_frontend.limits import check_size, too_complex
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
+    AlterTable,
     AlterView,
     CreateSource,
     CreateTable,
@@ -422,6 +423,9 @@ class Database:
             return self._set(statement), None
         if isinstance(statement, AlterView):
             engine.alter_view(statement)
+            return 0, None
+        if isinstance(statement, AlterTable):
+            engine.alter_table(statement)
             return 0, None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
 

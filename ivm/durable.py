@@ -55,7 +55,7 @@ from ivm.ingest_group import Pending, Ticket, convert_unit, undo
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
-from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
+from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateView, Drop
 from storage.checkpoint import StorageError, failure_text, unstorable
 from storage.hooks import hook
 from storage.log import ChangeLog, Record
@@ -334,6 +334,13 @@ class DurableEngine(Engine):
     def drop(self, stmt: Drop) -> bool:
         what = "DROP TABLE" if stmt.kind == "table" else "DROP MATERIALIZED VIEW"
         return self._ddl(f"{what} {stmt.name}", lambda: Engine.drop(self, stmt))
+
+    def alter_table(self, stmt: AlterTable) -> bool:
+        # The DDL checkpoint stores the new catalog with the table's rows in their new shape
+        # (written whole: its Delta schema changed), so the log after it holds only batches of
+        # the new shape, as after any DDL.
+        return self._ddl(f"ALTER TABLE {stmt.table}",
+                         lambda: self._storable(Engine.alter_table(self, stmt), stmt.table, "table"))
 
     def alter_view(self, stmt: AlterView) -> bool:
         # the setting is in the checkpoint
