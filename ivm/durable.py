@@ -342,6 +342,13 @@ class DurableEngine(Engine):
         return self._ddl(f"ALTER TABLE {stmt.table}",
                          lambda: self._storable(Engine.alter_table(self, stmt), stmt.table, "table"))
 
+    def fail_table(self, name: str, reason: str) -> None:
+        # In the manifest at once, like a DDL: a reopen must not read a table that stopped following upstream.
+        self._ddl(f"marking table {name} failed", lambda: Engine.fail_table(self, name, reason) or True)
+
+    def recover_table(self, name: str) -> None:
+        self._ddl(f"marking table {name} readable", lambda: Engine.recover_table(self, name) or True)
+
     def alter_view(self, stmt: AlterView) -> bool:
         # the setting is in the checkpoint
         return self._ddl(f"ALTER MATERIALIZED VIEW {stmt.name}", lambda: Engine.alter_view(self, stmt))

@@ -556,6 +556,25 @@ class Engine:
             snapshot = self._initialize(view, snapshot)
         return snapshot
 
+    def fail_table(self, name: str, reason: str) -> None:
+        """Mark a table that stopped following its source (ivm/cdc/stream.py) and every view over it failed:
+        reads of them raise ``reason`` instead of answering from rows that no longer follow upstream."""
+        with self.write_lock:
+            self.catalog.table(name)
+            self.failed[name] = reason
+            for view in self.catalog.dependents(name):
+                self.failed.setdefault(view, f"it reads table {name}, which failed: {reason}")
+
+    def recover_table(self, name: str) -> None:
+        """Undo ``fail_table``: the table (and the views failed only because of it) readable again, as they are."""
+        with self.write_lock:
+            reason = self.failed.pop(name, None)
+            if reason is None:
+                return
+            for view in self.catalog.dependents(name):
+                if self.failed.get(view) == f"it reads table {name}, which failed: {reason}":
+                    del self.failed[view]
+
     def _constant(self, value: exp.Expression, type_sql: str) -> pa.Scalar:
         """A constant expression (a DEFAULT) evaluated once, as ``type_sql``."""
         text = f"SELECT CAST({value.sql('duckdb')} AS {type_sql}) AS v"
