@@ -203,7 +203,7 @@ def test_add_drop_and_widen_keep_every_view_equal_to_recompute():
         assert db.sql("SELECT * FROM everything").schema.names == ["id", "cust", "amount", "qty", "note"]
         assert "flag" not in stored_select(db, "everything") and '"note"' in stored_select(db, "everything")
         assert_views_equal_recompute(db)
-        writes(db, rng, rounds=3)
+        writes(db, rng, rounds=2)
 
         db.execute("DROP MATERIALIZED VIEW noted")
         with pytest.raises(ivm.CatalogError, match="materialized view\\(s\\) everything read it"):
@@ -215,14 +215,14 @@ def test_add_drop_and_widen_keep_every_view_equal_to_recompute():
         assert db.sql("SELECT COUNT(*) AS n FROM visits").column("n")[0].as_py() > 0
         db.execute("ALTER TABLE orders DROP COLUMN IF EXISTS note")
         assert_views_equal_recompute(db)
-        writes(db, rng, rounds=3)
+        writes(db, rng, rounds=2)
 
         per_cust = state_of(db, "per_cust")
         db.execute("ALTER TABLE orders ALTER COLUMN qty TYPE BIGINT")  # SUM(qty) keeps its type: per_cust stays
         assert db.sql("SELECT qty FROM orders").schema.field("qty").type == "int64"
         assert state_of(db, "per_cust") == per_cust
         db.execute("ALTER TABLE orders ALTER COLUMN qty TYPE BIGINT")  # the same type: nothing to do
-        writes(db, rng, rounds=3)
+        writes(db, rng, rounds=2)
 
 
 def test_a_new_column_that_would_change_a_view_leaves_the_view_as_it_was():
