@@ -290,6 +290,18 @@ class Catalog:
         self.views[view.name] = view
         self.version += 1
 
+    def replace_table(self, table: TableDef) -> None:
+        """Another definition of an existing table (ALTER TABLE: its columns changed)."""
+        self.binder.drop(table.name)
+        self.binder.create(table.name, table.columns)
+        self.tables[table.name] = table
+        self.version += 1
+
+    def replace_view(self, view: ViewDef) -> None:
+        """Another plan of an existing view, with the same columns (a table it reads was altered)."""
+        self.views[view.name] = view
+        self.version += 1
+
     def remove(self, name: str) -> None:
         self.tables.pop(name, None)
         self.views.pop(name, None)

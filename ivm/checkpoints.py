@@ -83,11 +83,15 @@ def describe_catalog(catalog: Catalog) -> dict:
          "shadow_of": t.shadow_of, "retain_us": t.retain_us}
         for t in catalog.tables.values()
     ]
-    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names),
-               "types": [c.type for c in v.plan.columns], "stored_output": v.stored_output,
-              "engine": v.engine, "late": v.late, "emit": v.emit}
-             for v in catalog.views.values()]
+    views = [describe_view(v) for v in catalog.views.values()]
     return {"tables": tables, "views": views}
+
+
+def describe_view(view: ViewDef, sql: str | None = None) -> dict:
+    """What the manifest keeps of a view (``sql``: another text of its SELECT to keep instead)."""
+    return {"name": view.name, "sql": view.sql if sql is None else sql, "columns": list(view.column_names),
+            "types": [c.type for c in view.plan.columns], "stored_output": view.stored_output,
+            "engine": view.engine, "late": view.late, "emit": view.emit}
 
 
 def table_from_json(doc: dict) -> TableDef:
@@ -355,4 +359,4 @@ class Checkpointer:
         return count
 
 
-__all__ = ["Checkpointer", "describe_catalog"]
+__all__ = ["Checkpointer", "describe_catalog", "describe_view", "view_from_json"]

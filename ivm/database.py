@@ -29,6 +29,7 @@ from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError,
 from sql_frontend.limits import check_size, too_complex
 from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
+    AlterTable,
     AlterView,
     CreateSource,
     CreateTable,
@@ -71,7 +72,8 @@ SOURCES_SCHEMA = pa.schema([
     pa.field("name", pa.string()),
     pa.field("type", pa.string()),  # "table" | "postgres"
     pa.field("written_by", pa.string()),  # a table's CREATE SOURCE source (NULL: written by clients only)
-    pa.field("status", pa.string()),  # a source's phase ("snapshot", "streaming"…) or "failed: why"; NULL for a table
+    pa.field("status", pa.string()),  # a source's phase ("snapshot", "streaming"…) or "failed: why"; a table's
+    # "failed: why" when it stopped following its source (an upstream schema change ivm cannot follow), else NULL
     pa.field("rows", pa.int64()),  # a table's rows now; NULL for a source
 ])
 
@@ -327,6 +329,22 @@ class Database:
             raise ChangeError(f"apply_batch: each table appears once; repeated: {', '.join(repeated)}")
         return self._engine.ingest_batch(list(zip(tables, (data for _, data in items))), on_missing_delete)
 
+    def table_columns(self, table: str) -> list[tuple[str, str]]:
+        """A table's columns now: (name, DuckDB type) each, in order."""
+        self._check_open()
+        return [(c.name, c.type) for c in self._engine.catalog.table(table.lower()).columns]
+
+    def fail_table(self, table: str, reason: str) -> None:
+        """Mark ``table`` as no longer following its source, with why: reads of it and of the views over
+        it raise ``reason`` (ivm/cdc/stream.py, for an upstream schema change ivm cannot follow)."""
+        self._check_open()
+        self._engine.fail_table(table.lower(), reason)
+
+    def recover_table(self, table: str) -> None:
+        """Undo ``fail_table`` (DROP SOURCE: the table no longer follows anything; it keeps its rows)."""
+        self._check_open()
+        self._engine.recover_table(table.lower())
+
     def status(self) -> dict:
         """Offsets, lags and sizes: the database's and, under "relations", each relation's."""
         self._check_open()
@@ -422,6 +440,9 @@ class Database:
             return self._set(statement), None
         if isinstance(statement, AlterView):
             engine.alter_view(statement)
+            return 0, None
+        if isinstance(statement, AlterTable):
+            engine.alter_table(statement)
             return 0, None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
 
@@ -597,7 +618,9 @@ class Database:
             upstream = sources_status(self.path)
         writer = {table: source["name"] for source in upstream for table in source["tables"]}
         snapshot = engine.store.snapshot
-        rows = [{"name": t.name, "type": "table", "written_by": writer.get(t.name), "status": None,
+        failed = engine.failed  # a table that stopped following its source says why
+        rows = [{"name": t.name, "type": "table", "written_by": writer.get(t.name),
+                 "status": "failed: " + failed[t.name] if t.name in failed else None,
                  "rows": snapshot[t.name].num_rows}
                 for t in engine.catalog.visible_tables()]
         rows += [{"name": s["name"], "type": s["kind"], "written_by": None,

@@ -67,6 +67,10 @@ class CatalogState:
             catalog.binder.create(name, before[name].columns)
             if name in self.views:
                 engine.history.start(name, engine.offset, complete=False)
+        for name in before.keys() & now.keys():  # altered by the statement (ALTER TABLE)
+            if before[name].columns != now[name].columns:
+                catalog.binder.drop(name)
+                catalog.binder.create(name, before[name].columns)
         if before.keys() != now.keys() or any(before[n] is not now[n] for n in now):
             catalog.tables.clear()
             catalog.tables.update(self.tables)

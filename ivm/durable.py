@@ -56,7 +56,7 @@ from ivm.ingest_group import Pending, Ticket, convert_unit, undo
 from ivm.maintainer import Entry, Maintainer
 from ivm.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
-from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
+from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateView, Drop
 from storage.checkpoint import StorageError, failure_text, unstorable
 from storage.hooks import hook
 from storage.log import ChangeLog, Record
@@ -335,6 +335,20 @@ class DurableEngine(Engine):
     def drop(self, stmt: Drop) -> bool:
         what = "DROP TABLE" if stmt.kind == "table" else "DROP MATERIALIZED VIEW"
         return self._ddl(f"{what} {stmt.name}", lambda: Engine.drop(self, stmt))
+
+    def alter_table(self, stmt: AlterTable) -> bool:
+        # The DDL checkpoint stores the new catalog with the table's rows in their new shape
+        # (written whole: its Delta schema changed), so the log after it holds only batches of
+        # the new shape, as after any DDL.
+        return self._ddl(f"ALTER TABLE {stmt.table}",
+                         lambda: self._storable(Engine.alter_table(self, stmt), stmt.table, "table"))
+
+    def fail_table(self, name: str, reason: str) -> None:
+        # In the manifest at once, like a DDL: a reopen must not read a table that stopped following upstream.
+        self._ddl(f"marking table {name} failed", lambda: Engine.fail_table(self, name, reason) or True)
+
+    def recover_table(self, name: str) -> None:
+        self._ddl(f"marking table {name} readable", lambda: Engine.recover_table(self, name) or True)
 
     def alter_view(self, stmt: AlterView) -> bool:
         # the setting is in the checkpoint

@@ -31,7 +31,7 @@ from sqlglot import exp
 from sql_frontend.errors import BindError, CatalogError, UnknownObjectError
 from sql_frontend.plan import Column
 from sql_frontend.planner import plan_view
-from sql_frontend.statements import AlterView, CreateTable, CreateView, Drop
+from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program, Query
 from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
@@ -55,6 +55,7 @@ from ivm.mirrors import Mirrors
 from ivm.observations import Observations
 from ivm.reads import Reader
 from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
+from ivm.schema_change import BrokenView, altered_definition, altered_rows, consolidate_sql, replanned
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
 from storage.relation import Relation
@@ -129,6 +130,19 @@ def spill_of(settings: Settings, default_dir) -> Spill | None:
 def check_name(name: str, what: str) -> None:
     if name.startswith("__") or "." in name or not name:
         raise CatalogError(f"{what} name {name!r} is reserved (names may not start with __ or contain '.')")
+
+
+def _broken_views_message(stmt: AlterTable, table: str, broken: dict[str, str]) -> str:
+    """Why an ALTER TABLE is refused: the views it would break, each with why."""
+    views = "; ".join(f"{name}: {why}" for name, why in broken.items())
+    names = ", ".join(broken)
+    if stmt.action == "drop":
+        return (f"cannot drop column {stmt.column} of table {table}: materialized view(s) {names} read it ({views}); "
+                f"drop them first, or ALTER TABLE {table} DROP COLUMN {stmt.column} CASCADE drops them too")
+    if stmt.action == "type":
+        return (f"cannot change the type of column {stmt.column} of table {table}: materialized view(s) {names} "
+                f"read it and would change ({views}); drop them first")
+    return f"cannot add column {stmt.column} to table {table}: materialized view(s) {names} would change ({views})"
 
 
 @dataclass
@@ -473,6 +487,98 @@ class Engine:
                 raise CatalogError(f"{stmt.name} is a table; ALTER MATERIALIZED VIEW changes materialized views")
             view.engine = stmt.engine
             return True
+
+    def alter_table(self, stmt: AlterTable) -> bool:
+        """ALTER TABLE … ADD/DROP COLUMN, ALTER COLUMN … TYPE (ivm/schema_change.py); False when it
+        changes nothing (IF [NOT] EXISTS, the same type). All or nothing: the table's rows in the new
+        shape, every view reading it planned again (its state kept when its plan's shape is; else
+        computed again), published together."""
+        with self.write_lock:
+            if not self.catalog.exists(stmt.table):
+                if stmt.if_exists:
+                    return False
+                raise UnknownObjectError(f"table {stmt.table} does not exist")
+            table = self.catalog.table(stmt.table)  # a view: a clear error
+            snapshot = self.store.snapshot
+            relation = snapshot[table.name]
+            new = altered_definition(table, stmt, self.binder, relation.num_rows)
+            if new is None:
+                return False
+            default = None
+            if stmt.action == "add" and stmt.definition.default is not None:
+                default = self._constant(stmt.definition.default, new.columns[-1].type)
+            before = self.catalog.schema()
+            readers = [self.catalog.views[v] for v in self.catalog.view_order() if v in self.catalog.readers(table.name)]
+            self.catalog.replace_table(new)
+            try:
+                planned, broken = {}, {}
+                for view in readers:
+                    try:
+                        planned[view.name] = replanned(view, self.catalog, before, may_pin=stmt.action == "add")
+                    except BrokenView as e:
+                        broken[view.name] = str(e)
+                if broken and not (stmt.action == "drop" and stmt.cascade):
+                    raise CatalogError(_broken_views_message(stmt, table.name, broken))
+                if not broken:
+                    snapshot = self._altered_snapshot(snapshot, table, new, stmt, default, relation, planned)
+            except BaseException:
+                self.catalog.replace_table(table)
+                raise
+            if broken:  # DROP COLUMN … CASCADE: the views that read it go (with theirs), then the column
+                self.catalog.replace_table(table)
+                for name in broken:
+                    Engine.drop(self, Drop("view", name, if_exists=True, cascade=True))
+                return Engine.alter_table(self, stmt)
+            for view in planned.values():
+                self.catalog.replace_view(view)
+            self.store.publish(snapshot)
+            return True
+
+    def _altered_snapshot(self, snapshot: Snapshot, old: TableDef, new: TableDef, stmt: AlterTable,
+                          default: pa.Scalar | None, relation: Relation, planned: dict[str, ViewDef]) -> Snapshot:
+        """The snapshot with the altered table's rows, and the views whose state changed shape computed again."""
+        names = list(new.column_names)
+        rows = altered_rows(relation.table(), old, new, stmt, default, self.arrow_schema(new.columns),
+                            lambda bag: self.large.runner.run(consolidate_sql(names), rows=bag))
+        # Indexes views asked for stay, but for those of a dropped column (and a bag's old identity: its rows).
+        indexes = tuple(k for k in relation.index_keys if k != old.identity and set(k) <= set(names))
+        updated = self.empty_relation(new.name, new.columns, new.identity, (new.identity, *indexes))
+        snapshot = snapshot.with_changes({new.name: updated.replace_all(rows, self.large.coder)})
+        for name, view in planned.items():
+            before = self.catalog.views[name]
+            if view.states == before.states:
+                continue  # the same state, the same meaning: it holds what it held
+            gone: dict[str, Relation | None] = {s.name: None for s in before.states}
+            if not before.stored_output and name in snapshot:
+                gone[name] = None  # rows kept while its state was stale: computed again below
+            fresh = {s.name: self.empty_relation(s.name, s.columns, s.identity, s.indexes) for s in view.states}
+            snapshot = with_stale(snapshot.with_changes({**gone, **fresh}), {name: False})
+            snapshot = self._initialize(view, snapshot)
+        return snapshot
+
+    def fail_table(self, name: str, reason: str) -> None:
+        """Mark a table that stopped following its source (ivm/cdc/stream.py) and every view over it failed:
+        reads of them raise ``reason`` instead of answering from rows that no longer follow upstream."""
+        with self.write_lock:
+            self.catalog.table(name)
+            self.failed[name] = reason
+            for view in self.catalog.dependents(name):
+                self.failed.setdefault(view, f"it reads table {name}, which failed: {reason}")
+
+    def recover_table(self, name: str) -> None:
+        """Undo ``fail_table``: the table (and the views failed only because of it) readable again, as they are."""
+        with self.write_lock:
+            reason = self.failed.pop(name, None)
+            if reason is None:
+                return
+            for view in self.catalog.dependents(name):
+                if self.failed.get(view) == f"it reads table {name}, which failed: {reason}":
+                    del self.failed[view]
+
+    def _constant(self, value: exp.Expression, type_sql: str) -> pa.Scalar:
+        """A constant expression (a DEFAULT) evaluated once, as ``type_sql``."""
+        text = f"SELECT CAST({value.sql('duckdb')} AS {type_sql}) AS v"
+        return self.reader.query(text, exp.select("1"), internal=True).column(0)[0]
 
     # --- engine choice ------------------------------------------------------------------
     def engine_setting(self, view: ViewDef) -> str:

@@ -103,6 +103,11 @@ def failed_view_error(name: str, failed: str) -> ExecutionError:
     )
 
 
+def failed_table_error(name: str, failed: str) -> ExecutionError:
+    """The error of reading a table that stopped following its source (a PostgreSQL schema change ivm cannot follow)."""
+    return ExecutionError(f"table {name} is not readable: {failed}")
+
+
 CANCELLED = "canceling statement due to user request"  # PostgreSQL's words: clients show them
 
 
@@ -177,7 +182,7 @@ class Reader:
             definition = catalog.get(name)
             failed = self.engine.failed.get(name)
             if failed is not None:
-                raise failed_view_error(name, failed)
+                raise failed_view_error(name, failed) if definition.kind == "view" else failed_table_error(name, failed)
             if definition.kind == "view" and not definition.stored_output and name not in snapshot:
                 self._register_computed(cursor, registered, definition, snapshot)
                 if note_reads and name not in self._computed_read:

@@ -154,9 +154,22 @@ class AlterView:
     engine: str | None  # None: RESET, the database's setting again
 
 
+@dataclass
+class AlterTable:
+    """ALTER TABLE name ADD COLUMN … | DROP COLUMN c [CASCADE] | ALTER COLUMN c TYPE t (a widening)."""
+
+    table: str
+    action: str  # "add" | "drop" | "type"
+    column: str
+    definition: ColumnDef | None = None  # add: the new column; type: its new type (``definition.type``)
+    if_exists: bool = False  # ALTER TABLE IF EXISTS: a missing table is no error
+    column_if: bool = False  # ADD COLUMN IF NOT EXISTS / DROP COLUMN IF EXISTS
+    cascade: bool = False  # DROP COLUMN … CASCADE: the views that read the column are dropped too
+
+
 Statement = (
     CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
-    | CreateSource | DropSource | AlterView
+    | CreateSource | DropSource | AlterView | AlterTable
 )
 
 _LITERAL = r"'((?:[^']|'')*)'"
@@ -336,6 +349,8 @@ def _statement(tree: exp.Expression, text: str) -> Statement:
         return _create(tree, text)
     if isinstance(tree, exp.Drop):
         return _drop(tree)
+    if isinstance(tree, exp.Alter):
+        return _alter(tree, text)
     if isinstance(tree, exp.Insert):
         return _insert(tree)
     if isinstance(tree, exp.Update):
@@ -513,6 +528,43 @@ def _drop(tree: exp.Drop) -> Drop:
     )
 
 
+ALTER_TABLE_FORMS = ("ALTER TABLE t ADD [COLUMN] c type [DEFAULT v] [NOT NULL], ALTER TABLE t DROP COLUMN c "
+                     "[CASCADE] or ALTER TABLE t ALTER [COLUMN] c [SET DATA] TYPE type")
+
+
+def _alter(tree: exp.Alter, text: str) -> AlterTable:
+    """ALTER TABLE with one action: ADD COLUMN, DROP COLUMN or ALTER COLUMN … TYPE (see ivm/schema_change.py)."""
+    kind = (tree.args.get("kind") or "").upper()
+    if kind != "TABLE":
+        raise UnsupportedError(f"ALTER {kind or echo(text)} is not supported (ALTER TABLE and ALTER MATERIALIZED "
+                               "VIEW … SET (engine = …) are)")
+    table = _user_relation(tree.this, "ALTER TABLE")
+    actions = tree.args.get("actions") or []
+    if len(actions) != 1:
+        raise UnsupportedError("ALTER TABLE takes one action per statement; run one ALTER TABLE per change")
+    action, if_exists = actions[0], bool(tree.args.get("exists"))
+    if isinstance(action, exp.ColumnDef):
+        column, is_key = _column_def(action)
+        if is_key:
+            raise UnsupportedError(f"ADD COLUMN {column.name} PRIMARY KEY is not supported: a table's key is set "
+                                   "when it is created")
+        return AlterTable(table, "add", column.name, column, if_exists, bool(action.args.get("exists")))
+    if isinstance(action, exp.Drop) and (action.args.get("kind") or "").upper() == "COLUMN":
+        names = action.args.get("tables") or []
+        if len(names) != 1:
+            raise UnsupportedError("DROP COLUMN drops one column per statement")
+        return AlterTable(table, "drop", normalize_name(names[0]), None, if_exists, bool(action.args.get("exists")),
+                          cascade=bool(action.args.get("cascade")))
+    if isinstance(action, exp.AlterColumn) and action.args.get("dtype") is not None:
+        extra = [k for k, v in action.args.items() if k not in ("this", "dtype") and v not in (None, False)]
+        if extra:
+            raise UnsupportedError(f"ALTER COLUMN … TYPE with {extra[0].upper()} is not supported: ivm changes a "
+                                   "column's type only to a wider one, which needs no conversion")
+        name = normalize_name(action.this)
+        return AlterTable(table, "type", name, ColumnDef(name, action.args["dtype"].sql(DIALECT)), if_exists)
+    raise UnsupportedError(f"statement {echo(text)} is not supported: ivm's ALTER TABLE is {ALTER_TABLE_FORMS}")
+
+
 def _target_table(tree: exp.Expression, what: str) -> str:
     table = tree.this
     if isinstance(table, exp.Schema):
@@ -616,6 +668,9 @@ def _command(tree: exp.Command, text: str) -> Statement:
     if word in ("CREATE", "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "DROP", "FROM"):
         # sqlglot falls back to a raw command when it cannot parse a statement.
         raise SqlSyntaxError(f"syntax error in: {echo(text, 80)}")
+    if word == "ALTER":  # sqlglot's fallback for forms it cannot parse (several actions, ...)
+        raise UnsupportedError(f"statement {echo(text)} is not supported: ivm's ALTER TABLE is {ALTER_TABLE_FORMS}, "
+                               "one action per statement")
     raise UnsupportedError(f"statement {echo(text)} is not supported")
 
 

@@ -34,12 +34,20 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    seq the table has already applied are dropped, so nothing is applied
    twice (the database's idempotent producers check the same again).
 3. Upstream tables need a primary key or ``REPLICA IDENTITY FULL`` (without
-   a key the local table is a bag). A Relation message that differs from the
-   recorded columns (a schema change), or a value that does not fit its
-   column, stops the source with the error in its state (``ivm status``);
-   nothing confirmed is lost and nothing after it is confirmed. The tables
-   keep their rows; every open resumes the source, which stops again at the
-   same change, until DROP SOURCE (which keeps the tables too).
+   a key the local table is a bag). A value that does not fit its column
+   stops the source with the error in its state (``ivm status``); nothing
+   confirmed is lost and nothing after it is confirmed. The tables keep
+   their rows; every open resumes the source, which stops again at the same
+   change, until DROP SOURCE (which keeps the tables too).
+4. Schema changes (ivm/cdc/stream.py): a Relation message with other columns
+   than the table's is applied to the local table by ``ALTER TABLE`` before
+   the first change of the new shape, in order with the data: ADD COLUMN
+   (existing rows get the default PostgreSQL gave them), DROP COLUMN, a
+   widening type change. One ivm cannot follow (a column a view reads
+   dropped, a narrowing type, a rename) fails that table alone: its error is
+   kept in the source's state (``failed_tables``), reads of it and of its
+   views raise it, its later changes are skipped, and the other tables go on.
+   It stays failed until DROP SOURCE (then DROP TABLE and CREATE SOURCE).
 
 A transaction touching several tables is applied as one batch per table, so
 a read between them can see part of it; every read after the group sees all.
@@ -141,7 +149,10 @@ def sources_status(path: str | os.PathLike) -> list[dict]:
         found.append({"name": state["name"], "kind": "postgres", "publication": state["publication"],
                       "slot": state["slot"], "phase": state["phase"],
                       "status": "failed: " + state["error"] if state.get("error") else "ok",
-                      "tables": sorted(t["table"] for t in state.get("tables", {}).values()), **progress})
+                      "tables": sorted(t["table"] for t in state.get("tables", {}).values()),
+                      # tables that stopped following an upstream schema change (the others go on)
+                      "failed_tables": {t["table"]: t["error"] for t in state.get("tables", {}).values()
+                                        if t.get("error")}, **progress})
     return found
 
 
@@ -372,7 +383,9 @@ class Replicator:
         """Drop the upstream slot and forget the source (its tables stay).
 
         When PostgreSQL cannot be reached the slot cannot go, so neither does
-        the source: SourceError, and nothing changes.
+        the source: SourceError, and nothing changes. A table that had stopped
+        following an upstream schema change becomes readable again: like the
+        source's other tables it now follows nothing and keeps its rows.
         """
         import psycopg2
 
@@ -382,6 +395,11 @@ class Replicator:
             raise SourceError(f"cannot drop replication slot {self.config.slot} of source {self.config.name} "
                               f"upstream: {str(e).strip()}; the source is kept (DROP SOURCE again once PostgreSQL "
                               "is reachable)") from None
+        if self.state_file.exists():
+            present = {o.name for o in self.db.objects()}
+            tables = json.loads(self.state_file.read_text()).get("tables", {}).values()
+            for table in (t["table"] for t in tables if t.get("error") and t["table"] in present):
+                self.db.recover_table(table)
         for path in (self.state_file, self.progress_file):
             path.unlink(missing_ok=True)
 
@@ -433,7 +451,7 @@ def check_upstream(conn, slot: str) -> None:
 
 
 def describe(conn, publication: str) -> dict:
-    """upstream "schema.table" -> {table, columns: [{name, type, pg_type, oid, not_null}], key}."""
+    """upstream "schema.table" -> {table, columns: [{name, type, pg_type, oid, not_null, typmod, attnum}], key}."""
     with conn.cursor() as cur:
         cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
         if cur.fetchone() is None:
@@ -446,17 +464,17 @@ def describe(conn, publication: str) -> dict:
         found = {}
         for schema, name in tables:
             relation = f"{quote(schema)}.{quote(name)}"
-            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull "
-                        "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
+            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull, "
+                        "a.atttypmod, a.attnum FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
                         "AND NOT a.attisdropped ORDER BY a.attnum", (relation,))
             columns = []
-            for column, pg_type, oid, not_null in cur.fetchall():
+            for column, pg_type, oid, not_null, typmod, attnum in cur.fetchall():
                 mapped = duck_type(pg_type)
                 if mapped is None:
                     raise SourceError(f"column {column} of upstream table {schema}.{name} has type {pg_type}, "
                                       "which ivm cannot replicate")
                 columns.append({"name": column.lower(), "type": mapped, "pg_type": pg_type, "oid": oid,
-                                "not_null": not_null})
+                                "not_null": not_null, "typmod": typmod, "attnum": attnum})
             cur.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
                         "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
                         "ORDER BY array_position(i.indkey::int2[], a.attnum)", (relation,))

@@ -3,10 +3,27 @@
 See ivm/cdc/postgres.py for the contract. Decoding is per message (the wire
 protocol is); rows are collected as text per column and turned into Arrow
 batches per table and group, cast in bulk by ``apply_changes``.
+
+Schema changes. pgoutput sends a Relation message (the table's columns)
+before the first change of a table in a session and again before the first
+change after an upstream ALTER TABLE. Each table's rows in a transaction are
+kept with the columns they were decoded with (a ``SCHEMA`` entry before
+them); a table's rows split into parts where those change, as they do at a
+TRUNCATE, so every part has one shape and its own sequence number. A part
+whose columns differ from the local table's is preceded by the ALTER TABLEs
+that make them equal (``_follow``), so the table changes shape exactly
+between the rows before and after the upstream change. The ALTER is
+idempotent by comparison (a resent part finds the table already altered), so
+it needs no sequence number of its own. A transaction that changes a
+table's columns is applied alone, like one with a TRUNCATE: grouped with
+others its parts would be numbered differently than when it is resent.
+A change ivm cannot follow fails that table alone (``_fail``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import select
 import threading
 import time
@@ -18,11 +35,15 @@ import pyarrow as pa
 from ivm.binder import quote
 from ivm.cdc import pgoutput
 from ivm.changes import OP
+from sql_frontend.errors import IvmError
 
 if TYPE_CHECKING:
     from ivm.cdc.postgres import Replicator
 
+log = logging.getLogger("ivm.sources")
+
 TRUNCATE = "t"
+SCHEMA = "s"  # (SCHEMA, columns): the rows after it were decoded with these columns
 IDLE = 0.02  # seconds without a message after which pending transactions are applied
 
 
@@ -34,6 +55,7 @@ class Transaction:
     changes: dict[str, list] = field(default_factory=dict)  # local table -> [(op, values)]
     rows: int = 0
     truncates: bool = False
+    reshaped: bool = False  # a table's columns changed: applied alone (see the module docstring)
     received: float = 0.0  # when its commit arrived
     first_part: dict[str, int] = field(default_factory=dict)  # resent truncate parts: the first not applied
 
@@ -45,11 +67,18 @@ class Stream:
         self.r, self.connection = replicator, connection
         self.SourceError, self.lsn_int = SourceError, lsn_int
         self.by_upstream = replicator.state["tables"]
-        self.relations: dict[int, dict] = {}  # oid -> recorded table
+        self.relations: dict[int, dict] = {}  # oid -> the table, with the columns its changes are decoded with now
         self.tx: Transaction | None = None
         self.pending: list[Transaction] = []
         self.pending_rows = 0
         self.applied = {t["table"]: self._applied_seq(t["table"]) for t in self.by_upstream.values()}
+        self._catalog = None  # a plain connection upstream, for what a Relation message leaves out
+        # Tables that stopped following upstream (their state says why): their changes are skipped.
+        self.failed = {t["table"]: t["error"] for t in self.by_upstream.values() if t.get("error")}
+        present = {o.name for o in self.r.db.objects()}
+        for table, why in self.failed.items():  # (again: a crash may have come before a checkpoint kept the mark)
+            if table in present:
+                self.r.db.fail_table(table, why)
 
     def source(self, table: str) -> str:
         return f"pg:{self.r.config.name}:{table}"
@@ -86,6 +115,8 @@ class Stream:
             select.select([self.connection], [], [], 0.2)
         self._flush()
         self.r._report(force=True)
+        if self._catalog is not None:
+            self._catalog.close()
 
     def _text(self, lsn: int) -> str:
         from ivm.cdc.postgres import lsn_text
@@ -118,11 +149,12 @@ class Stream:
             tx, self.tx = self.tx, None
             tx.commit_lsn, tx.end_lsn, tx.received = m.lsn, m.end_lsn, time.time()
             self._drop_applied(tx)
-            if tx.truncates:  # parts of one transaction keep their order: apply it on its own
+            alone = tx.truncates or tx.reshaped
+            if alone:  # parts of one transaction keep their order and numbers: apply it on its own
                 self._flush()
             self.pending.append(tx)
             self.pending_rows += tx.rows
-            if tx.truncates:
+            if alone:
                 self._flush()
 
     def _relation(self, m: pgoutput.RelationInfo) -> None:
@@ -131,18 +163,42 @@ class Stream:
         if table is None:
             raise self.SourceError(f"upstream table {upstream} was added to publication {self.r.config.publication} "
                                    "after the snapshot; drop and create the source again to include it")
-        seen = [(name.lower(), oid) for name, oid, _, _ in m.columns]
-        recorded = [(c["name"], c["oid"]) for c in table["columns"]]
-        if seen != recorded:
-            raise self.SourceError(f"upstream table {upstream} changed: its columns are now "
-                                   f"{', '.join(n for n, _ in seen)} (types {[o for _, o in seen]}), recorded "
-                                   f"{', '.join(n for n, _ in recorded)} (types {[o for _, o in recorded]}); "
-                                   "the source stopped before that change")
-        self.relations[m.oid] = table
+        seen = [(name.lower(), oid, typmod) for name, oid, typmod, _ in m.columns]
+        current = self.relations.get(m.oid, table)["columns"]  # this session's decoding, else the table's
+        if _signature(current, with_typmod=all("typmod" in c for c in current)) == \
+                _signature([{"name": n, "oid": o, "typmod": t} for n, o, t in seen],
+                           with_typmod=all("typmod" in c for c in current)):
+            self.relations.setdefault(m.oid, table)
+            return
+        columns = self._columns(upstream, seen)
+        self.relations[m.oid] = {**table, "upstream": upstream, "columns": columns}
+        if self.tx is not None:
+            self.tx.reshaped = True
+            self.tx.changes.setdefault(table["table"], []).append((SCHEMA, columns))
+
+    def _columns(self, upstream: str, seen: list[tuple[str, int, int]]) -> list[dict]:
+        """The columns of a Relation message as the state records them (type None: one ivm cannot hold)."""
+        from ivm.cdc.postgres import duck_type
+
+        with self._catalog_cursor() as cur:
+            cur.execute("SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS x(o, m, i) "
+                        "ORDER BY i", ([o for _, o, _ in seen], [t for _, _, t in seen]))
+            pg_types = [r[0] for r in cur.fetchall()]
+        return [{"name": name, "type": duck_type(pg_type), "pg_type": pg_type, "oid": oid, "typmod": typmod,
+                 "not_null": False} for (name, oid, typmod), pg_type in zip(seen, pg_types)]
+
+    @contextlib.contextmanager
+    def _catalog_cursor(self):
+        if self._catalog is None:
+            self._catalog = self.r._connect()
+        with self._catalog.cursor() as cur:
+            yield cur
 
     def _change(self, m: pgoutput.Change) -> None:
         table = self.relations[m.oid]
-        rows = self.tx.changes.setdefault(table["table"], [])
+        rows = self.tx.changes.get(table["table"])
+        if rows is None:  # the table's first change in the transaction: say what shape its rows have
+            rows = self.tx.changes[table["table"]] = [(SCHEMA, table["columns"])]
         names = [c["name"] for c in table["columns"]]
         key = [names.index(k) for k in table["key"]]
         if m.kind == "I":
@@ -175,7 +231,8 @@ class Stream:
             if not keep:
                 del tx.changes[table]
             else:
-                tx.changes[table] = [row for _, p in keep for row in p]
+                tx.changes[table] = [row for _, (columns, rows) in keep
+                                     for row in [*([(SCHEMA, columns)] if columns is not None else []), *rows]]
                 tx.first_part[table] = keep[0][0]
 
     # --- applying ----------------------------------------------------------------------------
@@ -190,8 +247,8 @@ class Stream:
                 tables.setdefault(table, []).extend(rows)
         for table, rows in tables.items():
             first = last.first_part.get(table, 0) if len(group) == 1 else 0
-            for i, part in enumerate(_parts(rows)):
-                self._apply(table, part, last.commit_lsn << 16 | (first + i))
+            for i, (columns, part) in enumerate(_parts(rows)):
+                self._apply(table, columns, part, last.commit_lsn << 16 | (first + i))
         self.cursor.send_feedback(write_lsn=last.end_lsn, flush_lsn=last.end_lsn, reply=True)
         progress = self.r.progress
         progress.update(applied_lsn=self._text(last.commit_lsn), confirmed_lsn=self._text(last.end_lsn),
@@ -202,9 +259,22 @@ class Stream:
         self._lag()
         self.r._report()
 
-    def _apply(self, table: str, rows: list, seq: int) -> None:
+    def _apply(self, table: str, columns: list[dict] | None, rows: list, seq: int) -> None:
+        """Apply one part of a table's rows (decoded with ``columns``; None: a truncate), after the ALTER
+        TABLEs that give the table those columns."""
         db = self.r.db
-        definition = next(t for t in self.by_upstream.values() if t["table"] == table)
+        if table in self.failed:
+            return
+        upstream, definition = next((u, t) for u, t in self.by_upstream.items() if t["table"] == table)
+        if columns is not None and columns is not definition["columns"]:
+            if [(c["name"], c["type"]) for c in columns] != db.table_columns(table):
+                try:
+                    self._follow(upstream, definition, columns)
+                except IvmError as e:
+                    self._fail(upstream, definition, str(e))
+                    return
+            elif columns != definition["columns"]:  # the same local shape (varchar(20) -> text): record it
+                self._record(definition, columns)
         names = [c["name"] for c in definition["columns"]]
         if rows and rows[0][0] == TRUNCATE:
             identity = definition["key"] or names
@@ -221,17 +291,128 @@ class Stream:
         self.applied[table] = seq
 
 
-def _parts(rows: list) -> list[list]:
-    """Split a table's rows at truncates: [rows before], [truncate], [rows after], …"""
-    parts, current = [], []
+    # --- schema changes -----------------------------------------------------------------------
+    def _follow(self, upstream: str, definition: dict, columns: list[dict]) -> None:
+        """ALTER the local table to ``columns`` (upstream's now): drops, widenings, then additions.
+
+        Raises IvmError (SourceError, or the ALTER's own error) for a change
+        ivm cannot follow; the ALTERs before it stay (the table fails anyway).
+        """
+        db, table = self.r.db, definition["table"]
+        local = dict(db.table_columns(table))
+        names = [c["name"] for c in columns]
+        unsupported = [c for c in columns if c["type"] is None]
+        if unsupported:
+            raise self.SourceError(f"column {unsupported[0]['name']} of upstream table {upstream} now has type "
+                                   f"{unsupported[0]['pg_type']}, which ivm cannot replicate")
+        added = [c for c in columns if c["name"] not in local]
+        kept = [n for n in local if n in names]
+        if names != kept + [c["name"] for c in added]:
+            raise self.SourceError(f"upstream table {upstream} has columns {', '.join(names)} where ivm's table "
+                                   f"{table} has {', '.join(local)}: columns renamed or reordered, which ivm cannot "
+                                   "follow")
+        facts = self._added_facts(upstream, [c["name"] for c in added]) if added else {}
+        recorded = {c["name"]: c.get("attnum") for c in definition["columns"]}
+        newest = max((n for n in recorded.values() if n is not None), default=None)
+        statements = [f"ALTER TABLE {quote(table)} DROP COLUMN {quote(n)}" for n in local if n not in names]
+        statements += [f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(c['name'])} TYPE {c['type']}"
+                       for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
+        for column in added:
+            attnum, missing, has_default = facts.get(column["name"], (None, None, False))
+            if attnum is None:
+                raise self.SourceError(f"column {column['name']} of upstream table {upstream} is gone upstream "
+                                       "again: the value its existing rows had cannot be known")
+            if newest is not None and attnum <= newest:  # a renamed column keeps its number
+                raise self.SourceError(f"column {column['name']} of upstream table {upstream} is not new (it was "
+                                       "renamed), which ivm cannot follow")
+            if missing is None and has_default and db.sql(f"SELECT COUNT(*) FROM {quote(table)}").column(0)[0].as_py():
+                raise self.SourceError(f"column {column['name']} of upstream table {upstream} was added with a "
+                                       "volatile DEFAULT: PostgreSQL rewrote the existing rows without replicating "
+                                       "their values")
+            default = "" if missing is None else " DEFAULT '" + missing.replace("'", "''") + "'"
+            statements.append(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(column['name'])} "
+                              f"{column['type']}{default}")
+            column["attnum"] = attnum
+        for statement in statements:
+            db.execute(statement)
+        self._record(definition, columns)
+        log.info("source %s: table %s follows upstream %s: %s", self.r.config.name, table, upstream,
+                 "; ".join(statements))
+
+    def _record(self, definition: dict, columns: list[dict]) -> None:
+        """The table's upstream columns are now ``columns`` (in the source's state)."""
+        numbers = {c["name"]: c.get("attnum") for c in definition["columns"]}
+        for column in columns:  # a column kept keeps its number
+            column.setdefault("attnum", numbers.get(column["name"]))
+        definition["columns"] = columns
+        self.r._save()
+
+    def _added_facts(self, upstream: str, names: list[str]) -> dict[str, tuple[int, str | None, bool]]:
+        """Per added column: its number, the value rows older than it have (PostgreSQL's "missing
+        value", as text; None: NULL), and whether it has a DEFAULT."""
+        schema, name = upstream.split(".", 1)
+        with self._catalog_cursor() as cur:
+            cur.execute("SELECT lower(a.attname), a.attnum, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
+                        "d.adbin IS NOT NULL FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid "
+                        "AND d.adnum = a.attnum WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
+                        "AND NOT a.attisdropped AND lower(a.attname) = ANY(%s)",
+                        (f"{quote(schema)}.{quote(name)}", names))
+            return {column: (attnum, _array_element(missing), has_default)
+                    for column, attnum, missing, has_default in cur.fetchall()}
+
+    def _fail(self, upstream: str, definition: dict, why: str) -> None:
+        """The table stops following upstream: its error kept, its reads (and its views') raising it."""
+        table = definition["table"]
+        message = f"upstream table {upstream} changed in a way ivm cannot follow: {why}; the table stopped " \
+                  "replicating (the other tables of the source go on)"
+        self.failed[table] = definition["error"] = message
+        self.r._save()
+        self.r.db.fail_table(table, message)
+        log.error("source %s: %s", self.r.config.name, message)
+
+
+def _signature(columns: list[dict], with_typmod: bool) -> list[tuple]:
+    """What a Relation message says of each column (the type modifier too, when recorded)."""
+    return [(c["name"], c["oid"], c["typmod"] if with_typmod else None) for c in columns]
+
+
+def _array_element(text: str | None) -> str | None:
+    """The one element of a PostgreSQL array's text (``{5}``, ``{"a b"}``; ``{NULL}``: None)."""
+    if text is None:
+        return None
+    inner = text[1:-1]
+    if inner.startswith('"'):
+        out, escaped = [], False
+        for ch in inner[1:-1]:
+            if escaped or ch != "\\":
+                out.append(ch)
+                escaped = False
+            else:
+                escaped = True
+        return "".join(out)
+    return None if inner.upper() == "NULL" else inner
+
+
+def _parts(rows: list) -> list[tuple[list[dict] | None, list]]:
+    """Split a table's rows at truncates and where their columns change: [(columns, rows)], in order.
+
+    A SCHEMA entry gives the columns of the rows after it; it starts a new
+    part only when rows of other columns came before it.
+    """
+    parts, current, columns = [], [], None
     for row in rows:
-        if row[0] == TRUNCATE:
+        if row[0] == SCHEMA:
+            if current and row[1] != columns:
+                parts.append((columns, current))
+                current = []
+            columns = row[1]
+        elif row[0] == TRUNCATE:
             if current:
-                parts.append(current)
-            parts.append([row])
+                parts.append((columns, current))
+            parts.append((None, [row]))
             current = []
         else:
             current.append(row)
     if current:
-        parts.append(current)
+        parts.append((columns, current))
     return parts
