@@ -234,7 +234,7 @@ class Page:
                 and bool(following) and following[0].directive == "output")
 
     def execute(self, block: Block) -> None:
-        kind = block.directive or block.language
+        kind = block.language if block.directive in (None, "error") else block.directive
         self.output = {"python": self.python, "sql": self.sql, "sh": self.sh, "server": self.start_server,
                        "psql": self.psql, "upstream": self.run_upstream, "subscribe": self.subscribe,
                        }[kind](block)
