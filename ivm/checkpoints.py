@@ -83,7 +83,8 @@ def describe_catalog(catalog: Catalog) -> dict:
          "shadow_of": t.shadow_of, "retain_us": t.retain_us}
         for t in catalog.tables.values()
     ]
-    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names), "stored_output": v.stored_output,
+    views = [{"name": v.name, "sql": v.sql, "columns": list(v.column_names),
+               "types": [c.type for c in v.plan.columns], "stored_output": v.stored_output,
               "engine": v.engine, "late": v.late, "emit": v.emit}
              for v in catalog.views.values()]
     return {"tables": tables, "views": views}
@@ -106,7 +107,10 @@ def table_from_json(doc: dict) -> TableDef:
 
 def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
     query = view_query(parse_query(doc["sql"]), catalog, doc.get("late"), doc.get("emit"))
-    plan = plan_view(query, catalog, tuple(doc["columns"]))
+    # The types the view was created with; a view stored before they were
+    # recorded has DuckDB's (HUGEINT integer sums, see sql_frontend/integer_sums.py).
+    types = doc.get("types")
+    plan = plan_view(query, catalog, tuple(doc["columns"]), types, bigint_sums=types is not None)
     view = make_view(doc["name"], doc["sql"], plan)
     if doc["stored_output"] and not view.stored_output:
         view.store_output()

@@ -60,6 +60,12 @@ def shadow_mode() -> bool:
     return os.environ.get("IVM_SHADOW", "") not in ("", "0")
 
 
+# A view's SUM of integers is a BIGINT column (sql_frontend/integer_sums.py);
+# the one way it fails is a sum beyond BIGINT, and the fix is the user's to write.
+BIGINT_SUM_HINT = (" (a SUM of integers is a BIGINT column; for sums beyond ±9.2e18 write "
+                   "SUM(CAST(x AS HUGEINT)) or SUM(CAST(x AS DECIMAL(38, 0))))")
+
+
 @dataclass
 class RowChanges:
     """Deletions (by run and row position) and insertions for one relation."""
@@ -566,7 +572,10 @@ class Executor(StepRunner):
         try:
             return self._execute(step, temps, snapshot, registered)
         except duckdb.Error as e:
-            raise ExecutionError(f"{label}: {duckdb_message(e)}" if label else duckdb_message(e)) from None
+            message = duckdb_message(e)
+            if isinstance(e, duckdb.ConversionException) and "to type INT64" in message:
+                message += BIGINT_SUM_HINT
+            raise ExecutionError(f"{label}: {message}" if label else message) from None
 
     def _inputs(self, state: StepState, temps: dict[str, pa.Table], snapshot: Snapshot) -> dict[str, pa.Table]:
         found = {name: self._data(name, temps, snapshot) for name in state.names}

@@ -6,6 +6,7 @@ The pipeline, each step a small function:
     expand_asof_joins -> ASOF JOIN becomes a join and a NOT EXISTS (asof_join.py)
     check_supported     -> reject constructs we cannot maintain, by name
     bind                -> DuckDB's binder checks names/types and gives the output schema
+    integer_sum_types   -> a SUM of integers is a BIGINT column, not a HUGEINT (integer_sums.py)
     resolve             -> qualify columns, expand *, inline CTEs
     factor_disjunctions -> pull conditions shared by every branch of an OR out of it
     imply_per_table     -> beside an OR, add what it implies about each table alone
@@ -25,6 +26,7 @@ from sql_frontend.builder import Builder, CatalogReader, unique_name
 from sql_frontend.correlation import conjuncts as conjuncts_of
 from sql_frontend.errors import BindError
 from sql_frontend.factor_or import factor_disjunctions
+from sql_frontend.integer_sums import integer_sum_types
 from sql_frontend.or_per_table import imply_per_table
 from sql_frontend.plan import (
     SPJ,
@@ -53,9 +55,16 @@ from sql_frontend.top_k import has_limit
 
 
 def plan_view(
-    query: exp.Expression, catalog: CatalogReader, column_names: Sequence[str] | None = None
+    query: exp.Expression, catalog: CatalogReader, column_names: Sequence[str] | None = None,
+    column_types: Sequence[str] | None = None, *, bigint_sums: bool = True,
 ) -> ViewPlan:
-    """Plan a materialized view body; raise a named error for anything unsupported."""
+    """Plan a materialized view body; raise a named error for anything unsupported.
+
+    ``column_types`` freezes the view's column types (those it was created with,
+    as PostgreSQL freezes a view's columns); without them the types are
+    DuckDB's, with integer sums as BIGINT unless ``bigint_sums`` is False (views
+    stored before that rule existed).
+    """
     query = expand_asof_joins(expand_time_windows(query, catalog.schema()))
     check_supported(query, catalog.aggregate_names())
     query = drop_order_by(query)
@@ -63,6 +72,15 @@ def plan_view(
     check_relations(query, schema)
     output = catalog.describe(render(query))
     names = _output_names(output, column_names)
+    if column_types is not None:
+        if len(column_types) != len(output):
+            raise BindError(f"the view was created with {len(column_types)} columns but its SELECT now returns "
+                            f"{len(output)}")
+        output = tuple(Column(c.name, t) for c, t in zip(output, column_types))
+    elif bigint_sums:
+        types = integer_sum_types(query, [c.type for c in output],
+                                  lambda q: [c.type for c in catalog.describe(render(q))])
+        output = tuple(Column(c.name, t) for c, t in zip(output, types))
     resolved = imply_per_table(factor_disjunctions(resolve(query, schema)))
     root = Builder(catalog, infer_types).query(resolved)
     root = merge_spj(root)

@@ -63,7 +63,9 @@ def test_a_step_outside_the_compiled_set_stays_on_duckdb_and_says_why():
 
 
 def test_an_overflow_hands_that_batch_to_duckdb(monkeypatch):
-    db = _db("SELECT cust, SUM(qty) AS q FROM orders GROUP BY cust")
+    # SUM(CAST(… AS HUGEINT)) keeps the HUGEINT result type (a plain SUM of
+    # integers is a BIGINT column: sql_frontend/integer_sums.py).
+    db = _db("SELECT cust, SUM(CAST(qty AS HUGEINT)) AS q FROM orders GROUP BY cust")
     _batches(db, 3)
     before = db.status()["steps"]["fallback"]
     _batches(db, 1, start=10_000, qty=2**62)  # a SUM beyond BIGINT: DuckDB's HUGEINT holds it, we do not
