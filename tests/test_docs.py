@@ -408,12 +408,26 @@ def test_user_docs_name_no_source_files_or_tests():
             assert not source.search(line), f"{page}:{number}: user docs name no source files or tests: {line}"
 
 
+def anchors(path: Path) -> set[str]:
+    """The fragments GitHub gives a page's headings."""
+    found = set()
+    for line in path.read_text().split("\n"):
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
 def test_links_between_pages_resolve():
-    link = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
+    link = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
     for page in PAGES:
-        for target, _ in link.findall((ROOT / page).read_text()):
-            if not target.startswith("http"):
-                assert (ROOT / page).parent.joinpath(target).resolve().exists(), f"{page}: broken link {target}"
+        for target, fragment in link.findall((ROOT / page).read_text()):
+            if target.startswith("http"):
+                continue
+            path = (ROOT / page).parent.joinpath(target).resolve() if target else ROOT / page
+            assert path.exists(), f"{page}: broken link {target}"
+            if fragment and path.suffix == ".md":
+                assert fragment in anchors(path), f"{page}: {target}#{fragment}: no such heading"
 
 
 def test_the_readme_opens_with_the_two_commands_ci_runs():
