@@ -1,6 +1,6 @@
 """The Nexmark queries as ivm views, and the stream tables they read: one registry.
 
-Each query is written in our SQL (TUMBLE/HOP/SESSION in FROM, see the README's
+Each query is written in our SQL (TUMBLE/HOP/SESSION in FROM, see docs/sql.md's
 "Event streams" section) after the published versions (the Nexmark suites of
 Apache Beam, Flink and RisingWave), over the generator's tables
 (bench/nexmark.py). ``QUERIES`` maps a name to its view SQL and the tables it

@@ -27,7 +27,7 @@ VIEWS = {
 }
 
 
-# README, "Reading stored relations from other engines"
+# docs/durability.md, "Reading stored relations from other engines"
 DUCKDB_SQL = """SELECT t.* EXCLUDE (__weight) FROM (
     SELECT * EXCLUDE (__weight), SUM(__weight)::BIGINT AS __weight FROM read_parquet([{files}])
     GROUP BY ALL HAVING SUM(__weight) > 0) t, range(t.__weight)"""
@@ -118,7 +118,7 @@ def test_spark_reads_stored_views(stored):
 
 def test_the_delta_reader_reads_stored_views_at_the_manifest_version(stored):
     """The Delta Lake reader (deltalake), time-travelling to the version that
-    checkpoint.json names, sees the same rows (README: Reading stored relations)."""
+    checkpoint.json names, sees the same rows (docs/durability.md: Reading stored relations)."""
     import json
 
     import numpy as np

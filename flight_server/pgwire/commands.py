@@ -8,7 +8,7 @@ reach the Database:
 * ``BEGIN``/``START TRANSACTION``/``COMMIT``/``END``/``ROLLBACK``/``ABORT``
   are accepted and answer their tags, but change nothing: every statement
   is its own atomic change batch, committed when acknowledged. A ROLLBACK
-  undoes nothing (the tag is PostgreSQL's; the README says so). So are
+  undoes nothing (the tag is PostgreSQL's; docs/serving.md says so). So are
   ``SAVEPOINT``, ``RELEASE`` and ``ROLLBACK TO`` (``savepoint``).
 * ``SET``/``RESET``/``SHOW`` of the parameters in ``PARAMETERS``. A value
   ivm cannot honour (a TimeZone other than UTC, a DateStyle other than

@@ -106,9 +106,9 @@ def test_a_durable_server_after_batches(tmp_path):
     assert value(after, "ivm_arrow_allocated_bytes") > 0
     assert value(after, "ivm_spilled_bytes") == 0  # 500 rows are far below spill_rows
     assert value(after, "process_resident_memory_bytes") > 0
-    # the README's table names exactly the metrics a durable server serves
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Metrics (Prometheus)"):]
+    # the docs' table names exactly the metrics a durable server serves
+    page = (ROOT / "docs" / "serving.md").read_text()
+    section = page[page.index("## Metrics (Prometheus)"):]
     section = section[:section.index("\n## ")]
     assert set(re.findall(r"`(ivm_\w+)`", section)) == served
 
