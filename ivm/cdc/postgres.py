@@ -274,8 +274,10 @@ class Replicator:
             if spool.tell() == 0:  # an empty table
                 return
             spool.seek(0)
-            options = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
-                                           quoted_strings_can_be_null=False)
+            # PostgreSQL's CSV writes NULL as an unquoted empty field and nothing else: not Arrow's default
+            # null spellings, which would turn the text 'NA', 'null' or 'NaN' into NULL.
+            options = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, null_values=[""],
+                                           strings_can_be_null=True, quoted_strings_can_be_null=False)
             reader = pacsv.open_csv(spool, read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20),
                                     convert_options=options)
             for batch in reader:
