@@ -201,7 +201,15 @@ def _sources_only(args: argparse.Namespace) -> int:
         print(json.dumps({"sources": sources}, indent=1))
     else:
         _print_rows("sources (the database is open in another process)", sources)
+        _print_source_warnings(sources)
     return 0
+
+
+def _print_source_warnings(sources: list[dict]) -> None:
+    """Each source's WAL warning on a line of its own, where a wide table cannot cut it off."""
+    for source in sources:
+        if source.get("warning"):
+            print(f"warning: {source['warning']}")
 
 
 def _print_rows(title: str, rows: list[dict]) -> None:
@@ -224,6 +232,7 @@ def _print_status(facts: dict) -> None:
     console = Console()
     if facts.get("sources"):
         _print_rows("sources", facts["sources"])
+        _print_source_warnings(facts["sources"])
     overview = {k: v for k, v in facts.items() if k not in ("relations", "sources")}
     for key, value in overview.items():
         console.print(f"[bold]{key}[/bold]: {value}")
