@@ -92,6 +92,7 @@ class SourceError(IvmError, ValueError):
 
 WAL_WARNING_SECONDS = 60.0  # default: a source failing or stopped this long warns that its slot holds WAL
 UPSTREAM_FACTS_SECONDS = 1.0  # how long a slot's facts read from pg_replication_slots serve status calls
+UPSTREAM_ERROR_SECONDS = 30.0  # ... and how long "cannot reach it" does (each try may wait the connect timeout)
 
 
 @dataclass
@@ -182,14 +183,17 @@ def slot_facts(dsn: str, slot: str) -> dict:
     """What PostgreSQL says of a slot: exists, active, retained_bytes (WAL it holds), lag_bytes; or error.
 
     Read again at most every UPSTREAM_FACTS_SECONDS (status is polled), with a
-    short connect timeout (a status call must not hang on an unreachable server).
+    short connect timeout; an unreachable server is tried again only after
+    UPSTREAM_ERROR_SECONDS, so that a dashboard polling SHOW STATUS does not
+    wait for the timeout every time.
     """
     import psycopg2
 
     key = (dsn, slot)
     with _slot_facts_lock:
         found = _slot_facts.get(key)
-        if found is not None and time.monotonic() - found[0] < UPSTREAM_FACTS_SECONDS:
+        if found is not None and time.monotonic() - found[0] < (
+                UPSTREAM_ERROR_SECONDS if "error" in found[1] else UPSTREAM_FACTS_SECONDS):
             return found[1]
     try:
         with contextlib.closing(psycopg2.connect(dsn, connect_timeout=3)) as conn, conn.cursor() as cur:
@@ -294,6 +298,7 @@ class Replicator:
         self._last_said = time.monotonic()
         self._made_slot = False  # this run created the slot (so undoing a failed snapshot drops it)
         self._made_tables: list[str] = []  # local tables this run created
+        self._new = False  # this run made the source (it had no state file)
 
     # --- state ------------------------------------------------------------------------
     def _save(self) -> None:
@@ -355,7 +360,7 @@ class Replicator:
         crash is started again by the next run instead (see the module
         docstring); when that fails, the source stays, failed, until DROP SOURCE.
         """
-        new = not self.state_file.exists()
+        new = self._new = not self.state_file.exists()
         self._load()
         self.progress.update(running=True, pid=os.getpid())
         try:
@@ -400,6 +405,19 @@ class Replicator:
         self.progress["running"] = False
         if self.state_file.exists():  # a source that has no state has no progress either
             self._report(force=True)
+
+    def abandon(self) -> SourceError:
+        """Undo a CREATE SOURCE that a crash cut short in its snapshot (its state says ``creating``).
+
+        Its caller never heard that it succeeded, so it is undone as a failure
+        would have been (``undo``): the slot (the name was checked free, so it
+        is this source's), the tables it created, the rows it loaded.
+        """
+        self._load()
+        self._made_slot = True
+        self._made_tables = list(self.state.get("made_tables", []))
+        return self.undo(SourceError(f"the process stopped during it, before CREATE SOURCE {self.config.name} "
+                                     "returned"))
 
     def undo(self, error: BaseException) -> SourceError:
         """Undo a new source whose snapshot failed: the error to raise, saying what could not be undone.
@@ -461,6 +479,10 @@ class Replicator:
         self._create_tables()
         # From here on a restart empties these tables again: they are new or were empty (checked above).
         self.state.update(phase="snapshot", filling=sorted(t["table"] for t in tables.values()))
+        if self.auto and self._new:
+            # A CREATE SOURCE that has not returned: a crash before the snapshot is consistent undoes it at
+            # the next open (abandon), as its failure would have.
+            self.state.update(creating=True, made_tables=list(self._made_tables))
         self._save()
         self._report(force=True)
         replication = self._replication_connection()
@@ -489,7 +511,8 @@ class Replicator:
             replication.close()  # the slot is in use while its connection lives: undo drops it after this
             raise
         self.state.update(phase="streaming", consistent_lsn=lsn_text(lsn_int(consistent)))
-        self.state.pop("filling", None)
+        for key in ("filling", "creating", "made_tables"):
+            self.state.pop(key, None)
         self.progress["confirmed_lsn"] = self.state["consistent_lsn"]
         self._save()
         if self.say is not None:

@@ -5,11 +5,13 @@ is consistent (the tables created and loaded); when anything fails it raises
 and leaves nothing behind (Replicator.begin / undo). The source then streams
 on a background thread of the database that made it, and again in every
 later ``ivm.connect(path)`` of that directory (its state file says
-``"auto": true``), until DROP SOURCE. Errors while streaming stop only that
-source; they are kept in its state and shown by SHOW SOURCES, ``ivm status``
-and SHOW STATUS (db.status()["sources"]). A source that stays failed warns
-in the log, once it has been failing for its ``wal_warning_seconds``, that
-its slot holds WAL upstream, and again every WARNING_REPEAT_SECONDS.
+``"auto": true``), until DROP SOURCE. A CREATE SOURCE cut short by a crash
+during its snapshot never returned: the next open undoes it
+(Replicator.abandon). Errors while streaming stop only that source; they
+are kept in its state and shown by SHOW SOURCES, ``ivm status`` and SHOW
+STATUS (db.status()["sources"]). A source that stays failed warns in the
+log, once it has been failing for its ``wal_warning_seconds``, that its slot
+holds WAL upstream, and again every WARNING_REPEAT_SECONDS.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ class Sources:
             if path.name.endswith(".progress.json"):
                 continue
             state = json.loads(path.read_text())
-            if state.get("auto"):
+            if state.get("auto") and state.get("creating"):
+                undone = Replicator(self.db, self._config(state), auto=True).abandon()
+                log.warning("%s; undone", undone)
+            elif state.get("auto"):
                 self._start(Replicator(self.db, self._config(state), auto=True))
 
     @staticmethod

@@ -9,6 +9,7 @@ stops a snapshot or a stream half-way: it fails after rows were applied, which i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -50,7 +51,7 @@ def assert_nothing_left(db, dsn: str, data, tables: list[str]) -> None:
     assert not list((data / "sources").glob("*.json"))
 
 
-def test_create_source_returns_with_its_snapshot_loaded_and_show_sources_follows_it(items, tmp_path):
+def test_create_source_returns_with_its_snapshot_loaded_and_show_sources_follows_it(items, pg, tmp_path):
     data = tmp_path / "db"
     with ivm.connect(data) as db:
         db.execute(create_source(items) + " WITH (wal_warning_seconds = 1)")
@@ -80,6 +81,14 @@ def test_create_source_returns_with_its_snapshot_loaded_and_show_sources_follows
     assert s["warning"].startswith(f"source s has been stopped for 1 s and its replication slot {slot(items)} holds "), s
     assert re.search(r"holds [\d.]+ (bytes|kB|MB) of WAL upstream", s["warning"]) and s["retained_wal_bytes"] > 0, s
     assert s["lag_bytes"] > 0 and s["lag_seconds"] is None, s  # as pg_replication_slots says: behind, by then
+    database = items.rsplit("dbname=", 1)[1]
+    upstream(pg.dsn, f"ALTER DATABASE {database} ALLOW_CONNECTIONS false")
+    try:  # PostgreSQL cannot say: the warning says the slot may hold WAL, and why it cannot say how much
+        s = wait(lambda: (found := sources_status(data)[0])["lag_bytes"] is None and found, "an unreachable upstream")
+        assert "its replication slot " + slot(items) + " may hold WAL upstream (cannot read pg_replication_slots: " \
+            in s["warning"], s
+    finally:
+        upstream(pg.dsn, f"ALTER DATABASE {database} ALLOW_CONNECTIONS true")
 
     with ivm.connect(data) as db:  # resumed: streaming again, the row written while closed applied, no warning
         s = wait(lambda: (found := sources(db)["s"])["rows_applied"] == 1016 and found, "the resumed source")
@@ -177,16 +186,30 @@ def test_a_failed_source_warns_in_show_sources_and_the_log_that_its_slot_holds_w
         assert slots(items) == [] and sources(db) == {}
 
 
-def test_replicate_says_what_it_does_and_a_failed_first_snapshot_leaves_nothing(items, tmp_path):
-    upstream(items, "CREATE TABLE prices (id int PRIMARY KEY, price numeric(10,2)); "
-                    "INSERT INTO prices VALUES (1, 'NaN'); CREATE PUBLICATION bad FOR TABLE prices, x1")
+def test_a_create_source_cut_short_by_a_crash_is_undone_at_the_next_open(items, tmp_path, caplog):
+    upstream(items, "INSERT INTO x1 SELECT i, 'bulk' FROM generate_series(1001, 300000) i")
     data = tmp_path / "db"
-    failed = run_replicate(data, items, "bad", "--seconds", "1")
-    assert failed.wait(120) == 1
-    assert "could not take its snapshot: upstream table public.prices" in failed.stderr.read()
+    process = subprocess.Popen([sys.executable, "-m", "ivm", "sql", "--data", str(data), create_source(items)],
+                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait(lambda: slots(items) or process.poll() is not None, "the snapshot to begin")
+        process.kill()
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    state = json.loads((data / "sources" / "s.json").read_text())
+    assert (state["phase"], state["creating"], slots(items)) == ("snapshot", True, [slot(items)])  # cut short
+    caplog.set_level(logging.WARNING, logger="ivm.sources")
     with ivm.connect(data) as db:
         assert_nothing_left(db, items, data, [])
+    assert any(r.getMessage() == "source s could not take its snapshot: the process stopped during it, before "
+               "CREATE SOURCE s returned; undone" for r in caplog.records), caplog.records
 
+
+def test_replicate_says_what_it_does(items, tmp_path):
+    data = tmp_path / "db"
     process = run_replicate(data, items, "p", "--seconds", "2.5", "--progress-seconds", "0.3",
                             "--wal-warning-seconds", "0.5")
     lines = Lines(process.stdout)
