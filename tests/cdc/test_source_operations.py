@@ -194,6 +194,7 @@ def test_a_create_source_cut_short_by_a_crash_is_undone_at_the_next_open(items, 
                                stderr=subprocess.DEVNULL)
     try:
         wait(lambda: slots(items) or process.poll() is not None, "the snapshot to begin")
+        assert [s["state"] for s in sources_status(data)] == ["snapshotting"]  # (read while another process runs it)
         process.kill()
         process.wait(30)
     finally:
@@ -201,6 +202,7 @@ def test_a_create_source_cut_short_by_a_crash_is_undone_at_the_next_open(items, 
             process.kill()
     state = json.loads((data / "sources" / "s.json").read_text())
     assert (state["phase"], state["creating"], slots(items)) == ("snapshot", True, [slot(items)])  # cut short
+    assert [s["state"] for s in sources_status(data)] == ["stopped"]  # its process is gone
     caplog.set_level(logging.WARNING, logger="ivm.sources")
     with ivm.connect(data) as db:
         assert_nothing_left(db, items, data, [])
