@@ -276,6 +276,9 @@ def _print_status(facts: dict, as_json: bool) -> None:
     # 80 columns unless the terminal is wider (a pipe gets 80, so the output reads the same in a log)
     width = max(WIDTH, shutil.get_terminal_size().columns) if sys.stdout.isatty() else WIDTH
     print("\n".join(status_lines(facts, width=width)))
+    for source in facts.get("sources") or []:  # on lines of their own, where a table cannot cut them off
+        if source.get("warning"):
+            print(f"warning: {source['warning']}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,15 @@ SOURCES_SCHEMA = pa.schema([
     pa.field("status", pa.string()),  # a source's phase ("snapshot", "streaming"…) or "failed: why"; a table's
     # "failed: why" when it stopped following its source (an upstream schema change ivm cannot follow), else NULL
     pa.field("rows", pa.int64()),  # a table's rows now; NULL for a source
+    # Added later, so after the columns clients already read by position; NULL for a table:
+    pa.field("state", pa.string()),  # snapshotting | streaming | failed | stopped
+    pa.field("slot", pa.string()),  # the replication slot upstream
+    pa.field("confirmed_lsn", pa.string()),  # confirmed upstream: everything before it is applied here
+    pa.field("lag_bytes", pa.int64()),  # WAL upstream not applied yet (failed/stopped: as PostgreSQL says; NULL: unknown)
+    pa.field("lag_seconds", pa.float64()),  # age of the oldest upstream commit not applied yet (NULL: unknown)
+    pa.field("rows_applied", pa.int64()),  # rows applied, snapshot included
+    pa.field("last_error", pa.string()),  # why it failed (NULL: it did not)
+    pa.field("warning", pa.string()),  # failed/stopped past its wal_warning_seconds: its slot holds WAL upstream
 ])
 
 
@@ -431,7 +440,8 @@ class Database:
             result = self.compact()
             return 0, pa.table({k: [v] for k, v in result.items()})
         if isinstance(statement, CreateSource):
-            self._cdc().create(statement.name, statement.connection, statement.publication, statement.slot)
+            self._cdc().create(statement.name, statement.connection, statement.publication, statement.slot,
+                               statement.options)
             return 0, None
         if isinstance(statement, DropSource):
             self._cdc().drop(statement.name)
@@ -607,8 +617,9 @@ class Database:
         Every table is a source (INSERT/UPDATE/DELETE, COPY, ``apply_changes``,
         Flight ingest and Debezium write it); ``written_by`` names the
         CREATE SOURCE source that replicates into it, if one does. A source
-        made by CREATE SOURCE is a row of type ``postgres`` with its state
-        (its phase, or why it failed); it has no rows of its own.
+        made by CREATE SOURCE (or ``ivm replicate``) is a row of type
+        ``postgres`` with its state (ivm/cdc/postgres.py ``sources_status``);
+        it has no rows of its own.
         """
         engine = self._engine
         upstream = []
@@ -624,7 +635,11 @@ class Database:
                  "rows": snapshot[t.name].num_rows}
                 for t in engine.catalog.visible_tables()]
         rows += [{"name": s["name"], "type": s["kind"], "written_by": None,
-                  "status": s["status"] if s["status"] != "ok" else s["phase"], "rows": None} for s in upstream]
+                  "status": s["status"] if s["status"] != "ok" else s["phase"], "rows": None,
+                  "state": s["state"], "slot": s["slot"], "confirmed_lsn": s.get("confirmed_lsn"),
+                  "lag_bytes": s.get("lag_bytes"), "lag_seconds": s.get("lag_seconds"),
+                  "rows_applied": s.get("rows", 0), "last_error": s["last_error"], "warning": s["warning"]}
+                 for s in upstream]
         return pa.Table.from_pylist(sorted(rows, key=lambda row: (row["name"], row["type"])), schema=SOURCES_SCHEMA)
 
     def _show(self, stmt: Show) -> pa.Table:

@@ -139,6 +139,7 @@ class CreateSource:
     connection: str
     publication: str
     slot: str | None = None
+    options: dict = field(default_factory=dict)  # WITH (name = value): see SOURCE_OPTIONS
 
 
 @dataclass
@@ -175,7 +176,14 @@ Statement = (
 _LITERAL = r"'((?:[^']|'')*)'"
 CREATE_SOURCE = re.compile(
     r"\s*CREATE\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s+FROM\s+POSTGRES\s+CONNECTION\s+" + _LITERAL
-    + r"\s+PUBLICATION\s+" + _LITERAL + r"(?:\s+SLOT\s+" + _LITERAL + r")?\s*;?\s*", re.IGNORECASE | re.DOTALL)
+    + r"\s+PUBLICATION\s+" + _LITERAL + r"(?:\s+SLOT\s+" + _LITERAL + r")?(?:\s+WITH\s*\((.*)\))?\s*;?\s*",
+    re.IGNORECASE | re.DOTALL)
+# Options of CREATE SOURCE … WITH (name = value): the parser of each value.
+SOURCE_OPTIONS = {
+    # a source failing (or stopped while its slot exists) this long warns that its slot holds WAL upstream
+    "wal_warning_seconds": lambda text: _non_negative_number("wal_warning_seconds", text),
+}
+SOURCE_OPTION = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(" + _LITERAL + r"|[^,']+?)\s*(?:,|$)", re.DOTALL)
 DROP_SOURCE = re.compile(r"\s*DROP\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*", re.IGNORECASE)
 
 
@@ -196,11 +204,14 @@ def _alter_view(sql: str) -> AlterView | None:
     name, action, options = m[1].lower(), m[2].upper(), m[3].strip()
     if action == "RESET":
         if options.lower() != "engine":
-            raise UnsupportedError(f"materialized view option {options} is not supported (only engine)")
+            raise unknown_option(options.split(",")[0].strip().lower(), "ALTER MATERIALIZED VIEW", ("engine",))
         return AlterView(name, None)
     option = ENGINE_OPTION.fullmatch(options)
     if option is None:
-        raise UnsupportedError(f"materialized view option {options} is not supported (only engine = ...)")
+        named = re.match(r"\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=", options)
+        if named is None or named[1].lower() == "engine":
+            raise SqlSyntaxError(f"expected ALTER MATERIALIZED VIEW {name} SET (engine = '<engine>'), got SET ({options})")
+        raise unknown_option(named[1].lower(), "ALTER MATERIALIZED VIEW", ("engine",))
     value = option[1].replace("''", "'")
     if value.lower() not in VIEW_ENGINES:
         raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got '{value}'")
@@ -216,11 +227,37 @@ def _source_statement(sql: str) -> Statement | None:
         m = CREATE_SOURCE.fullmatch(sql)
         if m is None:
             raise SqlSyntaxError("expected CREATE SOURCE name FROM POSTGRES CONNECTION '<dsn>' "
-                                 "PUBLICATION '<publication>' [SLOT '<slot>']")
+                                 "PUBLICATION '<publication>' [SLOT '<slot>'] [WITH (option = value, …)]")
         unquote = lambda text: None if text is None else text.replace("''", "'")  # noqa: E731
-        return CreateSource(m[1].lower(), unquote(m[2]), unquote(m[3]), unquote(m[4]))
+        return CreateSource(m[1].lower(), unquote(m[2]), unquote(m[3]), unquote(m[4]), _source_options(m[5] or ""))
     m = DROP_SOURCE.fullmatch(sql)
     return DropSource(m[1].lower()) if m else None
+
+
+def _source_options(text: str) -> dict:
+    """The ``WITH (name = value, …)`` options of CREATE SOURCE, each parsed; unknown ones are refused."""
+    options: dict = {}
+    pos = 0
+    while text[pos:].strip():
+        m = SOURCE_OPTION.match(text, pos)
+        if m is None:
+            raise SqlSyntaxError(f"expected CREATE SOURCE … WITH (option = value, …), got WITH ({text.strip()})")
+        name, value = m[1].lower(), m[3].replace("''", "'") if m[3] is not None else m[2].strip()
+        if name not in SOURCE_OPTIONS:
+            raise unknown_option(name, "CREATE SOURCE", tuple(SOURCE_OPTIONS))
+        options[name] = SOURCE_OPTIONS[name](value)
+        pos = m.end()
+    return options
+
+
+def _non_negative_number(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UnsupportedError(f"{name} must be a number of seconds, 0 or more; got {text}")
+    return value
 
 
 def normalize_name(identifier: exp.Expression | str) -> str:
@@ -412,6 +449,7 @@ def _create_table(tree: exp.Create) -> CreateTable:
                 f"table constraint {element.sql(DIALECT).split('(')[0].strip()} is not supported "
                 "(ivm supports PRIMARY KEY, NOT NULL and DEFAULT)"
             )
+    _table_options(tree)
     as_query = tree.expression if isinstance(tree.expression, QUERY_TYPES) else None
     if not columns and as_query is None:
         raise SqlSyntaxError(f"CREATE TABLE {name} needs a column list or AS SELECT")
@@ -480,37 +518,65 @@ VIEW_ENGINES = ("auto", "duckdb", "spark")
 VIEW_OPTIONS = {"late": ("drop", "correct"), "emit": ("on_update", "on_close")}
 
 
+def unknown_option(name: str, statement: str, valid: tuple[str, ...]) -> UnsupportedError:
+    """The error for a ``WITH (name = …)`` option that ``statement`` does not take: names it and the valid ones."""
+    return UnsupportedError(f"unknown option '{name}' for {statement}; valid options: "
+                            + (", ".join(valid) if valid else "none"))
+
+
+def _option_name(prop: exp.Expression) -> str | None:
+    """The name of a ``name = value`` property (sqlglot makes ``engine = …`` a class of its own); None for a keyword."""
+    if isinstance(prop, exp.EngineProperty):
+        return "engine"
+    if type(prop) is exp.Property:
+        return prop.name.lower()
+    return None
+
+
+def _table_options(tree: exp.Create) -> None:
+    """CREATE TABLE takes no ``WITH`` options, nor keywords such as TEMPORARY: refused rather than ignored."""
+    properties = tree.args.get("properties")
+    for prop in properties.expressions if properties is not None else []:
+        name = _option_name(prop)
+        if name is not None:
+            error = unknown_option(name, "CREATE TABLE", ())
+            raise UnsupportedError(f"{error} (WATERMARK FOR … and APPEND ONLY are clauses of CREATE TABLE, "
+                                   "not WITH options)")
+        raise UnsupportedError(f"CREATE {prop.sql(DIALECT)} TABLE is not supported; use CREATE TABLE")
+
+
 def _view_options(tree: exp.Create) -> dict[str, str]:
     """The ``WITH (engine = '...', late = '...')`` options of CREATE MATERIALIZED VIEW; others are refused."""
     properties = tree.args.get("properties")
     options: dict[str, str] = {}
     for prop in properties.expressions if properties is not None else []:
-        if isinstance(prop, exp.Property) and prop.name.lower() in VIEW_OPTIONS:
-            name, allowed = prop.name.lower(), VIEW_OPTIONS[prop.name.lower()]
+        if isinstance(prop, exp.MaterializedProperty):
+            continue
+        name = _option_name(prop)
+        if name is None:
+            raise UnsupportedError(f"CREATE {prop.sql(DIALECT)} MATERIALIZED VIEW is not supported")
+        if name == "engine":
+            options["engine"] = _view_engine(prop)
+        elif name in VIEW_OPTIONS:
+            allowed = VIEW_OPTIONS[name]
             value = prop.args.get("value")
             text = value.name.lower() if isinstance(value, (exp.Literal, exp.Identifier, exp.Var, exp.Column)) else ""
             if text not in allowed:
                 shown = value.sql(DIALECT) if value is not None else "nothing"
                 raise UnsupportedError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {shown}")
             options[name] = text
-            continue
-        engine = _view_engine(prop)
-        if engine is not None:
-            options["engine"] = engine
+        else:
+            raise unknown_option(name, "CREATE MATERIALIZED VIEW", ("engine", *VIEW_OPTIONS))
     return options
 
 
-def _view_engine(prop: exp.Expression) -> str | None:
-    """``engine = '...'``; None for the MATERIALIZED marker; anything else is refused."""
-    if isinstance(prop, exp.MaterializedProperty):
-        return None
-    if isinstance(prop, exp.EngineProperty):
-        value = prop.this.name.lower() if isinstance(prop.this, (exp.Literal, exp.Identifier, exp.Var)) else ""
-        if value not in VIEW_ENGINES:
-            raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {prop.this.sql(DIALECT)}")
-        return value
-    raise UnsupportedError(f"materialized view option {prop.sql(DIALECT)} is not supported "
-                           "(only engine = ..., late = ... and emit = ...)")
+def _view_engine(prop: exp.Expression) -> str:
+    """The value of ``engine = '...'``, one of VIEW_ENGINES."""
+    value = prop.args.get("this") if isinstance(prop, exp.EngineProperty) else prop.args.get("value")
+    text = value.name.lower() if isinstance(value, (exp.Literal, exp.Identifier, exp.Var, exp.Column)) else ""
+    if text not in VIEW_ENGINES:
+        raise UnsupportedError(f"engine must be one of {', '.join(VIEW_ENGINES)}; got {value.sql(DIALECT)}")
+    return text
 
 
 def _drop(tree: exp.Drop) -> Drop:

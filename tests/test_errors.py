@@ -197,6 +197,20 @@ def test_name_conflicts(db):
         ("CREATE OR REPLACE TABLE t (a INT)", UnsupportedError, "OR REPLACE"),
         ("CREATE INDEX i ON orders(id)", UnsupportedError, "INDEX"),
         ("ALTER TABLE orders RENAME COLUMN id TO key", UnsupportedError, "ALTER"),
+        # WITH options: unknown ones are refused by name, with the valid ones listed (issue 27)
+        ("CREATE TABLE t2 (id INT) WITH (connector='kafka')", UnsupportedError,
+         "unknown option 'connector' for CREATE TABLE; valid options: none"),
+        ("CREATE TABLE t2 (id INT) WITH (engine = 'spark')", UnsupportedError,
+         "unknown option 'engine' for CREATE TABLE; valid options: none"),
+        ("CREATE TABLE t2 WITH (fillfactor = 70) AS SELECT id FROM orders", UnsupportedError,
+         "unknown option 'fillfactor' for CREATE TABLE"),
+        ("CREATE TEMPORARY TABLE t2 (id INT)", UnsupportedError, "CREATE TEMPORARY TABLE is not supported"),
+        ("CREATE MATERIALIZED VIEW v WITH (connector = 'kafka') AS SELECT id FROM orders", UnsupportedError,
+         "unknown option 'connector' for CREATE MATERIALIZED VIEW; valid options: engine, late, emit"),
+        ("ALTER MATERIALIZED VIEW totals SET (connector = 'kafka')", UnsupportedError,
+         "unknown option 'connector' for ALTER MATERIALIZED VIEW; valid options: engine"),
+        ("CREATE SOURCE s FROM POSTGRES CONNECTION 'host=/nowhere' PUBLICATION 'p' WITH (connector = 'kafka')",
+         UnsupportedError, "unknown option 'connector' for CREATE SOURCE; valid options: wal_warning_seconds"),
     ],
 )
 def test_bad_ddl(db, ddl, error, words):

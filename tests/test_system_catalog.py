@@ -99,14 +99,19 @@ def test_show_sources_in_memory_and_durable(db, tmp_path):
     db.execute("CREATE MATERIALIZED VIEW n AS SELECT COUNT(*) AS c FROM events")  # makes the hidden twins
     db.execute("INSERT INTO t VALUES (1, 2.5, NULL, NULL)")
     table = db.sql("SHOW SOURCES")
-    assert table.column_names == ["name", "type", "written_by", "status", "rows"]
-    assert [tuple(r.values()) for r in table.to_pylist()] == [("events", "table", None, None, 0),
-                                                              ("t", "table", None, None, 1)]
+    # the first five in the order clients read them by position; the source columns appended after them
+    source_columns = ["state", "slot", "confirmed_lsn", "lag_bytes", "lag_seconds", "rows_applied", "last_error",
+                      "warning"]
+    assert table.column_names == ["name", "type", "written_by", "status", "rows", *source_columns]
+    unset = (None,) * len(source_columns)  # a table has none of a source's facts
+    assert [tuple(r.values()) for r in table.to_pylist()] == [("events", "table", None, None, 0, *unset),
+                                                              ("t", "table", None, None, 1, *unset)]
     with ivm.connect(tmp_path / "d") as durable:
         assert durable.sql("SHOW SOURCES").num_rows == 0
         durable.execute("CREATE TABLE k (x INTEGER)")
         assert durable.sql("SHOW SOURCES").to_pylist() == [
-            {"name": "k", "type": "table", "written_by": None, "status": None, "rows": 0}]
+            {"name": "k", "type": "table", "written_by": None, "status": None, "rows": 0,
+             **dict.fromkeys(source_columns)}]
 
 
 def test_show_of_something_else_names_what_exists(db):

@@ -30,6 +30,9 @@ import re
 from dataclasses import dataclass
 
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
+from sql_frontend.statements import unknown_option
+
+COPY_OPTIONS = ("format", "header", "delimiter", "null", "quote", "encoding")
 
 _COPY = re.compile(
     r"COPY\s+(?:(?P<query>\(.*\))|(?P<table>[\w\"$]+(?:\.[\w\"$]+)?)\s*(?P<columns>\([^()]*\))?)"
@@ -131,7 +134,7 @@ def parse(sql: str) -> CopySpec | None:
             if value.upper().replace("-", "") not in ("UTF8", "UNICODE"):
                 raise UnsupportedError(f"COPY encoding {value!r} is not supported (only UTF8)")
         else:
-            raise UnsupportedError(f"COPY option {name.upper()} is not supported")
+            raise unknown_option(name, "COPY", COPY_OPTIONS)
     if spec.csv and spec.null == "\\N":
         spec.null = ""
     if spec.csv and not any(name == "delimiter" for name, _ in _options(match["options"])):

@@ -40,6 +40,8 @@ def ingest_debezium(args: argparse.Namespace) -> int:
 
 
 def add_replicate(commands) -> None:
+    from ivm.cdc.postgres import WAL_WARNING_SECONDS
+
     replicate = commands.add_parser("replicate", help="follow a PostgreSQL publication (logical replication)")
     replicate.add_argument("--data", required=True, help="the database directory")
     replicate.add_argument("--dsn", required=True, help="libpq connection string of the upstream PostgreSQL")
@@ -47,9 +49,15 @@ def add_replicate(commands) -> None:
     replicate.add_argument("--slot", default=None, help="replication slot name (default ivm_<publication>)")
     replicate.add_argument("--name", default=None, help="source name in ivm status (default pg_<publication>)")
     replicate.add_argument("--seconds", type=float, default=None, help="stop after this long (default: run until killed)")
+    replicate.add_argument("--progress-seconds", type=float, default=10.0, metavar="SECONDS",
+                           help="print the streaming progress this often (default 10)")
+    replicate.add_argument("--wal-warning-seconds", type=float, default=WAL_WARNING_SECONDS, metavar="SECONDS",
+                           help="ivm status warns that the slot holds WAL once the source has been failed or "
+                                f"stopped this long (default {WAL_WARNING_SECONDS:g}; kept from the first run)")
 
 
 def replicate(args: argparse.Namespace) -> int:
+    """Run one source in the foreground, saying what it does on stdout, one plain line at a time."""
     import ivm
     from ivm.cdc.postgres import Replicator, SourceConfig
 
@@ -57,14 +65,31 @@ def replicate(args: argparse.Namespace) -> int:
     if db is None:
         return 1
     name = args.name or f"pg_{args.publication}"
-    config = SourceConfig(name, args.dsn, args.publication, args.slot or f"ivm_{args.publication}")
+    config = SourceConfig(name, args.dsn, args.publication, args.slot or f"ivm_{args.publication}",
+                          args.wal_warning_seconds)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
     with db:
-        replicator = Replicator(db, config)
+        replicator = Replicator(db, config, say=say, say_every=args.progress_seconds)
         try:
             replicator.run(seconds=args.seconds)
         except ivm.IvmError as e:
             print(f"ivm: source {name} stopped: {e}", file=sys.stderr)
+            _slot_left(replicator, name)
             return 1
         except KeyboardInterrupt:
             pass
+        _slot_left(replicator, name)
     return 0
+
+
+def _slot_left(replicator, name: str) -> None:
+    """Say that the slot, when it exists, holds WAL upstream until the source runs again or is dropped."""
+    if not replicator.state_file.exists():  # a new source that failed left nothing, its slot included
+        return
+    p = replicator.progress
+    print(f"source {name}: stopped: {p['rows']} rows applied, confirmed LSN {p.get('confirmed_lsn')}", flush=True)
+    print(f"ivm: replication slot {replicator.config.slot} stays upstream and holds WAL until ivm replicate runs "
+          f"again (or: ivm sql --data {replicator.db.path} 'DROP SOURCE {name}', which drops it)", file=sys.stderr)

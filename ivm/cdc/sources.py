@@ -1,10 +1,17 @@
 """Sources that run inside a database: ``CREATE SOURCE`` / ``DROP SOURCE``.
 
-A source made by CREATE SOURCE runs on a background thread of the database
-that made it, and again in every later ``ivm.connect(path)`` of that
-directory (its state file says ``"auto": true``), until DROP SOURCE. Its
-errors stop only that source; they are kept in its state and shown by
-``ivm status`` / ``SHOW STATUS`` (db.status()["sources"]).
+CREATE SOURCE takes the snapshot on the caller's thread and returns once it
+is consistent (the tables created and loaded); when anything fails it raises
+and leaves nothing behind (Replicator.begin / undo). The source then streams
+on a background thread of the database that made it, and again in every
+later ``ivm.connect(path)`` of that directory (its state file says
+``"auto": true``), until DROP SOURCE. A CREATE SOURCE cut short by a crash
+during its snapshot never returned: the next open undoes it
+(Replicator.abandon). Errors while streaming stop only that source; they
+are kept in its state and shown by SHOW SOURCES, ``ivm status`` and SHOW
+STATUS (db.status()["sources"]). A source that stays failed warns in the
+log, once it has been failing for its ``wal_warning_seconds``, that its slot
+holds WAL upstream, and again every WARNING_REPEAT_SECONDS.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ import json
 import logging
 import threading
 
-from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, sources_dir
+from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, source_status, sources_dir
 from sql_frontend.errors import CatalogError, UnknownObjectError
 
 log = logging.getLogger("ivm.sources")
+WARNING_REPEAT_SECONDS = 600.0
 
 
 class Sources:
@@ -32,39 +40,54 @@ class Sources:
             if path.name.endswith(".progress.json"):
                 continue
             state = json.loads(path.read_text())
-            if state.get("auto"):
-                self._start(SourceConfig(state["name"], state["dsn"], state["publication"], state["slot"]))
+            if state.get("auto") and state.get("creating"):
+                undone = Replicator(self.db, self._config(state), auto=True).abandon()
+                log.warning("%s; undone", undone)
+            elif state.get("auto"):
+                self._start(Replicator(self.db, self._config(state), auto=True))
 
-    def create(self, name: str, dsn: str, publication: str, slot: str | None) -> None:
-        """Check everything that can fail (Replicator.check), then write the state file and start.
+    @staticmethod
+    def _config(state: dict) -> SourceConfig:
+        return SourceConfig(state["name"], state["dsn"], state["publication"], state["slot"])
 
-        A CREATE SOURCE that fails writes no file, makes no slot and changes no table.
-        """
+    def create(self, name: str, dsn: str, publication: str, slot: str | None, options: dict | None = None) -> None:
+        """Take the source's snapshot, then start streaming it; on failure raise, having changed nothing."""
         with self.lock:
             directory = sources_dir(self.db)
             if (directory / f"{name}.json").exists():
                 raise CatalogError(f"source {name} already exists")
             if any(o.name == name for o in self.db.objects()):
                 raise CatalogError(f"{name} is already a table or view")
-            config = SourceConfig(name, dsn, publication, slot or f"ivm_{name}")
+            config = SourceConfig(name, dsn, publication, slot or f"ivm_{name}", **(options or {}))
             replicator = Replicator(self.db, config, auto=True)
-            replicator.check()
-            replicator.register()
-            self._start(config)
+            connection = replicator.begin()
+            self._start(replicator, connection)
 
-    def _start(self, config: SourceConfig) -> None:
+    def _start(self, replicator: Replicator, connection=None) -> None:
+        """Run the source on a thread: stream from ``connection``, or (resumed) begin first."""
         stop = threading.Event()
-        replicator = Replicator(self.db, config, auto=True)
+        name = replicator.config.name
 
         def run() -> None:
             try:
-                replicator.run(stop=stop)
+                replicator.follow(connection if connection is not None else replicator.begin(), stop)
             except SourceError as e:
-                log.error("source %s stopped: %s", config.name, e)
+                log.error("source %s stopped: %s", name, e)
+                self._warn_while_failed(replicator, stop)
 
-        thread = threading.Thread(target=run, name=f"ivm-source-{config.name}", daemon=True)
-        self.running[config.name] = (thread, stop, replicator)
+        thread = threading.Thread(target=run, name=f"ivm-source-{name}", daemon=True)
+        self.running[name] = (thread, stop, replicator)
         thread.start()
+
+    @staticmethod
+    def _warn_while_failed(replicator: Replicator, stop: threading.Event) -> None:
+        """Until the source is stopped (DROP SOURCE, close): warn in the log that its slot holds WAL."""
+        wait = replicator.config.wal_warning_seconds
+        while not stop.wait(wait) and replicator.state_file.exists():
+            wait = WARNING_REPEAT_SECONDS
+            status = source_status(replicator.state, replicator.progress)
+            if status["warning"]:
+                log.warning("%s", status["warning"])
 
     def drop(self, name: str) -> None:
         """Stop the source, drop its slot upstream and forget it; its tables keep their rows.
@@ -77,24 +100,23 @@ class Sources:
             if not path.exists():
                 raise UnknownObjectError(f"source {name} does not exist")
             was_running = self._stop(name)
-            state = json.loads(path.read_text())
-            config = SourceConfig(name, state["dsn"], state["publication"], state["slot"])
+            config = self._config(json.loads(path.read_text()))
             try:
                 Replicator(self.db, config).drop()
             except SourceError:
                 if was_running:
-                    self._start(config)
+                    self._start(Replicator(self.db, config, auto=True))
                 raise
 
     def _stop(self, name: str) -> bool:
-        """Stop the source's thread; whether it was still running."""
-        thread, stop, _ = self.running.pop(name, (None, None, None))
+        """Stop the source's thread; whether the source was still running (not failed)."""
+        thread, stop, replicator = self.running.pop(name, (None, None, None))
         if thread is None:
             return False
-        alive = thread.is_alive()
+        following = thread.is_alive() and not replicator.state.get("error")
         stop.set()
         thread.join(60)
-        return alive
+        return following
 
     def close(self) -> None:
         for name in list(self.running):

@@ -278,8 +278,10 @@ def test_create_source_runs_inside_the_database_and_resumes_on_open(upstream, tm
             time.sleep(0.05)
         w.create_views(db)
         sources = db.sql("SHOW SOURCES").to_pylist()  # the source, and the tables it writes
-        assert [s for s in sources if s["type"] == "postgres"] == [
-            {"name": "shop", "type": "postgres", "written_by": None, "status": "streaming", "rows": None}]
+        [source] = [s for s in sources if s["type"] == "postgres"]
+        assert {k: source[k] for k in ("name", "type", "written_by", "status", "rows", "state", "slot")} == {
+            "name": "shop", "type": "postgres", "written_by": None, "status": "streaming", "rows": None,
+            "state": "streaming", "slot": slot(upstream)}
         assert sorted(s["name"] for s in sources if s["written_by"] == "shop") == \
             ["audit", "customers", "marker", "orders", "products"]
         load = w.Workload(upstream, seed=3)
@@ -312,5 +314,7 @@ def test_create_source_syntax_and_in_memory_errors():
     with ivm.connect() as db:
         with pytest.raises(ivm.SqlSyntaxError, match="expected CREATE SOURCE name FROM POSTGRES CONNECTION"):
             db.execute("CREATE SOURCE x FROM MYSQL CONNECTION 'a' PUBLICATION 'b'")
-        with pytest.raises(ivm.UnsupportedError, match="needs a durable database"):
+        with pytest.raises(ivm.UnsupportedError, match=r"a PostgreSQL source needs a database on disk: start the "
+                                                       r"server with `ivm serve --data DIR`, or open it with "
+                                                       r"`ivm\.connect\(DIR\)`"):
             db.execute("CREATE SOURCE x FROM POSTGRES CONNECTION 'host=/nowhere' PUBLICATION 'b'")

@@ -73,6 +73,9 @@ def test_catalog_is_read_only(db, cur):
 
 def test_show_sources(db, cur):
     cur.execute("SHOW SOURCES")
-    assert [d[0] for d in cur.description] == ["name", "type", "written_by", "status", "rows"]
-    assert [tuple(r) for r in cur.fetchall()] == [("events", "table", None, None, 0),
-                                                 ("orders", "table", None, None, 2)]
+    # the first five as clients read them by position, then the source columns (NULL for a table)
+    assert [d[0] for d in cur.description] == ["name", "type", "written_by", "status", "rows", "state", "slot",
+                                               "confirmed_lsn", "lag_bytes", "lag_seconds", "rows_applied",
+                                               "last_error", "warning"]
+    assert [tuple(r) for r in cur.fetchall()] == [("events", "table", None, None, 0) + (None,) * 8,
+                                                 ("orders", "table", None, None, 2) + (None,) * 8]

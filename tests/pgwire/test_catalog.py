@@ -164,5 +164,9 @@ def test_catalog_queries_as_prepared_statements(server, described):
 def test_show_sources(server, described):
     with connect(server) as conn:
         cursor = conn.execute("SHOW SOURCES")
-        assert [c.name for c in cursor.description] == ["name", "type", "written_by", "status", "rows"]
-        assert cursor.fetchall() == [("clicks", "table", None, None, 0), ("orders", "table", None, None, 1)]
+        # the first five as clients read them by position, then the source columns (NULL for a table)
+        assert [c.name for c in cursor.description] == ["name", "type", "written_by", "status", "rows", "state",
+                                                        "slot", "confirmed_lsn", "lag_bytes", "lag_seconds",
+                                                        "rows_applied", "last_error", "warning"]
+        assert cursor.fetchall() == [("clicks", "table", None, None, 0) + (None,) * 8,
+                                     ("orders", "table", None, None, 1) + (None,) * 8]

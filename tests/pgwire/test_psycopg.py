@@ -129,6 +129,15 @@ def test_copy_fail_applies_nothing(conn):
     assert conn.execute("SELECT count(*) FROM cf").fetchone() == (0,)
 
 
+def test_copy_refuses_an_unknown_option_by_name(conn):
+    conn.execute("CREATE TABLE co (id BIGINT PRIMARY KEY)")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="unknown option 'force_quote' for COPY; valid "
+                                                                  "options: format, header, delimiter, null, quote"):
+        with conn.cursor().copy("COPY co FROM STDIN WITH (FORMAT csv, FORCE_QUOTE *)") as copy:
+            copy.write_row((1,))
+    assert conn.execute("SELECT count(*) FROM co").fetchone() == (0,)
+
+
 @pytest.mark.parametrize("sql, state", [
     ("SELEC 1", "42601"),
     ("SELECT * FROM missing_table", "42P01"),
