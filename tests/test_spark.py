@@ -263,6 +263,8 @@ def test_date_parts_have_duckdbs_types_and_weekday_numbers_on_spark(spark_conf):
             db.apply_changes("t", changes)
             apply_cdc(tables, "t", "id", changes)
             got, want = db.sql("SELECT * FROM parts"), tables.sql(view).to_arrow_table()
-            assert got.schema.types == want.schema.types
+            # DuckDB's types, but SUM(v) of INTEGERs is a BIGINT column (tests/test_result_types.py)
+            assert want.schema.field("s").type == pa.decimal128(38, 0)
+            assert got.schema.types == want.schema.types[:-1] + [pa.int64()]
             assert multiset_diff(got, want) is None
         assert set(db._engine.engine_used.values()) == {"spark"}
