@@ -59,7 +59,7 @@ def test_bench_tpch_spark_maintains_the_views_on_spark_and_recomputes_them(tmp_p
     """
     out = tmp_path / "out"
     run = subprocess.run(
-        [sys.executable, "-m", "ivm", "bench", "tpch", "--sf", "0.01", "--batch", "100", "--views", "q7,q21",
+        [sys.executable, "-m", "ivm", "bench", "tpch", "--sf", "0.01", "--batch", "100", "--views", "q21",
          "--refreshes", "1", "--warmup", "1", "--out", str(out), "--data", str(tmp_path / "data"), "--spark"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -68,7 +68,7 @@ def test_bench_tpch_spark_maintains_the_views_on_spark_and_recomputes_them(tmp_p
     assert "ivm maintaining the views on Spark: ivm with engine = 'spark' (local[*]), maintenance forced incremental" in report
     assert "Spark full recompute: local Spark" in report and "failed" not in report
     results = json.loads((out / "results.json").read_text())[0]["views"]
-    for view in ("q07", "q21"):
+    for view in ("q21",):  # q07's Spark date parts: test_spark.py::test_date_parts_have_duckdbs_types…
         assert len(results[view]["spark_ivm"]) == 3 and len(results[view]["spark"]) == 3
         assert results[view]["spark_paths"] == {"incremental on Spark": 3}
         assert f"| incremental on Spark 3/3 |" in next(line for line in report.splitlines() if line.startswith(f"| {view}"))

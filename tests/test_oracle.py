@@ -71,7 +71,7 @@ def test_sql_coverage_views_equal_recompute_after_every_batch(view_set, half, da
 
 
 @pytest.mark.slow
-@settings(max_examples=3)  # 60 batches of state history in all; five streams took ~100-150 s of the suite
+@settings(max_examples=2)  # 40 batches of state history in all; five streams took ~100-150 s of the suite
 @given(st.data())
 def test_long_streams(data):
     """Fewer, longer streams: state that has lived through many batches (LSM merges)."""
@@ -80,7 +80,7 @@ def test_long_streams(data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("view_set", VIEW_SETS[1:])
-@settings(max_examples=2)
+@settings(max_examples=1)  # the suite's 25-minute budget (session 22)
 @given(data=st.data())
 def test_long_streams_sql_coverage(view_set, data):
     run_stream(data, oracle_views(view_set), batches=20, initial_rows=20)

@@ -64,7 +64,7 @@ def test_session_views_fixed_seeds(seed):
 
 
 @pytest.mark.slow
-@settings(max_examples=2)
+@settings(max_examples=1)  # the suite's 25-minute budget (session 22)
 @given(seed=st.integers(0, 2**32 - 1), batches=st.integers(8, 14))
 def test_session_views_longer_streams(seed, batches):
     _play_fresh(seed, batches)

@@ -113,7 +113,7 @@ def test_spark_join_lookups_equal_index_lookups(spark_conf, monkeypatch):
 @pytest.mark.parametrize("seed", [1])
 def test_spark_longer_streams(spark_conf, seed):
     views = subset("core") + subset("joins") + subset("subqueries")
-    stream(views, spark_conf, seed=seed, batches=6, sizes=(1, 12, 200, 1000))
+    stream(views, spark_conf, seed=seed, batches=4, sizes=(1, 12, 200, 1000))  # the suite's 25-minute budget (session 22)
 
 
 @pytest.mark.parametrize("join_lookups", [False, True], ids=["index-lookups", "join-lookups"])
