@@ -54,7 +54,10 @@ BOOLEANS = st.deferred(lambda: st.one_of(
 ))
 
 
-@settings(max_examples=60)
+# tables() filters drawn rows (unique keys); which draws it discards depends on the constants
+# hypothesis mixes in from loaded modules, so its filter health check failed once new modules
+# were imported (7 kept of 57), as the guard below already allows for.
+@settings(max_examples=60, suppress_health_check=[HealthCheck.filter_too_much])
 @given(table=tables(COLUMNS), number=NUMBERS, condition=BOOLEANS)
 def test_expressions_equal_duckdb(table, number, condition):
     check(f"SELECT {number} AS r, {condition} AS c FROM d", {"d": table})
