@@ -39,14 +39,6 @@ def run_sql(dsn: str, sql: str) -> None:
         cur.execute(sql)
 
 
-def wait_for(condition, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
-
-
 def test_add_drop_and_widen_upstream_under_streaming_writes(upstream, tmp_path):
     # ticks: a table only this test writes, after each change, to see the unchanged tables go on.
     run_sql(upstream, "CREATE TABLE ticks (i integer PRIMARY KEY); ALTER PUBLICATION shop ADD TABLE ticks")
@@ -85,7 +77,7 @@ def test_add_drop_and_widen_upstream_under_streaming_writes(upstream, tmp_path):
             time.sleep(0.3)  # writes stream between the changes
             run_sql(upstream, change)
             run_sql(upstream, f"INSERT INTO ticks VALUES ({i})")
-            wait_for(lambda: db.sql(f"SELECT COUNT(*) AS n FROM ticks WHERE i = {i}").column("n")[0].as_py(),
+            w.wait_for(lambda: db.sql(f"SELECT COUNT(*) AS n FROM ticks WHERE i = {i}").column("n")[0].as_py(),
                      f"the tick after change {i}", timeout=30)
         time.sleep(0.3)
         stop.set()
@@ -125,8 +117,8 @@ def test_a_change_ivm_cannot_follow_fails_only_its_table(upstream, tmp_path):
         run_sql(upstream, "ALTER TABLE products ALTER COLUMN price TYPE numeric(6,2); "
                           "UPDATE products SET price = 1 WHERE id = 1")
         run_sql(upstream, "INSERT INTO customers VALUES (777777, 'still flowing', 'r1')")
-        wait_for(lambda: len(db.status()["sources"][0]["failed_tables"]) == 2, "both tables to fail")
-        wait_for(lambda: db.sql("SELECT COUNT(*) AS n FROM customers WHERE id = 777777").column("n")[0].as_py(),
+        w.wait_for(lambda: len(db.status()["sources"][0]["failed_tables"]) == 2, "both tables to fail")
+        w.wait_for(lambda: db.sql("SELECT COUNT(*) AS n FROM customers WHERE id = 777777").column("n")[0].as_py(),
                  "a later change of another table")
         [source] = db.status()["sources"]
         assert source["status"] == "ok" and source["phase"] == "streaming"

@@ -69,12 +69,7 @@ def slot(dsn: str, name: str = "s") -> str:
     return f"ivm_{dsn.rsplit('dbname=', 1)[1]}_{name}"
 
 
-def wait(condition, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
+wait = w.wait_for
 
 
 # --- through ivm serve and ADBC -----------------------------------------------------------------

@@ -156,6 +156,15 @@ def create_views(db) -> None:
         db.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
 
 
+def wait_for(condition, what: str, timeout: float = 60.0):
+    """Poll ``condition`` until it holds something truthy (returned); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
 def wait_applied(progress, lsn: int, timeout: float = 60.0) -> None:
     """Wait until ``progress()`` (a dict with applied_lsn) reaches ``lsn``."""
     from ivm.cdc.postgres import lsn_int
