@@ -70,7 +70,7 @@ def snippet(uri: str, token: str | None, query: str = "SHOW TABLES", tls_cert: s
     return (
         f"a shell:  ivm sql --connect {uri}{shell_options}   (or add \"{query}\" to run it)\n"
         f"status:   ivm status --connect {uri}{shell_options}\n"
-        "connect with ADBC (pip install adbc-driver-flightsql):\n"
+        "connect with ADBC (pip install adbc-driver-flightsql pyarrow):\n"
         "    import adbc_driver_flightsql.dbapi as flight_sql\n"
         f'    with flight_sql.connect("{uri}"{auth}, autocommit=True) as conn, conn.cursor() as cur:\n'
         f'        cur.execute("{query}")\n'
