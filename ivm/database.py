@@ -343,6 +343,14 @@ class Database:
         self._check_open()
         return [(c.name, c.type) for c in self._engine.catalog.table(table.lower()).columns]
 
+    def views_reading(self, table: str, column: str) -> list[str]:
+        """The materialized views that read ``column`` of ``table`` directly (a view whose columns read are not
+        known counts): those a DROP COLUMN would break (ivm/cdc/stream.py checks before it alters anything)."""
+        self._check_open()
+        catalog = self._engine.catalog
+        return [name for name in catalog.readers(table.lower())
+                if (reads := catalog.views[name].reads(table.lower())) is None or column.lower() in reads]
+
     def fail_table(self, table: str, reason: str) -> None:
         """Mark ``table`` as no longer following its source, with why: reads of it and of the views over
         it raise ``reason`` (ivm/cdc/stream.py, for an upstream schema change ivm cannot follow)."""
@@ -350,7 +358,8 @@ class Database:
         self._engine.fail_table(table.lower(), reason)
 
     def recover_table(self, table: str) -> None:
-        """Undo ``fail_table`` (DROP SOURCE: the table no longer follows anything; it keeps its rows)."""
+        """Undo ``fail_table``, durably: DROP SOURCE (the table no longer follows anything; it keeps its rows),
+        or ALTER SOURCE … REFRESH TABLE (its rows were loaded again from upstream)."""
         self._check_open()
         self._engine.recover_table(table.lower())
 
