@@ -30,12 +30,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import duckdb
 import pyarrow as pa
 
 from ivm.binder import quote
 from ivm.cdc import pgoutput
+from ivm.cdc.postgres import PART_BITS
 from ivm.changes import OP
-from sql_frontend.errors import IvmError
+from ivm.schema_change import is_widening
+from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
     from ivm.cdc.postgres import Replicator
@@ -271,7 +274,8 @@ class Stream:
                 try:
                     self._follow(upstream, definition, columns)
                 except IvmError as e:
-                    self._fail(upstream, definition, str(e))
+                    self._fail(upstream, definition, f"upstream table {upstream} changed in a way ivm cannot "
+                                                     f"follow: {e}")
                     return
             elif columns != definition["columns"]:  # the same local shape (varchar(20) -> text): record it
                 self._record(definition, columns)
@@ -285,7 +289,16 @@ class Stream:
             batch = pa.table({name: pa.array(values[i], pa.string()) for i, name in enumerate(names)})
             batch = batch.append_column(OP, pa.array([op for op, _ in rows], pa.string()))
         started = time.perf_counter()
-        db.apply_changes(table, batch, source=self.source(table), seq=seq)
+        try:
+            db.apply_changes(table, batch, source=self.source(table), seq=seq)
+        except ChangeError as e:
+            if not about_the_data(e):
+                raise
+            # apply_changes is atomic per call (a batch that does not convert is logged nowhere and moves
+            # no table version), so nothing of this part was applied: the table stops before it.
+            self._fail(upstream, definition, f"a change of upstream table {upstream} (commit LSN "
+                       f"{self._text(seq >> PART_BITS)}) does not fit table {table}: {str(e).strip()}")
+            return
         progress = self.r.progress
         progress["apply_seconds"] = round(progress.get("apply_seconds", 0.0) + time.perf_counter() - started, 3)
         self.applied[table] = seq
@@ -296,7 +309,30 @@ class Stream:
         """ALTER the local table to ``columns`` (upstream's now): drops, widenings, then additions.
 
         Raises IvmError (SourceError, or the ALTER's own error) for a change
-        ivm cannot follow; the ALTERs before it stay (the table fails anyway).
+        ivm cannot follow, before any ALTER runs (``_alterations`` checks
+        what ALTER TABLE would refuse).
+        """
+        statements = self._alterations(upstream, definition, columns)
+        self._alter(upstream, definition, columns, statements)
+
+    def _alter(self, upstream: str, definition: dict, columns: list[dict], statements: list[str]) -> None:
+        for statement in statements:
+            self.r.db.execute(statement)
+        self._record(definition, columns)
+        log.info("source %s: table %s follows upstream %s: %s", self.r.config.name, definition["table"], upstream,
+                 "; ".join(statements))
+
+    def _alterations(self, upstream: str, definition: dict, columns: list[dict],
+                     rows_replaced: bool = False) -> list[str]:
+        """The ALTER TABLEs that give the local table ``columns``; SourceError when ivm cannot follow.
+
+        Checked before any runs, so that a change ivm cannot follow alters
+        nothing: a type that is not a widening, a key column dropped, a
+        column a materialized view reads dropped. (ALTER TABLE stays the
+        judge: should it refuse one after another ran, that one stays.)
+        With ``rows_replaced`` (REFRESH TABLE: every row is loaded again
+        right after) the rows the table holds need no value for an added
+        column, so only the order of the columns limits what is followed.
         """
         db, table = self.r.db, definition["table"]
         local = dict(db.table_columns(table))
@@ -311,13 +347,31 @@ class Stream:
             raise self.SourceError(f"upstream table {upstream} has columns {', '.join(names)} where ivm's table "
                                    f"{table} has {', '.join(local)}: columns renamed or reordered, which ivm cannot "
                                    "follow")
-        facts = self._added_facts(upstream, [c["name"] for c in added]) if added else {}
+        dropped = [n for n in local if n not in names]
+        retyped = [c for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
+        for column in retyped:
+            if not is_widening(local[column["name"]], column["type"]):
+                raise self.SourceError(f"column {column['name']} of {table} cannot change from "
+                                       f"{local[column['name']]} to {column['type']}: ivm changes a column's type only "
+                                       "to a wider one")
+        for name in dropped:
+            if name in definition["key"]:
+                raise self.SourceError(f"column {name} of upstream table {upstream} was dropped, and it is part of "
+                                       f"the primary key of {table}")
+            readers = db.views_reading(table, name)
+            if readers:
+                raise self.SourceError(f"cannot drop column {name} of table {table}: materialized view(s) "
+                                       f"{', '.join(readers)} read it (drop them, or change upstream back)")
+        facts = self._added_facts(upstream, [c["name"] for c in added]) if added and not rows_replaced else {}
         recorded = {c["name"]: c.get("attnum") for c in definition["columns"]}
         newest = max((n for n in recorded.values() if n is not None), default=None)
-        statements = [f"ALTER TABLE {quote(table)} DROP COLUMN {quote(n)}" for n in local if n not in names]
+        statements = [f"ALTER TABLE {quote(table)} DROP COLUMN {quote(n)}" for n in dropped]
         statements += [f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(c['name'])} TYPE {c['type']}"
-                       for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
+                       for c in retyped]
         for column in added:
+            if rows_replaced:  # (the column's number is upstream's, from the snapshot's catalog)
+                statements.append(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(column['name'])} {column['type']}")
+                continue
             attnum, missing, has_default = facts.get(column["name"], (None, None, False))
             if attnum is None:
                 raise self.SourceError(f"column {column['name']} of upstream table {upstream} is gone upstream "
@@ -333,11 +387,7 @@ class Stream:
             statements.append(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(column['name'])} "
                               f"{column['type']}{default}")
             column["attnum"] = attnum
-        for statement in statements:
-            db.execute(statement)
-        self._record(definition, columns)
-        log.info("source %s: table %s follows upstream %s: %s", self.r.config.name, table, upstream,
-                 "; ".join(statements))
+        return statements
 
     def _record(self, definition: dict, columns: list[dict]) -> None:
         """The table's upstream columns are now ``columns`` (in the source's state)."""
@@ -363,12 +413,34 @@ class Stream:
     def _fail(self, upstream: str, definition: dict, why: str) -> None:
         """The table stops following upstream: its error kept, its reads (and its views') raising it."""
         table = definition["table"]
-        message = f"upstream table {upstream} changed in a way ivm cannot follow: {why}; the table stopped " \
-                  "replicating (the other tables of the source go on)"
+        message = f"{why}; the table stopped replicating (the other tables of the source go on; once the cause " \
+                  f"is fixed, ALTER SOURCE {self.r.config.name} REFRESH TABLE {table} loads it again)"
         self.failed[table] = definition["error"] = message
         self.r._save()
         self.r.db.fail_table(table, message)
         log.error("source %s: %s", self.r.config.name, message)
+
+
+# DuckDB failures that say nothing about a batch's values: the machine, not the data. A ChangeError raised
+# because of one of them (changes.py wraps DuckDB's errors while converting) must stop the source.
+_NOT_ABOUT_THE_DATA = (duckdb.OutOfMemoryException, duckdb.IOException, duckdb.InterruptException,
+                       duckdb.InternalException, duckdb.FatalException, duckdb.ConnectionException)
+
+
+def about_the_data(error: BaseException) -> bool:
+    """Whether ``apply_changes`` refused a batch for what it holds, so that only its table should fail.
+
+    Exactly a ChangeError (ivm/changes.py: a value that does not convert to
+    its column, a NULL in a NOT NULL or key column, a key inserted twice or
+    deleted while missing, a column the table lacks), unless DuckDB failed
+    under it for want of memory, disk or time. Every other error (a full
+    disk: DiskFullError; the change log failed: LogError; the database
+    closed; a table dropped locally) is about this database, not one
+    table's data: it stops the source, which resumes where it stopped.
+    """
+    if not isinstance(error, ChangeError):
+        return False
+    return not isinstance(error.__cause__ or error.__context__, _NOT_ABOUT_THE_DATA)
 
 
 def _signature(columns: list[dict], with_typmod: bool) -> list[tuple]:
