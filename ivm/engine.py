@@ -567,9 +567,13 @@ class Engine:
         reads of them raise ``reason`` instead of answering from rows that no longer follow upstream."""
         with self.write_lock:
             self.catalog.table(name)
+            previous = self.failed.get(name)
             self.failed[name] = reason
             for view in self.catalog.dependents(name):
-                self.failed.setdefault(view, _table_failure(name, reason))
+                if previous is not None and self.failed.get(view) == _table_failure(name, previous):
+                    self.failed[view] = _table_failure(name, reason)  # failed again, for another reason
+                else:
+                    self.failed.setdefault(view, _table_failure(name, reason))
 
     def recover_table(self, name: str) -> None:
         """Undo ``fail_table``: the table (and the views failed only because of it) readable again, as they are

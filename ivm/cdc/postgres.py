@@ -70,11 +70,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -96,6 +97,17 @@ SIMPLE_TYPES = {
 
 class SourceError(IvmError, ValueError):
     """A CDC source cannot go on (upstream schema change, unsupported table, type mismatch)."""
+
+
+@dataclass
+class Refresh:
+    """A request to the stream thread: load ``table`` again from upstream (ALTER SOURCE … REFRESH TABLE).
+
+    The stream sets ``done`` once it has, or has failed (``error``)."""
+
+    table: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 WAL_WARNING_SECONDS = 60.0  # default: a source failing or stopped this long warns that its slot holds WAL
@@ -309,6 +321,8 @@ class Replicator:
         self._made_slot = False  # this run created the slot (so undoing a failed snapshot drops it)
         self._made_tables: list[str] = []  # local tables this run created
         self._new = False  # this run made the source (it had no state file)
+        # Work the stream thread does between two transactions for other threads (REFRESH TABLE): Refresh items.
+        self.requests: queue.Queue[Refresh] = queue.Queue()
 
     # --- state ------------------------------------------------------------------------
     def _save(self) -> None:

@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 
-from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, source_status, sources_dir
+from ivm.cdc.postgres import Refresh, Replicator, SourceConfig, SourceError, source_status, sources_dir
 from sql_frontend.errors import CatalogError, UnknownObjectError
 
 log = logging.getLogger("ivm.sources")
@@ -107,6 +107,50 @@ class Sources:
                 if was_running:
                     self._start(Replicator(self.db, config, auto=True))
                 raise
+
+    def refresh(self, name: str, table: str) -> None:
+        """ALTER SOURCE name REFRESH TABLE table: load the table again from upstream, on the source's stream.
+
+        Returns once the table is consistent with upstream (and no longer
+        failed); raises with the table as it was when it cannot be (see
+        ivm/cdc/stream.py ``Stream.refresh``). One source statement at a time,
+        like CREATE and DROP SOURCE: DROP SOURCE waits for a refresh to end.
+        """
+        with self.lock:
+            path = sources_dir(self.db) / f"{name}.json"
+            if not path.exists():
+                raise UnknownObjectError(f"source {name} does not exist")
+            tables = sorted(t["table"] for t in json.loads(path.read_text()).get("tables", {}).values())
+            if table not in tables:
+                raise UnknownObjectError(f"source {name} has no table {table} (its tables: {', '.join(tables)})")
+            thread, _, replicator = self.running.get(name, (None, None, None))
+            why = self._not_streaming(thread, replicator)
+            if why:
+                raise SourceError(f"cannot refresh table {table}: source {name} {why}; REFRESH TABLE runs on the "
+                                  "source's own stream, in the process that runs it")
+            request = Refresh(table)
+            replicator.requests.put(request)
+            while not request.done.wait(0.2):
+                if not thread.is_alive() or replicator.state.get("error"):
+                    # (the stream fails every request it leaves; this one may have come after it stopped)
+                    raise SourceError(f"cannot refresh table {table}: source {name} stopped during it: "
+                                      f"{replicator.state.get('error') or 'it was stopped'}")
+            if request.error is not None:
+                raise request.error
+
+    @staticmethod
+    def _not_streaming(thread: threading.Thread | None, replicator: Replicator | None) -> str | None:
+        """Why a source cannot serve a request now, or None: it must stream in this process."""
+        if thread is None:
+            return "is not running in this process (it runs where the database is open with it: ivm serve, " \
+                   "ivm.connect; or it is run by ivm replicate)"
+        if replicator.state.get("error"):
+            return f"has failed ({replicator.state['error']}) and is not running"
+        if not thread.is_alive():
+            return "is not running in this process"
+        if replicator.state.get("phase") != "streaming":
+            return "is still taking its snapshot"
+        return None
 
     def _stop(self, name: str) -> bool:
         """Stop the source's thread; whether the source was still running (not failed)."""

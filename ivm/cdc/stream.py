@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import threading
 import time
@@ -41,7 +42,7 @@ from ivm.schema_change import is_widening
 from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
-    from ivm.cdc.postgres import Replicator
+    from ivm.cdc.postgres import Refresh, Replicator
 
 log = logging.getLogger("ivm.sources")
 
@@ -96,7 +97,19 @@ class Stream:
         self.cursor = cursor
         cursor.start_replication(slot_name=self.r.config.slot, decode=False,
                                  options={"proto_version": "1", "publication_names": self.r.config.publication})
+        try:
+            self._loop(cursor, stop, deadline)
+        finally:
+            self._refuse_requests()
+        self._flush()
+        self.r._report(force=True)
+        if self._catalog is not None:
+            self._catalog.close()
+
+    def _loop(self, cursor, stop: threading.Event, deadline: float | None) -> None:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if self.tx is None and not self.r.requests.empty():  # between two transactions
+                self._serve(self.r.requests.get())
             message = cursor.read_message()
             if message is not None:
                 try:
@@ -116,10 +129,27 @@ class Stream:
             self._lag()
             self.r._report()
             select.select([self.connection], [], [], 0.2)
-        self._flush()
-        self.r._report(force=True)
-        if self._catalog is not None:
-            self._catalog.close()
+
+    def _serve(self, request: "Refresh") -> None:
+        """Do what another thread asked (ALTER SOURCE … REFRESH TABLE); its error goes to it, not the source."""
+        try:
+            self.refresh(request.table)
+        except Exception as e:  # noqa: BLE001 - reported to the statement that asked
+            request.error = e
+        except BaseException:  # the stream is being stopped: so is the request
+            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+                                             "stopped during it")
+            raise
+        finally:
+            request.done.set()
+
+    def _refuse_requests(self) -> None:
+        """The stream stops: a request still waiting will not be served."""
+        while not self.r.requests.empty():
+            request = self.r.requests.get()
+            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+                                             "stopped before it could")
+            request.done.set()
 
     def _text(self, lsn: int) -> str:
         from ivm.cdc.postgres import lsn_text
@@ -304,6 +334,117 @@ class Stream:
         self.applied[table] = seq
 
 
+    # --- REFRESH TABLE ------------------------------------------------------------------------
+    def refresh(self, table: str) -> None:
+        """Load ``table`` again from upstream, as PostgreSQL's tablesync worker does; called between two
+        transactions, with every transaction received before applied (``_flush``).
+
+        A TEMPORARY slot made now exports a snapshot: its consistent point L
+        splits upstream's commits into those the snapshot holds (before L) and
+        those the main stream applies (at or after L, as the apply worker
+        applies a synced table's transactions whose commit LSN is at least its
+        sync LSN). The table's rows are replaced in one ``apply_changes``
+        batch (deletes of every row it holds, inserts of the snapshot's), so
+        views change by the difference, with seq (L - 1) << 16 | 0xFFFF: the
+        main stream, which has applied only commits before L, drops the
+        table's changes committed before L (``_drop_applied``) and applies
+        the rest. Then the table's failure, if any, is cleared: in the
+        database (recover_table), then in the state.
+
+        An upstream shape other than the local table's is followed first
+        (``_alterations``, every row being loaded again); one that cannot be
+        raises before anything changes. A table that follows upstream is
+        marked failed before such ALTERs and stays failed when a later step
+        fails, so a crash or an error never leaves a table half refreshed and
+        readable: it is failed (refresh again) or refreshed, never between.
+        """
+        import psycopg2
+
+        from ivm.cdc.postgres import describe_table
+
+        upstream, definition = next((u, t) for u, t in self.by_upstream.items() if t["table"] == table)
+        name = self.r.config.name
+        self._flush()
+        for oid, known in list(self.relations.items()):
+            if known is definition:  # the stream decodes what it receives before L with the columns it knows
+                self.relations[oid] = {**definition}
+        was_failed = table in self.failed
+        replication = self.r._replication_connection()
+        try:
+            consistent, snapshot = self.r.create_slot(replication, self._refresh_slot(), temporary=True)
+            with self.r.reading(snapshot) as cur:
+                schema, relation = upstream.split(".", 1)
+                cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
+                            "tablename = %s", (self.r.config.publication, schema, relation))
+                if cur.fetchone() is None:
+                    raise self.SourceError(f"upstream table {upstream} is no longer in publication "
+                                           f"{self.r.config.publication}")
+                now = describe_table(cur, schema, relation)
+                if now["key"] != definition["key"]:
+                    raise self.SourceError(f"upstream table {upstream} now has {_key_text(now['key'])} where "
+                                           f"table {table} has {_key_text(definition['key'])}, which ivm cannot "
+                                           f"follow (DROP SOURCE {name}, DROP TABLE {table}, CREATE SOURCE again)")
+                columns = now["columns"]
+                statements = []
+                if [(c["name"], c["type"]) for c in columns] != self.r.db.table_columns(table):
+                    statements = self._alterations(upstream, definition, columns, rows_replaced=True)
+                if statements and table not in self.failed:
+                    self._fail(upstream, definition, f"ALTER SOURCE {name} REFRESH TABLE {table} was altering "
+                                                     "it when it stopped")
+                if statements:
+                    self._alter(upstream, definition, columns, statements)
+                elif columns != definition["columns"]:
+                    self._record(definition, columns)  # the same local shape (varchar(20) -> text)
+                batch = self._replacement(definition, list(self.r.copy_rows(cur, upstream, definition)))
+            seq = (consistent - 1) << PART_BITS | ((1 << PART_BITS) - 1)
+            if seq <= self.applied[table]:  # cannot be: the stream applied only what committed before the slot
+                raise self.SourceError(f"table {table} has applied changes up to seq {self.applied[table]}, at or "
+                                       f"after the snapshot's consistent point {self._text(consistent)}")
+            self.r.db.apply_changes(table, batch, source=self.source(table), seq=seq)
+            self.applied[table] = seq
+        except (IvmError, psycopg2.Error) as e:
+            why = str(e).strip() or type(e).__name__
+            if table in self.failed and not was_failed:  # marked above, altered: the table stays failed
+                self._fail(upstream, definition, f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}")
+            state = "is still failed" if table in self.failed else "follows upstream as before"
+            raise self.SourceError(f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}; the table {state}") \
+                from e
+        finally:
+            replication.close()  # which drops the temporary slot
+        if table in self.failed:
+            self.r.db.recover_table(table)  # first: a crash before the state says so fails it again at the next open
+            del self.failed[table]
+            definition.pop("error", None)
+            self.r._save()
+        log.info("source %s: table %s loaded again from upstream at LSN %s (%d rows)", name, table,
+                 self._text(consistent), batch.num_rows)
+
+    def _refresh_slot(self) -> str:
+        """A slot name of this process's own, within PostgreSQL's 63 characters."""
+        self._refreshes = getattr(self, "_refreshes", 0) + 1
+        suffix = f"_refresh_{os.getpid()}_{self._refreshes}"
+        return self.r.config.slot[:63 - len(suffix)] + suffix
+
+    def _replacement(self, definition: dict, loaded: list[pa.Table]) -> pa.Table:
+        """One batch replacing every row the table holds by ``loaded`` (the snapshot's, text columns).
+
+        Deletes name rows by the table's identity (its key, or every column
+        of a table without one), as text cast by DuckDB, which reads back as
+        the same value (apply_changes casts them as it does the inserts).
+        """
+        table = definition["table"]
+        names = [c["name"] for c in definition["columns"]]
+        identity = definition["key"] or names
+        held = self.r.db.table_rows(table)
+        with contextlib.closing(duckdb.connect()) as con:
+            con.register("held", held)
+            deletes = con.sql(f"SELECT {', '.join(f'CAST({quote(c)} AS VARCHAR) AS {quote(c)}' for c in identity)} "
+                              "FROM held").to_arrow_table()
+        deletes = deletes.append_column(OP, pa.repeat(pa.scalar("d"), deletes.num_rows))
+        inserts = pa.concat_tables(loaded) if loaded else pa.table({n: pa.array([], pa.string()) for n in names})
+        inserts = inserts.append_column(OP, pa.repeat(pa.scalar("c"), inserts.num_rows))
+        return pa.concat_tables([deletes, inserts], promote_options="default").select([*names, OP])
+
     # --- schema changes -----------------------------------------------------------------------
     def _follow(self, upstream: str, definition: dict, columns: list[dict]) -> None:
         """ALTER the local table to ``columns`` (upstream's now): drops, widenings, then additions.
@@ -441,6 +582,10 @@ def about_the_data(error: BaseException) -> bool:
     if not isinstance(error, ChangeError):
         return False
     return not isinstance(error.__cause__ or error.__context__, _NOT_ABOUT_THE_DATA)
+
+
+def _key_text(key: list[str]) -> str:
+    return f"primary key ({', '.join(key)})" if key else "no primary key"
 
 
 def _signature(columns: list[dict], with_typmod: bool) -> list[tuple]:
