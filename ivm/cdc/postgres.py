@@ -39,21 +39,32 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    seq the table has already applied are dropped, so nothing is applied
    twice (the database's idempotent producers check the same again).
 3. Upstream tables need a primary key or ``REPLICA IDENTITY FULL`` (without
-   a key the local table is a bag). A value that does not fit its column
-   stops the source with the error in its state (``ivm status``); nothing
-   confirmed is lost and nothing after it is confirmed. The tables keep
-   their rows; every open resumes the source, which stops again at the same
-   change, until DROP SOURCE (which keeps the tables too).
+   a key the local table is a bag). Tables fail one by one (ivm/cdc/stream.py
+   ``Stream._fail``): a part of a table's changes that ``apply_changes``
+   refuses for its data (a value that does not convert to its column, a
+   NULL or repeated key: ``about_the_data``) is not applied (the call is
+   atomic) and fails that table alone: its error is kept in the source's
+   state (``failed_tables``), reads of it and of its views raise it, its
+   later changes are skipped, and the other tables go on; the group's LSN
+   is confirmed once they are durable. Any other error (disk full, the
+   change log failed, PostgreSQL gone) stops the source with the error in
+   its state (``ivm status``); nothing confirmed is lost and nothing after
+   it is confirmed, and every open resumes it where it stopped.
 4. Schema changes (ivm/cdc/stream.py): a Relation message with other columns
    than the table's is applied to the local table by ``ALTER TABLE`` before
    the first change of the new shape, in order with the data: ADD COLUMN
    (existing rows get the default PostgreSQL gave them), DROP COLUMN, a
    widening type change. One ivm cannot follow (a column a view reads
-   dropped, a narrowing type, a rename) fails that table alone: its error is
-   kept in the source's state (``failed_tables``), reads of it and of its
-   views raise it, its later changes are skipped, and the other tables go on.
-   It stays failed until DROP SOURCE (then DROP TABLE and CREATE SOURCE).
-
+   dropped, a narrowing type, a rename) alters nothing and fails that table
+   alone, as in 3.
+5. Recovery: ``ALTER SOURCE name REFRESH TABLE t`` (``Sources.refresh``)
+   loads one table again, failed or not, on the source's stream thread
+   between two transactions, as PostgreSQL's tablesync worker does: a
+   TEMPORARY slot exporting its snapshot (``create_slot``), the table read
+   in it (``reading``, ``copy_rows``), its rows replaced in one batch, and
+   the main stream dropping the table's changes committed before the slot's
+   consistent point (``Stream.refresh``). DROP SOURCE also ends a failure:
+   the tables stay, ordinary tables with their rows.
 Status (``sources_status``: SHOW SOURCES, ``ivm status``): the state
 (snapshotting, streaming, failed, or stopped when no live process runs it),
 the progress the source writes, and for a failed or stopped source what

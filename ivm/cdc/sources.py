@@ -1,4 +1,4 @@
-"""Sources that run inside a database: ``CREATE SOURCE`` / ``DROP SOURCE``.
+"""Sources that run inside a database: ``CREATE SOURCE`` / ``DROP SOURCE`` / ``ALTER SOURCE … REFRESH TABLE``.
 
 CREATE SOURCE takes the snapshot on the caller's thread and returns once it
 is consistent (the tables created and loaded); when anything fails it raises
@@ -11,7 +11,9 @@ during its snapshot never returned: the next open undoes it
 are kept in its state and shown by SHOW SOURCES, ``ivm status`` and SHOW
 STATUS (db.status()["sources"]). A source that stays failed warns in the
 log, once it has been failing for its ``wal_warning_seconds``, that its slot
-holds WAL upstream, and again every WARNING_REPEAT_SECONDS.
+holds WAL upstream, and again every WARNING_REPEAT_SECONDS. A table of a
+source that failed alone is loaded again by ALTER SOURCE … REFRESH TABLE,
+which the source's stream thread runs (``refresh``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Sources:
     def __init__(self, db):
         self.db = db
         self.running: dict[str, tuple[threading.Thread, threading.Event, Replicator]] = {}
-        self.lock = threading.Lock()  # one CREATE/DROP SOURCE at a time: each checks, then writes
+        self.lock = threading.Lock()  # one CREATE/DROP/ALTER SOURCE at a time: each checks, then writes
 
     def resume(self) -> None:
         """Start every CREATE SOURCE source of this directory."""

@@ -17,7 +17,9 @@ idempotent by comparison (a resent part finds the table already altered), so
 it needs no sequence number of its own. A transaction that changes a
 table's columns is applied alone, like one with a TRUNCATE: grouped with
 others its parts would be numbered differently than when it is resent.
-A change ivm cannot follow fails that table alone (``_fail``).
+A change ivm cannot follow fails that table alone (``_fail``), as does a
+part whose values do not fit the table (``about_the_data``). ``refresh``
+(ALTER SOURCE … REFRESH TABLE) loads one table again from upstream.
 """
 
 from __future__ import annotations
