@@ -155,6 +155,9 @@ def test_over_flight_sql_create_source_errors_reach_the_client_and_show_sources_
             cur.execute(create_source(items))
             cur.execute("SELECT COUNT(*) FROM x2")
             assert cur.fetchall() == [(10,)]
+            cur.execute("ALTER SOURCE s REFRESH TABLE x2")  # as every source statement, over Flight SQL too
+            with pytest.raises(flightsql.Error, match=r"source s has no table x3 \(its tables: x1, x2\)"):
+                cur.execute("ALTER SOURCE s REFRESH TABLE x3")
             cur.execute("SHOW SOURCES")
             table = cur.fetch_arrow_table()
             assert table.column_names == ["name", "type", "written_by", "status", "rows", *SOURCE_COLUMNS]
