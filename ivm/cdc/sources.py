@@ -142,7 +142,7 @@ class Sources:
 
     @staticmethod
     def _not_streaming(thread: threading.Thread | None, replicator: Replicator | None) -> str | None:
-        """Why a source cannot serve a request now, or None: it must stream in this process."""
+        """Why a source cannot serve a request, or None: it must run in this process, and not have failed."""
         if thread is None:
             return "is not running in this process (it runs where the database is open with it: ivm serve, " \
                    "ivm.connect; or it is run by ivm replicate)"
@@ -150,9 +150,7 @@ class Sources:
             return f"has failed ({replicator.state['error']}) and is not running"
         if not thread.is_alive():
             return "is not running in this process"
-        if replicator.state.get("phase") != "streaming":
-            return "is still taking its snapshot"
-        return None
+        return None  # (one still starting serves the request once it streams)
 
     def _stop(self, name: str) -> bool:
         """Stop the source's thread; whether the source was still running (not failed)."""

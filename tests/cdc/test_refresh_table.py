@@ -11,11 +11,15 @@ upstream (publication p of x1, 1,000 rows, and x2, 10 rows).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import ivm
+from flight_server.process import ROOT
 from ivm.cdc.postgres import SourceError
 from sql_frontend.errors import UnknownObjectError
 from tests.cdc.test_source_failures import VIEWS, create_source, items, rows, slots, upstream, wait
@@ -186,3 +190,36 @@ def test_refresh_table_errors_change_nothing(items, tmp_path):
                                               r"public\.x3 was added to publication p after the snapshot.*\) and is "
                                               r"not running; REFRESH TABLE runs on the source's own stream"):
             db.execute("ALTER SOURCE s REFRESH TABLE x1")
+
+
+def test_a_process_killed_during_refresh_table_leaves_the_table_failed_never_half_refreshed(items, tmp_path):
+    """A refresh that must alter a table marks it failed first: killed before its rows are replaced, the table
+    is failed at the next open (never readable in its new shape with its old rows), and a refresh mends it."""
+    upstream(items, "INSERT INTO x2 SELECT i, 'b' || i FROM generate_series(11, 100000) i")  # a refresh that lasts
+    data = tmp_path / "db"
+    with ivm.connect(data) as db:
+        db.execute(create_source(items))
+        db.execute("CREATE MATERIALIZED VIEW n2 AS SELECT COUNT(*) AS n FROM x2")
+    # No change of x2 since: the stream has not seen the column, the refresh follows it (ADD COLUMN).
+    upstream(items, "ALTER TABLE x2 ADD COLUMN z int DEFAULT 7")
+    script = "import ivm, sys; ivm.connect(sys.argv[1]).execute('ALTER SOURCE s REFRESH TABLE x2')"
+    refresh = subprocess.Popen([sys.executable, "-c", script, str(data)], cwd=ROOT, stderr=subprocess.PIPE)
+    try:
+        state = data / "sources" / "s.json"
+        wait(lambda: "was altering it" in state.read_text() or refresh.poll() is not None,
+             "the refresh to mark x2 failed", timeout=60)
+        refresh.send_signal(signal.SIGKILL)
+    finally:
+        refresh.kill()
+        _, stderr = refresh.communicate(timeout=30)
+    assert refresh.returncode == -signal.SIGKILL, stderr.decode()
+    with ivm.connect(data) as db:
+        failed = wait(lambda: failed_tables(db), "the resumed source")
+        assert list(failed) == ["x2"] and failed["x2"].startswith("ALTER SOURCE s REFRESH TABLE x2 was altering it "
+                                                                  "when it stopped"), failed
+        with pytest.raises(ivm.ExecutionError, match="table x2 is not readable"):
+            rows(db, "x2")
+        db.execute("ALTER SOURCE s REFRESH TABLE x2")
+        assert db.sql("SELECT COUNT(*) AS n, MIN(z) AS lo, MAX(z) AS hi FROM x2").to_pylist() == [
+            {"n": 100000, "lo": 7, "hi": 7}]
+        assert db.sql("SELECT n FROM n2").column(0).to_pylist() == [100000] and failed_tables(db) == {}
