@@ -41,7 +41,7 @@ from ivm.cdc import pgoutput
 from ivm.cdc.postgres import PART_BITS
 from ivm.changes import OP
 from ivm.schema_change import is_widening
-from sql_frontend.errors import ChangeError, IvmError
+from sql_frontend.errors import ChangeError, InternalError, IvmError
 
 if TYPE_CHECKING:
     from ivm.cdc.postgres import Refresh, Replicator
@@ -111,6 +111,9 @@ class Stream:
     def _loop(self, cursor, stop: threading.Event, deadline: float | None) -> None:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.tx is None and not self.r.requests.empty():  # between two transactions
+                # Applying what came before is the stream's own work: its failure stops the source (_serve
+                # reports a request's failure to the request only, and the stream goes on).
+                self._flush()
                 self._serve(self.r.requests.get())
             message = cursor.read_message()
             if message is not None:
@@ -339,7 +342,7 @@ class Stream:
     # --- REFRESH TABLE ------------------------------------------------------------------------
     def refresh(self, table: str) -> None:
         """Load ``table`` again from upstream, as PostgreSQL's tablesync worker does; called between two
-        transactions, with every transaction received before applied (``_flush``).
+        transactions, once every transaction received before is applied (``_flush``).
 
         A TEMPORARY slot made now exports a snapshot: its consistent point L
         splits upstream's commits into those the snapshot holds (before L) and
@@ -366,7 +369,8 @@ class Stream:
 
         upstream, definition = next((u, t) for u, t in self.by_upstream.items() if t["table"] == table)
         name = self.r.config.name
-        self._flush()
+        if self.pending or self.tx is not None:
+            raise InternalError("REFRESH TABLE runs between two transactions, with every one received applied")
         for oid, known in list(self.relations.items()):
             if known is definition:  # the stream decodes what it receives before L with the columns it knows
                 self.relations[oid] = {**definition}
