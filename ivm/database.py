@@ -35,6 +35,7 @@ from sql_frontend.statements import (
     CreateTable,
     CreateView,
     DropSource,
+    RefreshSourceTable,
     Delete,
     Drop,
     Explain,
@@ -58,7 +59,7 @@ from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
 from ivm.event_time import view_query
 from ivm.maintenance import check_mode
-from ivm.reads import time_windows_in
+from ivm.reads import time_windows_in, visible
 from ivm.system_relations import reads_system
 from ivm.recompute import is_stale
 from ivm.explain import explain_view
@@ -343,6 +344,23 @@ class Database:
         self._check_open()
         return [(c.name, c.type) for c in self._engine.catalog.table(table.lower()).columns]
 
+    def views_reading(self, table: str, column: str) -> list[str]:
+        """The materialized views that read ``column`` of ``table`` directly (a view whose columns read are not
+        known counts): those a DROP COLUMN would break (ivm/cdc/stream.py checks before it alters anything)."""
+        self._check_open()
+        catalog = self._engine.catalog
+        return [name for name in catalog.readers(table.lower())
+                if (reads := catalog.views[name].reads(table.lower())) is None or column.lower() in reads]
+
+    def table_rows(self, table: str) -> pa.Table:
+        """Every row ``table`` holds once every acknowledged change is visible (a row held twice, twice), also
+        while it is failed (``fail_table``): the rows ALTER SOURCE … REFRESH TABLE replaces."""
+        self._check_open()
+        engine = self._engine
+        definition = engine.catalog.table(table.lower())
+        engine.wait_visible()
+        return visible(engine.store.snapshot[definition.name], not definition.is_set)
+
     def fail_table(self, table: str, reason: str) -> None:
         """Mark ``table`` as no longer following its source, with why: reads of it and of the views over
         it raise ``reason`` (ivm/cdc/stream.py, for an upstream schema change ivm cannot follow)."""
@@ -350,7 +368,8 @@ class Database:
         self._engine.fail_table(table.lower(), reason)
 
     def recover_table(self, table: str) -> None:
-        """Undo ``fail_table`` (DROP SOURCE: the table no longer follows anything; it keeps its rows)."""
+        """Undo ``fail_table``, durably: DROP SOURCE (the table no longer follows anything; it keeps its rows),
+        or ALTER SOURCE … REFRESH TABLE (its rows were loaded again from upstream)."""
         self._check_open()
         self._engine.recover_table(table.lower())
 
@@ -445,6 +464,9 @@ class Database:
             return 0, None
         if isinstance(statement, DropSource):
             self._cdc().drop(statement.name)
+            return 0, None
+        if isinstance(statement, RefreshSourceTable):
+            self._cdc().refresh(statement.source, statement.table)
             return 0, None
         if isinstance(statement, SetOption):
             return self._set(statement), None

@@ -145,6 +145,12 @@ def _broken_views_message(stmt: AlterTable, table: str, broken: dict[str, str]) 
     return f"cannot add column {stmt.column} to table {table}: materialized view(s) {names} would change ({views})"
 
 
+def _table_failure(table: str, reason: str) -> str:
+    """Why a view over ``table`` is unreadable after ``Engine.fail_table(table, reason)`` (stored in the manifest,
+    so recover_table and _only_unreadable recognise it after a reopen too)."""
+    return f"it reads table {table}, which failed: {reason}"
+
+
 @dataclass
 class Prepared:
     """A validated batch: what the log stores and what it does to its table."""
@@ -561,19 +567,41 @@ class Engine:
         reads of them raise ``reason`` instead of answering from rows that no longer follow upstream."""
         with self.write_lock:
             self.catalog.table(name)
+            previous = self.failed.get(name)
             self.failed[name] = reason
             for view in self.catalog.dependents(name):
-                self.failed.setdefault(view, f"it reads table {name}, which failed: {reason}")
+                if previous is not None and self.failed.get(view) == _table_failure(name, previous):
+                    self.failed[view] = _table_failure(name, reason)  # failed again, for another reason
+                else:
+                    self.failed.setdefault(view, _table_failure(name, reason))
 
     def recover_table(self, name: str) -> None:
-        """Undo ``fail_table``: the table (and the views failed only because of it) readable again, as they are."""
+        """Undo ``fail_table``: the table (and the views failed only because of it) readable again, as they are
+        (maintenance kept those views up to date meanwhile: ``_only_unreadable``)."""
         with self.write_lock:
             reason = self.failed.pop(name, None)
             if reason is None:
                 return
             for view in self.catalog.dependents(name):
-                if self.failed.get(view) == f"it reads table {name}, which failed: {reason}":
+                if self.failed.get(view) == _table_failure(name, reason):
                     del self.failed[view]
+
+    def _only_unreadable(self, name: str) -> bool:
+        """Whether ``name`` is failed only because a table stopped following its source (``fail_table``).
+
+        Such a table and its views are unreadable, not broken: the views'
+        state is still right for the rows their tables hold, so maintenance
+        goes on updating them (a view also reading a table that still follows
+        upstream would otherwise miss its changes, and be wrong once the
+        failed table recovers: ALTER SOURCE … REFRESH TABLE, DROP SOURCE).
+        """
+        reason = self.failed.get(name)
+        if reason is None:
+            return False
+        if name in self.catalog.tables:
+            return True  # only fail_table marks a table
+        return any(reason == _table_failure(table, why) for table, why in self.failed.items()
+                   if table in self.catalog.tables)
 
     def _constant(self, value: exp.Expression, type_sql: str) -> pa.Scalar:
         """A constant expression (a DEFAULT) evaluated once, as ``type_sql``."""
@@ -972,9 +1000,9 @@ class Engine:
         return delta.cast(schema)
 
     def _skip_failed(self, view: ViewDef) -> bool:
-        if view.name in self.failed:
+        if view.name in self.failed and not self._only_unreadable(view.name):
             return True
-        upstream = [s for s in view.sources if s in self.failed]
+        upstream = [s for s in view.sources if s in self.failed and not self._only_unreadable(s)]
         if upstream:
             self.failed[view.name] = f"it reads materialized view {upstream[0]}, which failed"
             return True

@@ -148,6 +148,14 @@ class DropSource:
 
 
 @dataclass
+class RefreshSourceTable:
+    """ALTER SOURCE name REFRESH TABLE t: load one table of a source again from upstream (ivm/cdc/stream.py)."""
+
+    source: str
+    table: str
+
+
+@dataclass
 class AlterView:
     """ALTER MATERIALIZED VIEW name SET (engine = '...') | RESET (engine): the view's own engine."""
 
@@ -170,7 +178,7 @@ class AlterTable:
 
 Statement = (
     CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
-    | CreateSource | DropSource | AlterView | AlterTable
+    | CreateSource | DropSource | RefreshSourceTable | AlterView | AlterTable
 )
 
 _LITERAL = r"'((?:[^']|'')*)'"
@@ -185,6 +193,8 @@ SOURCE_OPTIONS = {
 }
 SOURCE_OPTION = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(" + _LITERAL + r"|[^,']+?)\s*(?:,|$)", re.DOTALL)
 DROP_SOURCE = re.compile(r"\s*DROP\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*", re.IGNORECASE)
+ALTER_SOURCE = re.compile(r"\s*ALTER\s+SOURCE\s+([A-Za-z_][A-Za-z0-9_]*)\s+REFRESH\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)"
+                          r"\s*;?\s*", re.IGNORECASE)
 
 
 ALTER_VIEW = re.compile(
@@ -219,10 +229,15 @@ def _alter_view(sql: str) -> AlterView | None:
 
 
 def _source_statement(sql: str) -> Statement | None:
-    """CREATE/DROP SOURCE, which sqlglot cannot parse: matched as a whole statement."""
+    """CREATE/DROP/ALTER SOURCE, which sqlglot cannot parse: matched as a whole statement."""
     altered = _alter_view(sql)
     if altered is not None:
         return altered
+    if re.match(r"\s*ALTER\s+SOURCE\b", sql, re.IGNORECASE):
+        m = ALTER_SOURCE.fullmatch(sql)
+        if m is None:
+            raise SqlSyntaxError("expected ALTER SOURCE name REFRESH TABLE table")
+        return RefreshSourceTable(m[1].lower(), m[2].lower())
     if re.match(r"\s*CREATE\s+SOURCE\b", sql, re.IGNORECASE):
         m = CREATE_SOURCE.fullmatch(sql)
         if m is None:

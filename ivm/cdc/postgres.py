@@ -39,21 +39,32 @@ in ``DIR/sources/<name>.progress.json``, read by ``ivm status``.
    seq the table has already applied are dropped, so nothing is applied
    twice (the database's idempotent producers check the same again).
 3. Upstream tables need a primary key or ``REPLICA IDENTITY FULL`` (without
-   a key the local table is a bag). A value that does not fit its column
-   stops the source with the error in its state (``ivm status``); nothing
-   confirmed is lost and nothing after it is confirmed. The tables keep
-   their rows; every open resumes the source, which stops again at the same
-   change, until DROP SOURCE (which keeps the tables too).
+   a key the local table is a bag). Tables fail one by one (ivm/cdc/stream.py
+   ``Stream._fail``): a part of a table's changes that ``apply_changes``
+   refuses for its data (a value that does not convert to its column, a
+   NULL or repeated key: ``about_the_data``) is not applied (the call is
+   atomic) and fails that table alone: its error is kept in the source's
+   state (``failed_tables``), reads of it and of its views raise it, its
+   later changes are skipped, and the other tables go on; the group's LSN
+   is confirmed once they are durable. Any other error (disk full, the
+   change log failed, PostgreSQL gone) stops the source with the error in
+   its state (``ivm status``); nothing confirmed is lost and nothing after
+   it is confirmed, and every open resumes it where it stopped.
 4. Schema changes (ivm/cdc/stream.py): a Relation message with other columns
    than the table's is applied to the local table by ``ALTER TABLE`` before
    the first change of the new shape, in order with the data: ADD COLUMN
    (existing rows get the default PostgreSQL gave them), DROP COLUMN, a
    widening type change. One ivm cannot follow (a column a view reads
-   dropped, a narrowing type, a rename) fails that table alone: its error is
-   kept in the source's state (``failed_tables``), reads of it and of its
-   views raise it, its later changes are skipped, and the other tables go on.
-   It stays failed until DROP SOURCE (then DROP TABLE and CREATE SOURCE).
-
+   dropped, a narrowing type, a rename) alters nothing and fails that table
+   alone, as in 3.
+5. Recovery: ``ALTER SOURCE name REFRESH TABLE t`` (``Sources.refresh``)
+   loads one table again, failed or not, on the source's stream thread
+   between two transactions, as PostgreSQL's tablesync worker does: a
+   TEMPORARY slot exporting its snapshot (``create_slot``), the table read
+   in it (``reading``, ``copy_rows``), its rows replaced in one batch, and
+   the main stream dropping the table's changes committed before the slot's
+   consistent point (``Stream.refresh``). DROP SOURCE also ends a failure:
+   the tables stay, ordinary tables with their rows.
 Status (``sources_status``: SHOW SOURCES, ``ivm status``): the state
 (snapshotting, streaming, failed, or stopped when no live process runs it),
 the progress the source writes, and for a failed or stopped source what
@@ -70,13 +81,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -96,6 +108,17 @@ SIMPLE_TYPES = {
 
 class SourceError(IvmError, ValueError):
     """A CDC source cannot go on (upstream schema change, unsupported table, type mismatch)."""
+
+
+@dataclass
+class Refresh:
+    """A request to the stream thread: load ``table`` again from upstream (ALTER SOURCE … REFRESH TABLE).
+
+    The stream sets ``done`` once it has, or has failed (``error``)."""
+
+    table: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 WAL_WARNING_SECONDS = 60.0  # default: a source failing or stopped this long warns that its slot holds WAL
@@ -309,6 +332,8 @@ class Replicator:
         self._made_slot = False  # this run created the slot (so undoing a failed snapshot drops it)
         self._made_tables: list[str] = []  # local tables this run created
         self._new = False  # this run made the source (it had no state file)
+        # Work the stream thread does between two transactions for other threads (REFRESH TABLE): Refresh items.
+        self.requests: queue.Queue[Refresh] = queue.Queue()
 
     # --- state ------------------------------------------------------------------------
     def _save(self) -> None:
@@ -497,30 +522,20 @@ class Replicator:
         self._report(force=True)
         replication = self._replication_connection()
         try:
-            cursor = replication.cursor()
-            cursor.execute(f"CREATE_REPLICATION_SLOT {quote(self.config.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            consistent, snapshot_name = self.create_slot(replication, self.config.slot)
             self._made_slot = True
-            _, consistent, snapshot_name, _ = cursor.fetchone()
             if self.say is not None:
                 self.say(f"source {self.config.name}: snapshot of publication {self.config.publication} "
                          f"({len(tables)} tables) into slot {self.config.slot}")
-            reader = self._connect()
-            try:
-                reader.autocommit = False
-                with reader.cursor() as cur:
-                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-                    for upstream, table in self.state["tables"].items():
-                        self._copy(cur, upstream, table)
-                        if self.say is not None:
-                            self.say(f"  {table['table']}: {self.progress['snapshot_rows'][table['table']]} rows")
-                reader.rollback()
-            finally:
-                reader.close()
+            with self.reading(snapshot_name) as cur:
+                for upstream, table in self.state["tables"].items():
+                    self._copy(cur, upstream, table)
+                    if self.say is not None:
+                        self.say(f"  {table['table']}: {self.progress['snapshot_rows'][table['table']]} rows")
         except BaseException:
             replication.close()  # the slot is in use while its connection lives: undo drops it after this
             raise
-        self.state.update(phase="streaming", consistent_lsn=lsn_text(lsn_int(consistent)))
+        self.state.update(phase="streaming", consistent_lsn=lsn_text(consistent))
         for key in ("filling", "creating", "made_tables"):
             self.state.pop(key, None)
         self.progress["confirmed_lsn"] = self.state["consistent_lsn"]
@@ -532,12 +547,54 @@ class Replicator:
         self._report(force=True)
         return replication
 
+    def create_slot(self, replication, slot: str, temporary: bool = False) -> tuple[int, str]:
+        """Create a logical slot on ``replication`` exporting its snapshot: (consistent LSN, snapshot name).
+
+        The snapshot sees exactly the transactions committed before the
+        consistent point; the slot decodes those committed at or after it.
+        It can be imported (``reading``) while ``replication`` stays open and
+        idle. A TEMPORARY slot is dropped when that connection closes.
+        """
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+        cursor = replication.cursor()
+        cursor.execute(f"CREATE_REPLICATION_SLOT {quote(slot)} {kind} pgoutput EXPORT_SNAPSHOT")
+        _, consistent, snapshot_name, _ = cursor.fetchone()
+        return lsn_int(consistent), snapshot_name
+
+    @contextlib.contextmanager
+    def reading(self, snapshot_name: str):
+        """A cursor on a new connection reading in an exported snapshot (``create_slot``), read only."""
+        reader = self._connect()
+        try:
+            reader.autocommit = False
+            with reader.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                yield cur
+            reader.rollback()
+        finally:
+            reader.close()
+
     def _copy(self, cur, upstream: str, table: dict) -> None:
+        """Load an upstream table into its local one, as ``r`` rows, batch by batch (the initial snapshot)."""
+        loaded = self.progress["snapshot_rows"]
+        loaded[table["table"]] = 0
+        for rows in self.copy_rows(cur, upstream, table):
+            rows = rows.append_column(OP, pa.repeat(pa.scalar("r"), rows.num_rows))
+            try:
+                self.db.apply_changes(table["table"], rows)
+            except IvmError as e:
+                raise SourceError(f"upstream table {upstream}: {str(e).strip()}") from e
+            loaded[table["table"]] += rows.num_rows
+            self.progress["rows"] += rows.num_rows
+            self._report()
+
+    def copy_rows(self, cur, upstream: str, table: dict) -> Iterator[pa.Table]:
+        """The rows of an upstream table as ``cur``'s snapshot sees them: Arrow tables of text columns (the
+        local table's types are DuckDB's casts of PostgreSQL's text, as for a streamed change)."""
         names = [c["name"] for c in table["columns"]]
         schema, name = upstream.split(".", 1)
         select_sql = f"SELECT {', '.join(quote(n) for n in names)} FROM {quote(schema)}.{quote(name)}"
-        loaded = self.progress["snapshot_rows"]
-        loaded[table["table"]] = 0
         with tempfile.TemporaryFile(dir=self.dir) as spool:
             cur.copy_expert(f"COPY ({select_sql}) TO STDOUT WITH (FORMAT csv)", spool)
             if spool.tell() == 0:  # an empty table
@@ -550,15 +607,7 @@ class Replicator:
             reader = pacsv.open_csv(spool, read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20),
                                     convert_options=options)
             for batch in reader:
-                rows = pa.Table.from_batches([batch])
-                rows = rows.append_column(OP, pa.repeat(pa.scalar("r"), rows.num_rows))
-                try:
-                    self.db.apply_changes(table["table"], rows)
-                except IvmError as e:
-                    raise SourceError(f"upstream table {upstream}: {str(e).strip()}") from e
-                loaded[table["table"]] += rows.num_rows
-                self.progress["rows"] += rows.num_rows
-                self._report()
+                yield pa.Table.from_batches([batch])
 
     def check(self) -> dict:
         """The upstream tables a new snapshot loads, after every check that can fail; writes nothing.
@@ -768,29 +817,31 @@ def describe(conn, publication: str) -> dict:
         tables = cur.fetchall()
         if not tables:
             raise SourceError(f"publication {publication} has no tables")
-        found = {}
-        for schema, name in tables:
-            relation = f"{quote(schema)}.{quote(name)}"
-            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull, "
-                        "a.atttypmod, a.attnum FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
-                        "AND NOT a.attisdropped ORDER BY a.attnum", (relation,))
-            columns = []
-            for column, pg_type, oid, not_null, typmod, attnum in cur.fetchall():
-                mapped = duck_type(pg_type)
-                if mapped is None:
-                    raise SourceError(f"column {column} of upstream table {schema}.{name} has type {pg_type}, "
-                                      "which ivm cannot replicate")
-                columns.append({"name": column.lower(), "type": mapped, "pg_type": pg_type, "oid": oid,
-                                "not_null": not_null, "typmod": typmod, "attnum": attnum})
-            cur.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-                        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
-                        "ORDER BY array_position(i.indkey::int2[], a.attnum)", (relation,))
-            key = [r[0].lower() for r in cur.fetchall()]
-            cur.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (relation,))
-            identity = cur.fetchone()[0]
-            if not ((key and identity == "d") or identity == "f"):
-                raise SourceError(f"upstream table {schema}.{name} needs a primary key (with the default replica "
-                                  "identity) or REPLICA IDENTITY FULL to be replicated")
-            local = name.lower() if schema == "public" else f"{schema}_{name}".lower()
-            found[f"{schema}.{name}"] = {"table": local, "columns": columns, "key": key}
-        return found
+        return {f"{schema}.{name}": describe_table(cur, schema, name) for schema, name in tables}
+
+
+def describe_table(cur, schema: str, name: str) -> dict:
+    """One upstream table, as ``describe`` records it (as the snapshot of ``cur``'s transaction sees it)."""
+    relation = f"{quote(schema)}.{quote(name)}"
+    cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull, "
+                "a.atttypmod, a.attnum FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attnum > 0 "
+                "AND NOT a.attisdropped ORDER BY a.attnum", (relation,))
+    columns = []
+    for column, pg_type, oid, not_null, typmod, attnum in cur.fetchall():
+        mapped = duck_type(pg_type)
+        if mapped is None:
+            raise SourceError(f"column {column} of upstream table {schema}.{name} has type {pg_type}, "
+                              "which ivm cannot replicate")
+        columns.append({"name": column.lower(), "type": mapped, "pg_type": pg_type, "oid": oid,
+                        "not_null": not_null, "typmod": typmod, "attnum": attnum})
+    cur.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
+                "ORDER BY array_position(i.indkey::int2[], a.attnum)", (relation,))
+    key = [r[0].lower() for r in cur.fetchall()]
+    cur.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (relation,))
+    identity = cur.fetchone()[0]
+    if not ((key and identity == "d") or identity == "f"):
+        raise SourceError(f"upstream table {schema}.{name} needs a primary key (with the default replica "
+                          "identity) or REPLICA IDENTITY FULL to be replicated")
+    local = name.lower() if schema == "public" else f"{schema}_{name}".lower()
+    return {"table": local, "columns": columns, "key": key}

@@ -1,4 +1,4 @@
-"""Sources that run inside a database: ``CREATE SOURCE`` / ``DROP SOURCE``.
+"""Sources that run inside a database: ``CREATE SOURCE`` / ``DROP SOURCE`` / ``ALTER SOURCE … REFRESH TABLE``.
 
 CREATE SOURCE takes the snapshot on the caller's thread and returns once it
 is consistent (the tables created and loaded); when anything fails it raises
@@ -11,7 +11,9 @@ during its snapshot never returned: the next open undoes it
 are kept in its state and shown by SHOW SOURCES, ``ivm status`` and SHOW
 STATUS (db.status()["sources"]). A source that stays failed warns in the
 log, once it has been failing for its ``wal_warning_seconds``, that its slot
-holds WAL upstream, and again every WARNING_REPEAT_SECONDS.
+holds WAL upstream, and again every WARNING_REPEAT_SECONDS. A table of a
+source that failed alone is loaded again by ALTER SOURCE … REFRESH TABLE,
+which the source's stream thread runs (``refresh``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import logging
 import threading
 
-from ivm.cdc.postgres import Replicator, SourceConfig, SourceError, source_status, sources_dir
+from ivm.cdc.postgres import Refresh, Replicator, SourceConfig, SourceError, source_status, sources_dir
 from sql_frontend.errors import CatalogError, UnknownObjectError
 
 log = logging.getLogger("ivm.sources")
@@ -31,7 +33,7 @@ class Sources:
     def __init__(self, db):
         self.db = db
         self.running: dict[str, tuple[threading.Thread, threading.Event, Replicator]] = {}
-        self.lock = threading.Lock()  # one CREATE/DROP SOURCE at a time: each checks, then writes
+        self.lock = threading.Lock()  # one CREATE/DROP/ALTER SOURCE at a time: each checks, then writes
 
     def resume(self) -> None:
         """Start every CREATE SOURCE source of this directory."""
@@ -107,6 +109,48 @@ class Sources:
                 if was_running:
                     self._start(Replicator(self.db, config, auto=True))
                 raise
+
+    def refresh(self, name: str, table: str) -> None:
+        """ALTER SOURCE name REFRESH TABLE table: load the table again from upstream, on the source's stream.
+
+        Returns once the table is consistent with upstream (and no longer
+        failed); raises with the table as it was when it cannot be (see
+        ivm/cdc/stream.py ``Stream.refresh``). One source statement at a time,
+        like CREATE and DROP SOURCE: DROP SOURCE waits for a refresh to end.
+        """
+        with self.lock:
+            path = sources_dir(self.db) / f"{name}.json"
+            if not path.exists():
+                raise UnknownObjectError(f"source {name} does not exist")
+            tables = sorted(t["table"] for t in json.loads(path.read_text()).get("tables", {}).values())
+            if table not in tables:
+                raise UnknownObjectError(f"source {name} has no table {table} (its tables: {', '.join(tables)})")
+            thread, _, replicator = self.running.get(name, (None, None, None))
+            why = self._not_streaming(thread, replicator)
+            if why:
+                raise SourceError(f"cannot refresh table {table}: source {name} {why}; REFRESH TABLE runs on the "
+                                  "source's own stream, in the process that runs it")
+            request = Refresh(table)
+            replicator.requests.put(request)
+            while not request.done.wait(0.2):
+                if not thread.is_alive() or replicator.state.get("error"):
+                    # (the stream fails every request it leaves; this one may have come after it stopped)
+                    raise SourceError(f"cannot refresh table {table}: source {name} stopped during it: "
+                                      f"{replicator.state.get('error') or 'it was stopped'}")
+            if request.error is not None:
+                raise request.error
+
+    @staticmethod
+    def _not_streaming(thread: threading.Thread | None, replicator: Replicator | None) -> str | None:
+        """Why a source cannot serve a request, or None: it must run in this process, and not have failed."""
+        if thread is None:
+            return "is not running in this process (it runs where the database is open with it: ivm serve, " \
+                   "ivm.connect; or it is run by ivm replicate)"
+        if replicator.state.get("error"):
+            return f"has failed ({replicator.state['error']}) and is not running"
+        if not thread.is_alive():
+            return "is not running in this process"
+        return None  # (one still starting serves the request once it streams)
 
     def _stop(self, name: str) -> bool:
         """Stop the source's thread; whether the source was still running (not failed)."""

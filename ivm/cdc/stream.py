@@ -17,28 +17,34 @@ idempotent by comparison (a resent part finds the table already altered), so
 it needs no sequence number of its own. A transaction that changes a
 table's columns is applied alone, like one with a TRUNCATE: grouped with
 others its parts would be numbered differently than when it is resent.
-A change ivm cannot follow fails that table alone (``_fail``).
+A change ivm cannot follow fails that table alone (``_fail``), as does a
+part whose values do not fit the table (``about_the_data``). ``refresh``
+(ALTER SOURCE … REFRESH TABLE) loads one table again from upstream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import duckdb
 import pyarrow as pa
 
 from ivm.binder import quote
 from ivm.cdc import pgoutput
+from ivm.cdc.postgres import PART_BITS
 from ivm.changes import OP
-from sql_frontend.errors import IvmError
+from ivm.schema_change import is_widening
+from sql_frontend.errors import ChangeError, InternalError, IvmError
 
 if TYPE_CHECKING:
-    from ivm.cdc.postgres import Replicator
+    from ivm.cdc.postgres import Refresh, Replicator
 
 log = logging.getLogger("ivm.sources")
 
@@ -93,7 +99,22 @@ class Stream:
         self.cursor = cursor
         cursor.start_replication(slot_name=self.r.config.slot, decode=False,
                                  options={"proto_version": "1", "publication_names": self.r.config.publication})
+        try:
+            self._loop(cursor, stop, deadline)
+        finally:
+            self._refuse_requests()
+        self._flush()
+        self.r._report(force=True)
+        if self._catalog is not None:
+            self._catalog.close()
+
+    def _loop(self, cursor, stop: threading.Event, deadline: float | None) -> None:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if self.tx is None and not self.r.requests.empty():  # between two transactions
+                # Applying what came before is the stream's own work: its failure stops the source (_serve
+                # reports a request's failure to the request only, and the stream goes on).
+                self._flush()
+                self._serve(self.r.requests.get())
             message = cursor.read_message()
             if message is not None:
                 try:
@@ -113,10 +134,27 @@ class Stream:
             self._lag()
             self.r._report()
             select.select([self.connection], [], [], 0.2)
-        self._flush()
-        self.r._report(force=True)
-        if self._catalog is not None:
-            self._catalog.close()
+
+    def _serve(self, request: "Refresh") -> None:
+        """Do what another thread asked (ALTER SOURCE … REFRESH TABLE); its error goes to it, not the source."""
+        try:
+            self.refresh(request.table)
+        except Exception as e:  # noqa: BLE001 - reported to the statement that asked
+            request.error = e
+        except BaseException:  # the stream is being stopped: so is the request
+            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+                                             "stopped during it")
+            raise
+        finally:
+            request.done.set()
+
+    def _refuse_requests(self) -> None:
+        """The stream stops: a request still waiting will not be served."""
+        while not self.r.requests.empty():
+            request = self.r.requests.get()
+            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+                                             "stopped before it could")
+            request.done.set()
 
     def _text(self, lsn: int) -> str:
         from ivm.cdc.postgres import lsn_text
@@ -271,7 +309,8 @@ class Stream:
                 try:
                     self._follow(upstream, definition, columns)
                 except IvmError as e:
-                    self._fail(upstream, definition, str(e))
+                    self._fail(upstream, definition, f"upstream table {upstream} changed in a way ivm cannot "
+                                                     f"follow: {e}")
                     return
             elif columns != definition["columns"]:  # the same local shape (varchar(20) -> text): record it
                 self._record(definition, columns)
@@ -285,18 +324,162 @@ class Stream:
             batch = pa.table({name: pa.array(values[i], pa.string()) for i, name in enumerate(names)})
             batch = batch.append_column(OP, pa.array([op for op, _ in rows], pa.string()))
         started = time.perf_counter()
-        db.apply_changes(table, batch, source=self.source(table), seq=seq)
+        try:
+            db.apply_changes(table, batch, source=self.source(table), seq=seq)
+        except ChangeError as e:
+            if not about_the_data(e):
+                raise
+            # apply_changes is atomic per call (a batch that does not convert is logged nowhere and moves
+            # no table version), so nothing of this part was applied: the table stops before it.
+            self._fail(upstream, definition, f"a change of upstream table {upstream} (commit LSN "
+                       f"{self._text(seq >> PART_BITS)}) does not fit table {table}: {str(e).strip()}")
+            return
         progress = self.r.progress
         progress["apply_seconds"] = round(progress.get("apply_seconds", 0.0) + time.perf_counter() - started, 3)
         self.applied[table] = seq
 
+
+    # --- REFRESH TABLE ------------------------------------------------------------------------
+    def refresh(self, table: str) -> None:
+        """Load ``table`` again from upstream, as PostgreSQL's tablesync worker does; called between two
+        transactions, once every transaction received before is applied (``_flush``).
+
+        A TEMPORARY slot made now exports a snapshot: its consistent point L
+        splits upstream's commits into those the snapshot holds (before L) and
+        those the main stream applies (at or after L, as the apply worker
+        applies a synced table's transactions whose commit LSN is at least its
+        sync LSN). The table's rows are replaced in one ``apply_changes``
+        batch (deletes of every row it holds, inserts of the snapshot's), so
+        views change by the difference, with seq (L - 1) << 16 | 0xFFFF: the
+        main stream, which has applied only commits before L, drops the
+        table's changes committed before L (``_drop_applied``) and applies
+        the rest. Then the table's failure, if any, is cleared: in the
+        database (recover_table), then in the state.
+
+        An upstream shape other than the local table's is followed first
+        (``_alterations``, every row being loaded again); one that cannot be
+        raises before anything changes. A table that follows upstream is
+        marked failed before such ALTERs and stays failed when a later step
+        fails, so a crash or an error never leaves a table half refreshed and
+        readable: it is failed (refresh again) or refreshed, never between.
+        """
+        import psycopg2
+
+        from ivm.cdc.postgres import describe_table
+
+        upstream, definition = next((u, t) for u, t in self.by_upstream.items() if t["table"] == table)
+        name = self.r.config.name
+        if self.pending or self.tx is not None:
+            raise InternalError("REFRESH TABLE runs between two transactions, with every one received applied")
+        for oid, known in list(self.relations.items()):
+            if known is definition:  # the stream decodes what it receives before L with the columns it knows
+                self.relations[oid] = {**definition}
+        was_failed = table in self.failed
+        replication = self.r._replication_connection()
+        try:
+            consistent, snapshot = self.r.create_slot(replication, self._refresh_slot(), temporary=True)
+            with self.r.reading(snapshot) as cur:
+                schema, relation = upstream.split(".", 1)
+                cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
+                            "tablename = %s", (self.r.config.publication, schema, relation))
+                if cur.fetchone() is None:
+                    raise self.SourceError(f"upstream table {upstream} is no longer in publication "
+                                           f"{self.r.config.publication}")
+                now = describe_table(cur, schema, relation)
+                if now["key"] != definition["key"]:
+                    raise self.SourceError(f"upstream table {upstream} now has {_key_text(now['key'])} where "
+                                           f"table {table} has {_key_text(definition['key'])}, which ivm cannot "
+                                           f"follow (DROP SOURCE {name}, DROP TABLE {table}, CREATE SOURCE again)")
+                columns = now["columns"]
+                statements = []
+                if [(c["name"], c["type"]) for c in columns] != self.r.db.table_columns(table):
+                    statements = self._alterations(upstream, definition, columns, rows_replaced=True)
+                if statements and table not in self.failed:
+                    self._fail(upstream, definition, f"ALTER SOURCE {name} REFRESH TABLE {table} was altering "
+                                                     "it when it stopped")
+                if statements:
+                    self._alter(upstream, definition, columns, statements)
+                elif columns != definition["columns"]:
+                    self._record(definition, columns)  # the same local shape (varchar(20) -> text)
+                batch = self._replacement(definition, list(self.r.copy_rows(cur, upstream, definition)))
+            seq = (consistent - 1) << PART_BITS | ((1 << PART_BITS) - 1)
+            if seq <= self.applied[table]:  # cannot be: the stream applied only what committed before the slot
+                raise self.SourceError(f"table {table} has applied changes up to seq {self.applied[table]}, at or "
+                                       f"after the snapshot's consistent point {self._text(consistent)}")
+            self.r.db.apply_changes(table, batch, source=self.source(table), seq=seq)
+            self.applied[table] = seq
+        except (IvmError, psycopg2.Error) as e:
+            why = str(e).strip() or type(e).__name__
+            if table in self.failed and not was_failed:  # marked above, altered: the table stays failed
+                self._fail(upstream, definition, f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}")
+            state = "is still failed" if table in self.failed else "follows upstream as before"
+            raise self.SourceError(f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}; the table {state}") \
+                from e
+        finally:
+            replication.close()  # which drops the temporary slot
+        if table in self.failed:
+            self.r.db.recover_table(table)  # first: a crash before the state says so fails it again at the next open
+            del self.failed[table]
+            definition.pop("error", None)
+            self.r._save()
+        log.info("source %s: table %s loaded again from upstream at LSN %s (%d rows)", name, table,
+                 self._text(consistent), batch.num_rows)
+
+    def _refresh_slot(self) -> str:
+        """A slot name of this process's own, within PostgreSQL's 63 characters."""
+        self._refreshes = getattr(self, "_refreshes", 0) + 1
+        suffix = f"_refresh_{os.getpid()}_{self._refreshes}"
+        return self.r.config.slot[:63 - len(suffix)] + suffix
+
+    def _replacement(self, definition: dict, loaded: list[pa.Table]) -> pa.Table:
+        """One batch replacing every row the table holds by ``loaded`` (the snapshot's, text columns).
+
+        Deletes name rows by the table's identity (its key, or every column
+        of a table without one), as text cast by DuckDB, which reads back as
+        the same value (apply_changes casts them as it does the inserts).
+        """
+        table = definition["table"]
+        names = [c["name"] for c in definition["columns"]]
+        identity = definition["key"] or names
+        held = self.r.db.table_rows(table)
+        with contextlib.closing(duckdb.connect()) as con:
+            con.register("held", held)
+            deletes = con.sql(f"SELECT {', '.join(f'CAST({quote(c)} AS VARCHAR) AS {quote(c)}' for c in identity)} "
+                              "FROM held").to_arrow_table()
+        deletes = deletes.append_column(OP, pa.repeat(pa.scalar("d"), deletes.num_rows))
+        inserts = pa.concat_tables(loaded) if loaded else pa.table({n: pa.array([], pa.string()) for n in names})
+        inserts = inserts.append_column(OP, pa.repeat(pa.scalar("c"), inserts.num_rows))
+        return pa.concat_tables([deletes, inserts], promote_options="default").select([*names, OP])
 
     # --- schema changes -----------------------------------------------------------------------
     def _follow(self, upstream: str, definition: dict, columns: list[dict]) -> None:
         """ALTER the local table to ``columns`` (upstream's now): drops, widenings, then additions.
 
         Raises IvmError (SourceError, or the ALTER's own error) for a change
-        ivm cannot follow; the ALTERs before it stay (the table fails anyway).
+        ivm cannot follow, before any ALTER runs (``_alterations`` checks
+        what ALTER TABLE would refuse).
+        """
+        statements = self._alterations(upstream, definition, columns)
+        self._alter(upstream, definition, columns, statements)
+
+    def _alter(self, upstream: str, definition: dict, columns: list[dict], statements: list[str]) -> None:
+        for statement in statements:
+            self.r.db.execute(statement)
+        self._record(definition, columns)
+        log.info("source %s: table %s follows upstream %s: %s", self.r.config.name, definition["table"], upstream,
+                 "; ".join(statements))
+
+    def _alterations(self, upstream: str, definition: dict, columns: list[dict],
+                     rows_replaced: bool = False) -> list[str]:
+        """The ALTER TABLEs that give the local table ``columns``; SourceError when ivm cannot follow.
+
+        Checked before any runs, so that a change ivm cannot follow alters
+        nothing: a type that is not a widening, a key column dropped, a
+        column a materialized view reads dropped. (ALTER TABLE stays the
+        judge: should it refuse one after another ran, that one stays.)
+        With ``rows_replaced`` (REFRESH TABLE: every row is loaded again
+        right after) the rows the table holds need no value for an added
+        column, so only the order of the columns limits what is followed.
         """
         db, table = self.r.db, definition["table"]
         local = dict(db.table_columns(table))
@@ -311,13 +494,31 @@ class Stream:
             raise self.SourceError(f"upstream table {upstream} has columns {', '.join(names)} where ivm's table "
                                    f"{table} has {', '.join(local)}: columns renamed or reordered, which ivm cannot "
                                    "follow")
-        facts = self._added_facts(upstream, [c["name"] for c in added]) if added else {}
+        dropped = [n for n in local if n not in names]
+        retyped = [c for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
+        for column in retyped:
+            if not is_widening(local[column["name"]], column["type"]):
+                raise self.SourceError(f"column {column['name']} of {table} cannot change from "
+                                       f"{local[column['name']]} to {column['type']}: ivm changes a column's type only "
+                                       "to a wider one")
+        for name in dropped:
+            if name in definition["key"]:
+                raise self.SourceError(f"column {name} of upstream table {upstream} was dropped, and it is part of "
+                                       f"the primary key of {table}")
+            readers = db.views_reading(table, name)
+            if readers:
+                raise self.SourceError(f"cannot drop column {name} of table {table}: materialized view(s) "
+                                       f"{', '.join(readers)} read it (drop them, or change upstream back)")
+        facts = self._added_facts(upstream, [c["name"] for c in added]) if added and not rows_replaced else {}
         recorded = {c["name"]: c.get("attnum") for c in definition["columns"]}
         newest = max((n for n in recorded.values() if n is not None), default=None)
-        statements = [f"ALTER TABLE {quote(table)} DROP COLUMN {quote(n)}" for n in local if n not in names]
+        statements = [f"ALTER TABLE {quote(table)} DROP COLUMN {quote(n)}" for n in dropped]
         statements += [f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(c['name'])} TYPE {c['type']}"
-                       for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
+                       for c in retyped]
         for column in added:
+            if rows_replaced:  # (the column's number is upstream's, from the snapshot's catalog)
+                statements.append(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(column['name'])} {column['type']}")
+                continue
             attnum, missing, has_default = facts.get(column["name"], (None, None, False))
             if attnum is None:
                 raise self.SourceError(f"column {column['name']} of upstream table {upstream} is gone upstream "
@@ -333,11 +534,7 @@ class Stream:
             statements.append(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(column['name'])} "
                               f"{column['type']}{default}")
             column["attnum"] = attnum
-        for statement in statements:
-            db.execute(statement)
-        self._record(definition, columns)
-        log.info("source %s: table %s follows upstream %s: %s", self.r.config.name, table, upstream,
-                 "; ".join(statements))
+        return statements
 
     def _record(self, definition: dict, columns: list[dict]) -> None:
         """The table's upstream columns are now ``columns`` (in the source's state)."""
@@ -363,12 +560,38 @@ class Stream:
     def _fail(self, upstream: str, definition: dict, why: str) -> None:
         """The table stops following upstream: its error kept, its reads (and its views') raising it."""
         table = definition["table"]
-        message = f"upstream table {upstream} changed in a way ivm cannot follow: {why}; the table stopped " \
-                  "replicating (the other tables of the source go on)"
+        message = f"{why}; the table stopped replicating (the other tables of the source go on; once the cause " \
+                  f"is fixed, ALTER SOURCE {self.r.config.name} REFRESH TABLE {table} loads it again)"
         self.failed[table] = definition["error"] = message
         self.r._save()
         self.r.db.fail_table(table, message)
         log.error("source %s: %s", self.r.config.name, message)
+
+
+# DuckDB failures that say nothing about a batch's values: the machine, not the data. A ChangeError raised
+# because of one of them (changes.py wraps DuckDB's errors while converting) must stop the source.
+_NOT_ABOUT_THE_DATA = (duckdb.OutOfMemoryException, duckdb.IOException, duckdb.InterruptException,
+                       duckdb.InternalException, duckdb.FatalException, duckdb.ConnectionException)
+
+
+def about_the_data(error: BaseException) -> bool:
+    """Whether ``apply_changes`` refused a batch for what it holds, so that only its table should fail.
+
+    Exactly a ChangeError (ivm/changes.py: a value that does not convert to
+    its column, a NULL in a NOT NULL or key column, a key inserted twice or
+    deleted while missing, a column the table lacks), unless DuckDB failed
+    under it for want of memory, disk or time. Every other error (a full
+    disk: DiskFullError; the change log failed: LogError; the database
+    closed; a table dropped locally) is about this database, not one
+    table's data: it stops the source, which resumes where it stopped.
+    """
+    if not isinstance(error, ChangeError):
+        return False
+    return not isinstance(error.__cause__ or error.__context__, _NOT_ABOUT_THE_DATA)
+
+
+def _key_text(key: list[str]) -> str:
+    return f"primary key ({', '.join(key)})" if key else "no primary key"
 
 
 def _signature(columns: list[dict], with_typmod: bool) -> list[tuple]:
