@@ -3,7 +3,7 @@
 Ticket (JSON)::
 
     {"subscribe": "region_sales", "from": 0}       changes after offset 0, live
-    {"subscribe": "region_sales", "from": 0, "until": 40}   stop after offset 40
+    {"subscribe": "region_sales", "from": 0, "until": 40}   changes after 0 through 40, then the end
     {"subscribe": "region_sales"}                   the view's rows now, then live
 
 Every batch has the view's columns, ``__weight`` (int64: +n rows added, -n
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 import ivm
@@ -56,6 +57,8 @@ class Subscription:
         for name, value in (("from", since), ("until", until)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise InvalidArgument(f'"{name}" must be an offset (an integer >= 0), not {json.dumps(value)}')
+        if since is not None and until is not None and until < since:
+            raise InvalidArgument(f'"until" ({until}) is before "from" ({since})')
         if not isinstance(heartbeat, (int, float)) or not 0.05 <= heartbeat <= 60:
             raise InvalidArgument('"heartbeat" must be a number of seconds between 0.05 and 60')
         return cls(view.lower(), since, until, float(heartbeat))
@@ -73,23 +76,30 @@ def open_stream(db: ivm.Database, sub: Subscription, stopping: threading.Event) 
     schema = first.rows.schema
     if initial is not None:
         initial = _as_changes(initial, since, schema)
-    return fl.GeneratorStream(schema, translated_stream(_stream(db, sub, first, initial, stopping)))
+    return fl.GeneratorStream(schema, translated_stream(_stream(db, sub, since, first, initial, stopping)))
 
 
-def _stream(db: ivm.Database, sub: Subscription, changes: Any, initial: pa.Table | None,
+def _stream(db: ivm.Database, sub: Subscription, after: int, changes: Any, initial: pa.Table | None,
             stopping: threading.Event) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """``initial`` (the view's rows at offset ``after``, or None), then ``changes`` (those after ``after``)
+    and every later one, through ``sub.until`` when given."""
     if initial is not None and initial.num_rows:
-        yield from _chunks(initial, int(initial.column(OFFSET)[0].as_py()))
+        yield from _chunks(initial, after)
     while True:
-        if changes.rows.num_rows:
-            yield from _chunks(changes.rows, changes.through)
+        rows, through = changes.rows, changes.through
+        if sub.until is not None and through > sub.until:  # end exactly at "until": a resume from it repeats nothing
+            rows = rows.filter(pc.less_equal(rows.column(OFFSET), sub.until))
+            through = max(sub.until, after)  # (current rows read past "until" were sent as they were)
+        if rows.num_rows:
+            yield from _chunks(rows, through)
         else:
-            yield _empty(changes.rows.schema), _through(changes.through)
-        if sub.until is not None and changes.through >= sub.until:
+            yield _empty(rows.schema), _through(through)
+        if sub.until is not None and through >= sub.until:
             return
         if stopping.is_set():
             return
-        changes = db.changes(sub.view, changes.through, wait=sub.heartbeat)
+        after = through
+        changes = db.changes(sub.view, through, wait=sub.heartbeat)
 
 
 def _chunks(rows: pa.Table, through: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:

@@ -145,3 +145,25 @@ def test_bad_subscriptions(data, client):
         subscribe(client, subscribe="orders", **{"from": 0}).read_all()
     with pytest.raises(pa.ArrowInvalid, match='"from" must be an offset'):
         subscribe(client, subscribe="by_cust", **{"from": -3}).read_all()
+    with pytest.raises(pa.ArrowInvalid, match='"until" \\(2\\) is before "from" \\(5\\)'):
+        subscribe(client, subscribe="by_cust", **{"from": 5, "until": 2}).read_all()
+
+
+def test_until_ends_exactly_at_its_offset(data, client):
+    # Several batches commit before the subscription is read, so the history it reads runs past "until":
+    # the stream still ends at "until", and a resume from there repeats nothing and misses nothing.
+    with flight_sql.connect(data.uri, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT * FROM by_cust")
+        start = int(cur.fetch_arrow_table().schema.metadata[b"ivm.offset"])
+        for i in range(4):
+            cur.execute(f"INSERT INTO orders VALUES ({876543210 + i}, {1 + i}, {10.0 + i}, 'open')")
+        cur.execute("SELECT * FROM by_cust")
+        end = int(cur.fetch_arrow_table().schema.metadata[b"ivm.offset"])
+    until = start + (end - start) // 2
+    assert start < until < end
+    first = subscribe(client, subscribe="by_cust", **{"from": start, "until": until}).read_all()
+    rest = subscribe(client, subscribe="by_cust", **{"from": until, "until": end}).read_all()
+    assert first.num_rows and rest.num_rows
+    assert max(first.column("__offset").to_pylist()) <= until < min(rest.column("__offset").to_pylist())
+    whole = subscribe(client, subscribe="by_cust", **{"from": start, "until": end}).read_all()
+    assert multiset_diff(pa.concat_tables([first, rest]), whole) is None
