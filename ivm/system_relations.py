@@ -162,7 +162,16 @@ PG_CATALOG_COLUMNS = {
                    "datallowconn bool, datconnlimit int4, datfrozenxid int8, datminmxid int8, dattablespace oid, "
                    "datcollate text, datctype text, daticulocale text, datcollversion text, datacl text[]",
     "pg_roles": "oid oid, rolname text, rolsuper bool, rolinherit bool, rolcreaterole bool, rolcreatedb bool, "
-                "rolcanlogin bool, rolreplication bool, rolconnlimit int4, rolpassword text, rolbypassrls bool",
+                "rolcanlogin bool, rolreplication bool, rolconnlimit int4, rolpassword text, rolvaliduntil text, "
+                "rolbypassrls bool",
+    "pg_auth_members": "roleid oid, member oid, grantor oid, admin_option bool",
+    # ivm has no user-defined functions: empty, so psql's \\df lists none instead of failing
+    "pg_proc": "oid oid, proname text, pronamespace oid, proowner oid, prolang oid, procost float4, "
+               "prorows float4, provariadic oid, prosupport text, prokind text, prosecdef bool, "
+               "proleakproof bool, proisstrict bool, proretset bool, provolatile text, proparallel text, "
+               "pronargs int2, pronargdefaults int2, prorettype oid, proargtypes oid[], proallargtypes oid[], "
+               "proargmodes text[], proargnames text[], proargdefaults text, protrftypes oid[], prosrc text, "
+               "probin text, prosqlbody text, proconfig text[], proacl text[]",
     "pg_collation": "oid oid, collname text, collnamespace oid, collowner oid, collprovider text, "
                     "collisdeterministic bool, collencoding int4, collcollate text, collctype text, "
                     "colliculocale text, collversion text",

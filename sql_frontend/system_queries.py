@@ -136,7 +136,9 @@ FUNCTIONS: dict[str, Callable[[list[exp.Expression], "_Rewriter"], exp.Expressio
     # DuckDB lacks it; ivm has one role, so every object's owner is that role.
     "pg_get_userbyid": lambda args, _: exp.Literal.string("ivm"),
     # every relation ivm answers is in a schema on the search path (public or pg_catalog)
-    "pg_table_is_visible": _true, "pg_type_is_visible": _true,
+    "pg_table_is_visible": _true, "pg_type_is_visible": _true, "pg_function_is_visible": _true,
+    "pg_get_function_result": _null_text, "pg_get_function_arguments": _null_text,
+    "pg_get_function_identity_arguments": _null_text,
     # DuckDB's versions look up DuckDB's own types, indexes, constraints and views
     "format_type": _format_type,
     "pg_get_indexdef": _definition, "pg_get_constraintdef": _definition, "pg_get_viewdef": _definition,
