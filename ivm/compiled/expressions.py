@@ -931,7 +931,12 @@ class _Compiler:
             return Expr(target, to_int, emit=_emits(emit_int, a))
         if is_decimal(source) and target == "DOUBLE":
             scale = decimals.scale_of(source)
-            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: decimals.to_double(x, scale)))
+
+            def emit_to_double(g, f):
+                x = a.emit(g, f)
+                return gen.Col(target, g.let(f"{g.const(decimals.to_double, 'to_double')}({x.data}, {scale})"), x.valid)
+            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: decimals.to_double(x, scale)),
+                        emit=_emits(emit_to_double, a))
         if source == "DOUBLE" and is_decimal(target):
             def from_double(f):
                 x, valid = a.fn(f).np()
