@@ -53,6 +53,10 @@ STATEMENTS = [
     "SELECT COALESCE(SUM(i), 0) AS s, b FROM a GROUP BY b, i > 0",
     "SELECT a.k, a.x, r.v, r.y FROM a LEFT JOIN r ON a.k IS NOT DISTINCT FROM r.k",
     "SELECT a.k, r.v, a.x + r.y AS s FROM a INNER JOIN r ON a.k = r.k WHERE r.v > 0",
+    # joins with a side whose keys never repeat (a grouping's rows: one search pairs every row)
+    "SELECT a.k, a.i, g.s, g.m FROM a LEFT JOIN (SELECT k, COUNT(*) AS s, MAX(v) AS m FROM r GROUP BY k) AS g ON a.k = g.k",
+    "SELECT a.k, g.s FROM a INNER JOIN (SELECT k, COUNT(*) AS s, MAX(v) AS m FROM r GROUP BY k) AS g "
+    "ON a.k IS NOT DISTINCT FROM g.k",
     "WITH u AS (SELECT k, x FROM a WHERE x > 0 UNION ALL SELECT k, y FROM r WHERE NOT (y IS NULL)) "
     "SELECT k, MAX(x) AS m, MIN(x) AS n FROM u GROUP BY k",
     "SELECT *, n.c > 0 AS keep, n.ok IS NOT DISTINCT FROM n.k AS same FROM (SELECT a.k, "

@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from ivm.compiled import kernels
 from ivm.compiled.vectors import (
     INT_RANGE, TO_ARROW, Fallback, Unsupported, Vec, _int64_to_decimal, arrow_type, decimal_of, is_decimal, is_int,
     numpy_type,
@@ -46,12 +47,13 @@ from storage.buffers import fixed_width_values, int64_values, one_array
 class Col:
     """A column while generating: the names of its data and validity variables (``valid`` None: no NULL);
     ``scalar``: for a constant, the name of its value as a numpy scalar (an operation with a column takes
-    it as it is, and the column of copies is never made unless something reads ``data``)."""
+    it as it is, and the column of copies is never made unless something reads ``data``); ``arrow``: for an
+    input column, the name of its Arrow array (a result passing it on returns it as it is, unread)."""
 
-    __slots__ = ("type", "data", "valid", "scalar")
+    __slots__ = ("type", "data", "valid", "scalar", "arrow")
 
-    def __init__(self, type_, data: str, valid: str | None, scalar: str | None = None):
-        self.type, self.data, self.valid, self.scalar = type_, data, valid, scalar
+    def __init__(self, type_, data: str, valid: str | None, scalar: str | None = None, arrow: str | None = None):
+        self.type, self.data, self.valid, self.scalar, self.arrow = type_, data, valid, scalar, arrow
 
 
 def operands(*cols: Col) -> list[str]:
@@ -281,10 +283,9 @@ def _vecs(g: Gen, cols: list[Col]) -> str:
 
 # --- run time helpers (one call each where the closures make several) -------------------------------
 
-def read(table: pa.Table, i: int, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Column ``i`` of an input as Vec.np() reads it: (data, valid); ``kind``: 'f' DOUBLE, 'i' integers,
-    dates and timestamps (as int64), 'b' BOOLEAN, 'd' decimal128 (as int64; Fallback past it)."""
-    arr = one_array(table.column(i))
+def read(arr: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """An input column as Vec.np() reads it: (data, valid); ``kind``: 'f' DOUBLE, 'i' integers, dates and
+    timestamps (as int64), 'b' BOOLEAN, 'd' decimal128 (as int64; Fallback past it)."""
     valid = np.asarray(arr.is_valid()) if arr.null_count else None
     if kind == "d":
         low, fits = int64_values(arr)
@@ -322,6 +323,34 @@ def take(data: np.ndarray, valid: np.ndarray | None, index: np.ndarray, missing:
     return out, v
 
 
+def pairs(left_codes: np.ndarray, right_codes: np.ndarray, left_skip: np.ndarray | None,
+          right_skip: np.ndarray | None, n: int, left: bool):
+    """A join's pairs of rows: (left rows, or None when they are every left row once in order; right rows;
+    missing: where a LEFT join's row has no match, or None).
+
+    kernels.matches then ``outer``; but where no right key repeats (a join with a state's, a grouping's
+    or a DISTINCT's rows: the usual case) one binary search pairs every left row, and a LEFT join keeps
+    the left rows in their order (rows of a result are a multiset: any order is the same result).
+    """
+    if right_skip is not None:
+        kept = np.flatnonzero(~right_skip)
+        order = kept[np.argsort(right_codes[kept], kind="stable")]
+    else:
+        order = np.argsort(right_codes, kind="stable")
+    ordered = right_codes[order]
+    if len(ordered) and not (ordered[1:] == ordered[:-1]).any():
+        at = np.minimum(np.searchsorted(ordered, left_codes), len(ordered) - 1)
+        hit = ordered[at] == left_codes
+        if left_skip is not None:
+            hit &= ~left_skip
+        if left:
+            return None, order[at], (None if hit.all() else ~hit)
+        li = np.flatnonzero(hit)
+        return (None if len(li) == n else li), order[at[li]], None
+    li, ri, _ = kernels.matches(left_codes, right_codes, left_skip, right_skip)
+    return outer(li, ri, n, left)
+
+
 def outer(li: np.ndarray, ri: np.ndarray, n: int, left: bool):
     """A join's pairs: (left rows or None when they are every left row once in order, right rows, missing)."""
     missing = None
@@ -353,6 +382,8 @@ def concat(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray | None]:
 def to_arrow(g: Gen, col: Col, n: str) -> str:
     """Source of the Arrow array of an output column (Vec.arrow)."""
     t = col.type
+    if col.arrow is not None:
+        return col.arrow
     mask = "None" if col.valid is None else f"None if {col.valid} is None else ~{col.valid}"
     if t == "NULL":
         return f"pa.nulls({n})"
@@ -378,9 +409,7 @@ def build(rel, expected_names: list[str]) -> tuple[Callable[[dict], list[pa.Arra
     g.line("return [" + ", ".join(outs) + "]")
     source = g.source()
     namespace = dict(g.names)
-    from ivm.compiled import kernels
-
-    namespace.update(read=read, take=take, outer=outer, vecs=vecs, concat=concat, matches=kernels.matches,
+    namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, vecs=vecs, concat=concat, matches=kernels.matches,
                      joint_codes=kernels.joint_codes, codes=kernels.codes, groups=kernels.groups,
                      group_count=kernels.group_count, group_sum=kernels.group_sum,
                      group_extreme=kernels.group_extreme, group_all=kernels.group_all)

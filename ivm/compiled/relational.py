@@ -280,9 +280,9 @@ class _Query:
                 table = g.let(f"inputs[{real!r}]", "t")
 
                 def column(g, i):
-                    d, v = g.var("d"), g.var("m")
-                    g.line(f"{d}, {v} = read({table}, {i}, {gen.read_kind(types[i])!r})")
-                    return gen.Col(types[i], d, v)
+                    array, d, v = g.let(f"one_array({table}.column({i}))", "a"), g.var("d"), g.var("m")
+                    g.line(f"{d}, {v} = read({array}, {gen.read_kind(types[i])!r})")  # (removed if not read)
+                    return gen.Col(types[i], d, v, arrow=array)
                 return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
                                   g.let(f"{table}.num_rows", "n"))
             return Rel(shape, run, emit)
@@ -343,8 +343,7 @@ class _Query:
         def emit(g):
             lf, rf = left.emit(g), right.emit(g)
             li, ri, missing = g.var("li"), g.var("ri"), g.var("missing")
-            g.line(f"{li}, {ri}, _ = matches({_emit_pair_codes(g, pairs, lf, rf)})")
-            g.line(f"{li}, {ri}, {missing} = outer({li}, {ri}, {lf.n}, {outer})")
+            g.line(f"{li}, {ri}, {missing} = pairs({_emit_pair_codes(g, pairs, lf, rf)}, {lf.n}, {outer})")
 
             def left_column(g, i):
                 c = lf.col(g, i)
