@@ -938,9 +938,11 @@ class _Call:
         if self.arg is None:
             return gen.Col("BIGINT", g.let(f"group_count(None, {order}, {starts}, {frame.n})", "d"), None)
         x = self.arg.emit(g, frame)
-        count = g.let(f"group_count({x.valid}, {order}, {starts}, {frame.n})", "d")
+        count = f"group_count({x.valid}, {order}, {starts}, {frame.n})"
         if self.func == "count":
-            return gen.Col("BIGINT", count, None)
+            return gen.Col("BIGINT", g.let(count, "d"), None)
+        # Counted only to find the groups without a value (NULL): none when no value is NULL.
+        count = g.let(f"None if {x.valid} is None else {count}", "d")
         if self.func in ("bool_and", "bool_or"):
             data = f"group_all({x.data}, {x.valid}, {order}, {starts}, {self.func == 'bool_and'})"
         elif self.func == "sum":
@@ -948,7 +950,7 @@ class _Call:
         else:
             data = f"group_extreme({x.data}, {x.valid}, {order}, {starts}, {self.func == 'max'})"
         # A group has a row, so without NULLs it has a value: valid where it has a non-NULL one.
-        valid = None if x.valid is None else g.let(f"{count} > 0", "m")
+        valid = None if x.valid is None else g.let(f"None if {count} is None else {count} > 0", "m")
         return gen.Col(self.type, g.let(data, "d"), valid)
 
     def empty_result(self) -> Vec:
