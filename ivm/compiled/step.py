@@ -89,6 +89,7 @@ class CompiledStep:
         self.generated, self.source, self.why_not_generated = None, None, None
         try:
             self.generated, self.source = generated.build(self.rel, names)
+            self.label = "compiled: generated"
         except Unsupported as e:
             self.why_not_generated = str(e)
 
