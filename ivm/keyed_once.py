@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, numpy_not_distinct
-from storage.buffers import fixed_width_values, one_array
+from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct
+from storage.buffers import one_array
 from storage.keys import KeyCoder
 
 OP = "__op"
@@ -214,7 +214,7 @@ def same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa.
     same = np.ones(len(mine), dtype=bool)
     for name in names:
         a, b = batch.column(name), existing.column(name)
-        x, y = _numbers(a), _numbers(b)
+        x, y = number_values(a), number_values(b)
         if x is not None and y is not None and a.type == b.type:
             x, y = x[mine], y[theirs]
             equal = x == y
@@ -224,14 +224,6 @@ def same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa.
         else:
             same &= not_distinct(one_array(a).take(mine), one_array(b).take(theirs))
     return same
-
-
-def _numbers(column: pa.ChunkedArray) -> np.ndarray | None:
-    """An integer or floating point column without NULLs as a numpy view of its values, else None."""
-    t = column.type
-    if column.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        return None
-    return fixed_width_values(one_array(column))
 
 
 def not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
