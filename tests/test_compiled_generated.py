@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sqlglot import parse_one
 
 from ivm.compiled.step import CompiledStep, Fallback, same_rows
+from sql_frontend.errors import InternalError
 from tests.compiled_check import DOUBLES, INTS, SMALL_INTS, tables
 
 HUGE = st.one_of(SMALL_INTS, st.sampled_from([2**63 - 1, -(2**63), 2**63, 10**20]), st.integers(-(2**62), 2**62))
@@ -120,3 +121,32 @@ def test_generated_equals_closures_and_duckdb(a, r):
             assert difference is None, f"{name}: {difference}\n{sql}\n{step.source}"
         if generated is not None and closures is not None:
             assert same_rows(generated, closures) is None, sql
+
+
+def _fresh(sql: str) -> tuple[CompiledStep, dict]:
+    """A step of its own (not the shared cache: these tests change it) and inputs with a row or two."""
+    step = _step(sql)
+    step = CompiledStep(parse_one(sql, read="duckdb"), step.schemas, step.expected)
+    a = pa.table({"k": pa.array([1, 2], pa.int64()), "i": pa.array([3, None], pa.int32()),
+                  "x": [0.5, float("nan")], "b": [True, None], "h": pa.array([7, 8], pa.decimal128(38, 0)),
+                  "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2))})
+    return step, {"a": a, "r": _empty(R)}
+
+
+def test_shadow_mode_compares_the_generated_function_with_its_closures(monkeypatch):
+    monkeypatch.setenv("IVM_SHADOW", "1")
+    step, inputs = _fresh(STATEMENTS[0])
+    real = step.generated
+    monkeypatch.setattr(step, "generated", lambda i: [a.slice(0, 1) for a in real(i)])
+    with pytest.raises(InternalError, match="generated step differs from its closures"):
+        step.run(inputs)
+
+
+def test_a_batch_the_generated_function_refuses_runs_on_the_closures(monkeypatch):
+    monkeypatch.setenv("IVM_SHADOW", "0")
+    step, inputs = _fresh(STATEMENTS[0])
+
+    def refuse(inputs):
+        raise Fallback("refused")
+    monkeypatch.setattr(step, "generated", refuse)
+    assert same_rows(step.run(inputs), step.run_closures(inputs)) is None
