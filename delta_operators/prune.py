@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
-from delta_operators.zset import WEIGHT, arrow_not_distinct, numpy_not_distinct
+from delta_operators.zset import WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct, pairs_not_distinct
 
 
 def _quote(name: str) -> str:
@@ -150,9 +150,14 @@ def without_equal_pairs(delta: pa.Table, pairs: tuple[np.ndarray, np.ndarray], k
     for name in dict.fromkeys(key + columns):
         same = compared.get(name)
         if same is None:
+            column = delta.column(name)
+            values = number_values(column)
+            if values is not None:  # compared in place: two gathers, not two Arrow takes
+                same = compared[name] = pairs_not_distinct(values, first, second, zero_signs=True)
+                equal &= same
+                continue
             if mine is None:
                 mine, theirs = pa.array(first), pa.array(second)
-            column = delta.column(name)
             same = compared[name] = _not_distinct(column.take(mine), column.take(theirs))
         equal &= same
     if not equal.any():

@@ -44,7 +44,7 @@ from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace
 from delta_operators.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.compiled.extremes import DeletedExtremes
-from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, static_reason
+from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode, static_reason
 from ivm.duck import Holder
 from storage.keys import KeyCoder
 from storage.store import Snapshot
@@ -53,11 +53,6 @@ DIALECT = "duckdb"
 SCAN_PREFIX = scan_name("")
 SHADOW_RUNS = 3  # a compiled step's first runs also run on DuckDB and must agree
 log = logging.getLogger("ivm.compiled")
-
-
-def shadow_mode() -> bool:
-    """IVM_SHADOW=1: every compiled step run is checked against DuckDB (differences raise)."""
-    return os.environ.get("IVM_SHADOW", "") not in ("", "0")
 
 
 # A view's SUM of integers is a BIGINT column (sql_frontend/integer_sums.py);

@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, numpy_not_distinct
+from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct
+from storage.buffers import one_array
 from storage.keys import KeyCoder
 
 OP = "__op"
@@ -92,7 +93,8 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
         olds = olds.cast(pa.schema([wanted.field(n) for n in names] + [olds.schema.field(RUN), olds.schema.field(POS)]))
     news = batch.select(names).take(inserted)
     wrong = np.flatnonzero(bad)
-    errors = batch.select(names + [OP, SEQ]).take(wrong).rename_columns(names + [ERROR, SEQ])
+    errors = batch.select(names + [OP, SEQ])
+    errors = (errors.take(wrong) if len(wrong) else errors.slice(0, 0)).rename_columns(names + [ERROR, SEQ])
     return Conversion(olds, news, errors)
 
 
@@ -204,12 +206,23 @@ def match_rows(batch: pa.Table, batch_codes: np.ndarray, existing: pa.Table, sto
 
 def same_rows(names: list[str], batch: pa.Table, mine: np.ndarray, existing: pa.Table,
                theirs: np.ndarray) -> np.ndarray:
-    """Per pair, whether every column is not distinct (NULL = NULL, NaN = NaN, -0.0 = 0.0)."""
-    a = batch.select(names).take(mine)
-    b = existing.select(names).take(theirs)
+    """Per pair, whether every column is not distinct (NULL = NULL, NaN = NaN, -0.0 = 0.0).
+
+    Columns of numbers without NULLs are compared where they are (a numpy gather of each side's
+    pairs); the others are taken into new arrays and compared by Arrow (taking both tables whole
+    was most of the comparison: ~0.1 ms of an ingested 1,000-row batch's ~0.25)."""
     same = np.ones(len(mine), dtype=bool)
     for name in names:
-        same &= not_distinct(a.column(name), b.column(name))
+        a, b = batch.column(name), existing.column(name)
+        x, y = number_values(a), number_values(b)
+        if x is not None and y is not None and a.type == b.type:
+            x, y = x[mine], y[theirs]
+            equal = x == y
+            if pa.types.is_floating(a.type):
+                equal |= np.isnan(x) & np.isnan(y)
+            same &= equal
+        else:
+            same &= not_distinct(one_array(a).take(mine), one_array(b).take(theirs))
     return same
 
 

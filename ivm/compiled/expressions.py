@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from ivm.compiled import decimals
+from ivm.compiled import generated as gen
 from ivm.compiled.vectors import (
     INT_RANGE, INT_RANK, TEMPORAL, Fallback, Unsupported, Vec, check_range, constant, decimal, is_decimal,
     is_int, is_number, negative_zero, numpy_type,
@@ -71,6 +72,8 @@ class Expr:
     fn: Callable[["Frame"], Vec]  # noqa: F821 (relational.Frame: .cols, .n)
     value: object = None  # a literal's Python value
     literal: bool = False
+    # emit(g, frame) -> generated.Col: the same computation written as source (generated.py); None: not covered
+    emit: Callable | None = None
 
 
 class Shape:
@@ -208,7 +211,13 @@ class Common:
                 if vec is None:
                     vec = memo[token] = fn(f)
                 return vec
-            found = self.compiled[text] = Expr(inner.type, once, inner.value, inner.literal)
+            def emit_once(g, f, _inner=inner.emit):
+                col = f.memo.get(token)
+                if col is None:
+                    col = f.memo[token] = _inner(g, f)
+                return col
+            found = self.compiled[text] = Expr(inner.type, once, inner.value, inner.literal,
+                                               emit_once if inner.emit is not None else None)
         return found
 
 
@@ -223,7 +232,7 @@ def finish(e: Expr) -> Expr:
     t = lit_type(e.value)
     t = t if INT_RANK[t] >= INT_RANK["INTEGER"] else "INTEGER"
     value = e.value
-    return Expr(t, lambda f: constant(t, value, f.n))
+    return Expr(t, lambda f: constant(t, value, f.n), emit=lambda g, f: gen.constant(g, t, value, f.n))
 
 
 class _Compiler:
@@ -261,7 +270,7 @@ class _Compiler:
 
     def _slot(self, index: int) -> Expr:
         t = self.shape.columns[index][2]
-        return Expr(t, lambda f: f.cols[index])
+        return Expr(t, lambda f: f.cols[index], emit=lambda g, f: f.col(g, index))
 
     # --- literals -------------------------------------------------------------
     def _literal(self, node: exp.Literal) -> Expr:
@@ -274,7 +283,8 @@ class _Compiler:
         except ValueError:
             return self._decimal_literal(str(node.this))
         lit_type(value)
-        return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True)
+        return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True,
+                    emit=lambda g, f: gen.constant(g, "BIGINT", value, f.n))
 
     def _decimal_literal(self, text: str) -> Expr:
         """``1.50``: DuckDB's DECIMAL(digits, digits after the point), here up to 18 digits."""
@@ -283,7 +293,8 @@ class _Compiler:
             raise Unsupported(f"numeric literal {text}")
         t = decimal(len(m.group(1)) + len(m.group(2)), len(m.group(2)))
         value = int(m.group(1) + m.group(2))
-        return Expr(t, lambda f: constant(t, value, f.n), value=value)
+        return Expr(t, lambda f: constant(t, value, f.n), value=value,
+                    emit=lambda g, f: gen.constant(g, t, value, f.n))
 
     def _interval(self, node: exp.Interval) -> Expr:
         """``INTERVAL 'n' unit``: only folded into a constant date or timestamp (see _fold_interval)."""
@@ -334,10 +345,12 @@ class _Compiler:
 
     def _boolean(self, node: exp.Boolean) -> Expr:
         value = bool(node.this)
-        return Expr("BOOLEAN", lambda f: constant("BOOLEAN", value, f.n), value=value, literal=True)
+        return Expr("BOOLEAN", lambda f: constant("BOOLEAN", value, f.n), value=value, literal=True,
+                    emit=lambda g, f: gen.constant(g, "BOOLEAN", value, f.n))
 
     def _null(self, node: exp.Null) -> Expr:
-        return Expr("NULL", lambda f: constant("BIGINT", None, f.n), literal=True)
+        return Expr("NULL", lambda f: constant("BIGINT", None, f.n), literal=True,
+                    emit=lambda g, f: gen.constant(g, "BIGINT", None, f.n))
 
     # --- arithmetic -------------------------------------------------------------
     def _arith(self, node: exp.Expression, op: str) -> Expr:
@@ -357,7 +370,12 @@ class _Compiler:
             (x, vx), (y, vy) = fa(f), fb(f)
             valid = vx if vy is None else (vy if vx is None else vx & vy)
             return Vec.of(t, _arith_kernel(op, t, x, y, valid), valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            x, y = (gen.convert(g, e.emit(g, f), t) for e in (a, b))
+            valid = g.both(x.valid, y.valid)
+            return gen.Col(t, _emit_arith(g, op, t, *gen.operands(x, y), valid), valid)
+        return Expr(t, run, emit=_emits(emit, a, b))
 
     def _decimal_arith(self, a: Expr, b: Expr, op: str) -> Expr:
         """DECIMAL + - * (with integers): DuckDB's result type (decimals.py); exact in int64, a result past
@@ -377,7 +395,20 @@ class _Compiler:
             out = _arith_kernel(op, "BIGINT", x, y, valid)
             check_range(t, out, valid, f"decimal {op}")
             return Vec.of(t, out, valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            x, y = a.emit(g, f), b.emit(g, f)
+            valid = g.both(x.valid, y.valid)
+            xd, yd = gen.operands(x, y)
+            if op != "mul":  # (a constant is rescaled as a column: rescale reads arrays)
+                if decimals.scale_of(ta) != scale:
+                    xd = _emit_rescale(g, x.data, valid, decimals.scale_of(ta), scale)
+                if decimals.scale_of(tb) != scale:
+                    yd = _emit_rescale(g, y.data, valid, decimals.scale_of(tb), scale)
+            out = _emit_arith(g, op, "BIGINT", xd, yd, valid)
+            gen.check_range(g, t, out, valid, f"decimal {op}")
+            return gen.Col(t, out, valid)
+        return Expr(t, run, emit=_emits(emit, a, b))
 
     def _intdiv(self, node):
         return self._int_division(node, "div")
@@ -479,7 +510,19 @@ class _Compiler:
                 return Vec.of("BOOLEAN", data if op == "eq" else ~data)
             valid = vx if vy is None else (vy if vx is None else vx & vy)
             return Vec.of("BOOLEAN", data, valid)
-        return Expr("BOOLEAN", run)
+
+        emit_kernel = _emit_comparison(a, b, "eq" if null_safe else op, force)
+
+        def emit(g, f):
+            x, y = a.emit(g, f), b.emit(g, f)
+            data = emit_kernel(g, x, y)
+            if null_safe:
+                if x.valid is not None or y.valid is not None:
+                    vx, vy = g.ones(x.valid, f.n), g.ones(y.valid, f.n)
+                    data = g.let(f"np.where({vx} & {vy}, {data}, ~{vx} & ~{vy})")
+                return gen.Col("BOOLEAN", data if op == "eq" else g.let(f"~{data}"), None)
+            return gen.Col("BOOLEAN", data, g.both(x.valid, y.valid))
+        return Expr("BOOLEAN", run, emit=_emits(emit, a, b) if emit_kernel else None)
 
     def _eq(self, node):
         return self._compare(node, "eq")
@@ -527,7 +570,14 @@ class _Compiler:
             tb, fb = truth(b.fn(f))
             t, fl = (ta & tb, fa | fb) if conjunction else (ta | tb, fa & fb)
             return Vec.of("BOOLEAN", t, t | fl)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):
+            x, y = a.emit(g, f), b.emit(g, f)
+            (ta, fa), (tb, fb) = gen.truth(g, x, f.n), gen.truth(g, y, f.n)
+            t, fl = (g.let(f"{ta} & {tb}"), g.let(f"{fa} | {fb}")) if conjunction else (
+                g.let(f"{ta} | {tb}"), g.let(f"{fa} & {fb}"))
+            return gen.boolean(g, t, fl, x, y)
+        return Expr("BOOLEAN", run, emit=_emits(emit, a, b))
 
     def _not(self, node: exp.Not) -> Expr:
         (a,) = self._bools(node.this)
@@ -535,7 +585,12 @@ class _Compiler:
         def run(f):
             t, fl = truth(a.fn(f))
             return Vec.of("BOOLEAN", fl, t | fl)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):
+            x = a.emit(g, f)
+            t, fl = gen.truth(g, x, f.n)
+            return gen.boolean(g, fl, t, x)
+        return Expr("BOOLEAN", run, emit=_emits(emit, a))
 
     def _is(self, node: exp.Is) -> Expr:
         if not isinstance(node.expression, exp.Null):
@@ -545,7 +600,13 @@ class _Compiler:
         def run(f):
             valid = a.fn(f).valid()
             return Vec.of("BOOLEAN", np.zeros(f.n, bool) if valid is None else ~valid)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):
+            valid = a.emit(g, f).valid
+            if valid is None:
+                return gen.Col("BOOLEAN", g.let(f"np.zeros({f.n}, bool)"), None)
+            return gen.Col("BOOLEAN", g.let(f"np.zeros({f.n}, bool) if {valid} is None else ~{valid}"), None)
+        return Expr("BOOLEAN", run, emit=_emits(emit, a))
 
     # --- conditionals -------------------------------------------------------------
     def _case(self, node: exp.Case) -> Expr:
@@ -573,7 +634,20 @@ class _Compiler:
                     data = np.where(hit, x, data)
                     valid = np.where(hit, True if vx is None else vx, valid)
             return Vec.of(t, data, valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            if default is None:
+                out = gen.constant(g, t, None, f.n)
+            else:
+                out = gen.convert(g, default.emit(g, f), t)
+            data, valid = out.scalar or out.data, out.valid
+            for cond, value in zip(reversed(conds), reversed(values)):
+                hit, _ = gen.truth(g, cond.emit(g, f), f.n)
+                x = gen.convert(g, value.emit(g, f), t)
+                data = g.let(f"np.where({hit}, {x.scalar or x.data}, {data})")  # (a column: ``hit`` is one)
+                valid = _emit_case_valid(g, hit, x.valid, valid)
+            return gen.Col(t, data, valid)
+        return Expr(t, run, emit=_emits(emit, *conds, *values, *([default] if default else [])))
 
     def _coalesce(self, node: exp.Coalesce) -> Expr:
         args = [self.compile(a) for a in [node.this, *node.expressions]]
@@ -599,7 +673,19 @@ class _Compiler:
                 if valid.all():
                     break
             return Vec.of(t, data, valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            first = gen.convert(g, args[0].emit(g, f), t)
+            data, valid = first.data, first.valid
+            for arg in args[1:]:
+                if valid is None:
+                    break
+                x = gen.convert(g, arg.emit(g, f), t)
+                data = g.let(f"{data} if {valid} is None else np.where({valid}, {data}, {x.scalar or x.data})")
+                valid = None if x.valid is None else g.let(
+                    f"None if {valid} is None or {x.valid} is None else {valid} | {x.valid}")
+            return gen.Col(t, data, valid)
+        return Expr(t, run, emit=_emits(emit, *args))
 
     def _greatest(self, node):
         return self._extreme([node.this, *node.expressions], "gt")
@@ -627,7 +713,21 @@ class _Compiler:
                 data = np.where(pick, x, data)
                 valid = valid | vx
             return Vec.of(t, data, valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            first = gen.convert(g, args[0].emit(g, f), t)
+            data, valid = first.data, g.ones(first.valid, f.n)
+            zero = g.const(negative_zero, "negative_zero")
+            for arg in args[1:]:
+                x = gen.convert(g, arg.emit(g, f), t)
+                vx = g.ones(x.valid, f.n)
+                if t == "DOUBLE":
+                    g.fallback_if(f"{zero}({x.data}, {vx}) or {zero}({data}, {valid})", "GREATEST/LEAST of -0.0")
+                pick = g.let(f"{vx} & (~{valid} | {_emit_order(op, t == 'DOUBLE', x.data, data)})")
+                data = g.let(f"np.where({pick}, {x.data}, {data})")
+                valid = g.let(f"{valid} | {vx}")
+            return gen.Col(t, data, valid)
+        return Expr(t, run, emit=_emits(emit, *args))
 
     def _between(self, node: exp.Between) -> Expr:
         """``x BETWEEN lo AND hi``: ``x >= lo AND x <= hi`` (NULLs included), compared in the one type DuckDB
@@ -782,7 +882,11 @@ class _Compiler:
         def run(f):
             x, valid = a.fn(f).np()
             return Vec.of("BOOLEAN", test(x), valid)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):
+            x = a.emit(g, f)
+            return gen.Col("BOOLEAN", g.let(f"np.{test.__name__}({x.data})"), x.valid)
+        return Expr("BOOLEAN", run, emit=_emits(emit, a))
 
     def _cast(self, node: exp.Cast) -> Expr:
         to = node.args["to"]
@@ -798,24 +902,41 @@ class _Compiler:
         if source == target:
             return a
         if source == "NULL":
-            return Expr(target, lambda f: constant(target, None, f.n))
+            return Expr(target, lambda f: constant(target, None, f.n),
+                        emit=lambda g, f: gen.constant(g, target, None, f.n))
         if source == INTLIT:
             source = operand_type(a)
         if (is_decimal(source) or is_int(source)) and (is_decimal(target) or target == "HUGEINT"):
             def to_decimal(f):
                 x, valid = a.fn(f).np()
                 return Vec.of(target, decimals.cast(x, valid, source, target), valid)
-            return Expr(target, to_decimal)
+
+            def emit_decimal(g, f):
+                x = a.emit(g, f)
+                cast = g.const(decimals.cast, "cast")
+                return gen.Col(target, g.let(f"{cast}({x.data}, {x.valid}, {source!r}, {target!r})"), x.valid)
+            return Expr(target, to_decimal, emit=_emits(emit_decimal, a))
         if is_decimal(source) and is_int(target):
             def to_int(f):
                 x, valid = a.fn(f).np()
                 out = decimals.rescale(x, valid, decimals.scale_of(source), 0)
                 check_range(target, out, valid, f"CAST to {target}")
                 return Vec.of(target, out, valid)
-            return Expr(target, to_int)
+
+            def emit_int(g, f):
+                x = a.emit(g, f)
+                out = _emit_rescale(g, x.data, x.valid, decimals.scale_of(source), 0)
+                gen.check_range(g, target, out, x.valid, f"CAST to {target}")
+                return gen.Col(target, out, x.valid)
+            return Expr(target, to_int, emit=_emits(emit_int, a))
         if is_decimal(source) and target == "DOUBLE":
             scale = decimals.scale_of(source)
-            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: decimals.to_double(x, scale)))
+
+            def emit_to_double(g, f):
+                x = a.emit(g, f)
+                return gen.Col(target, g.let(f"{g.const(decimals.to_double, 'to_double')}({x.data}, {scale})"), x.valid)
+            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: decimals.to_double(x, scale)),
+                        emit=_emits(emit_to_double, a))
         if source == "DOUBLE" and is_decimal(target):
             def from_double(f):
                 x, valid = a.fn(f).np()
@@ -831,9 +952,18 @@ class _Compiler:
                 x, valid = a.fn(f).np()
                 check_range(target, x, valid, "CAST")
                 return Vec.of(target, x, valid)
-            return Expr(target, narrow)
+
+            def emit_narrow(g, f):
+                x = a.emit(g, f)
+                gen.check_range(g, target, x.data, x.valid, "CAST")
+                return gen.Col(target, x.data, x.valid)
+            return Expr(target, narrow, emit=_emits(emit_narrow, a))
         if is_int(source) and target == "DOUBLE":
-            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: x.astype(np.float64)))
+            def emit_double(g, f):
+                x = a.emit(g, f)
+                return gen.Col(target, g.let(f"{x.data}.astype(np.float64)"), x.valid)
+            return Expr(target, lambda f: _map(a.fn(f), target, lambda x: x.astype(np.float64)),
+                        emit=_emits(emit_double, a))
         if source == "DOUBLE" and is_int(target):
             def round_(f):
                 x, valid = a.fn(f).np()
@@ -860,7 +990,8 @@ class _Compiler:
     def _cast_literal(self, a: Expr, target: str) -> Expr:
         value = a.value
         if value is None:
-            return Expr(target, lambda f: constant(target, None, f.n), literal=True)
+            return Expr(target, lambda f: constant(target, None, f.n), literal=True,
+                        emit=lambda g, f: gen.constant(g, target, None, f.n))
         if a.type == "TIMESTAMP" and target == "DATE" or a.type in TEMPORAL and target not in TEMPORAL:
             raise Unsupported(f"CAST of a {a.type} constant to {target}")
         if target in TEMPORAL and a.type in TEMPORAL:
@@ -883,7 +1014,8 @@ class _Compiler:
             pass
         else:
             raise Unsupported(f"CAST of literal {value!r} to {target}")
-        return Expr(target, lambda f: constant(target, value, f.n), value=value, literal=True)
+        return Expr(target, lambda f: constant(target, value, f.n), value=value, literal=True,
+                    emit=lambda g, f: gen.constant(g, target, value, f.n))
 
 
 def _cast_target(to: exp.DataType):
@@ -1041,3 +1173,86 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
             return np.asarray(arrow_op(x.arrow(), right if right is not None else y.arrow()).fill_null(False))
         return text
     raise Unsupported(f"comparison {op} of {a.type} and {b.type}")
+
+
+# --- generated code (generated.py): the emitters' shared pieces ------------------------------------
+
+def _emits(emit: Callable, *parts: Expr) -> Callable | None:
+    """``emit`` when every operand has an emitter, else None (the expression is not generated)."""
+    return emit if all(p.emit is not None for p in parts) else None
+
+
+def _emit_arith(g, op: str, t: str, x: str, y: str, valid: str | None) -> str:
+    """_arith_kernel written out: x op y in ``t``; integers fall back where they may overflow."""
+    sign = {"add": "+", "sub": "-", "mul": "*"}[op]
+    r = g.let(f"{x} {sign} {y}")
+    if t == "DOUBLE":
+        return r
+    if op == "add":
+        bad = g.let(f"(({x} ^ {r}) & ({y} ^ {r})) < 0")
+    elif op == "sub":
+        bad = g.let(f"(({x} ^ {y}) & ({x} ^ {r})) < 0")
+    else:
+        bad = g.let(f"np.abs({x}.astype(np.float64) * {y}.astype(np.float64)) >= 2.0**62")
+    g.fallback_if(g.valid_any(bad, valid), f"integer {op} may overflow")
+    gen.check_range(g, t, r, valid, f"integer {op}")
+    return r
+
+
+def _emit_case_valid(g, hit: str, branch: str | None, otherwise: str | None) -> str | None:
+    """Validity of ``np.where(hit, branch value, value so far)`` (each validity maybe None: all valid)."""
+    if branch is None and otherwise is None:
+        return None
+    if branch is None:
+        return g.let(f"None if {otherwise} is None else {hit} | {otherwise}")
+    if otherwise is None:
+        return g.let(f"None if {branch} is None else np.where({hit}, {branch}, True)")
+    return g.let(f"None if {branch} is None and {otherwise} is None else "
+                 f"np.where({hit}, True if {branch} is None else {branch}, True if {otherwise} is None else {otherwise})")
+
+
+def _emit_rescale(g, data: str, valid: str | None, source: int, target: int) -> str:
+    """decimals.rescale written out (no call when the scales are equal)."""
+    if source == target:
+        return data
+    return g.let(f"{g.const(decimals.rescale, 'rescale')}({data}, {valid}, {source}, {target})")
+
+
+def _emit_order(op: str, floating: bool, x: str, y: str) -> str:
+    """Source of _order_kernel(op, floating)(x, y)."""
+    if not floating:
+        return f"({x} {dict(lt='<', gt='>', le='<=', ge='>=')[op]} {y})"
+    return {"lt": f"(({x} < {y}) | (~np.isnan({x}) & np.isnan({y})))",
+            "gt": f"(({x} > {y}) | (np.isnan({x}) & ~np.isnan({y})))",
+            "le": f"(({x} <= {y}) | np.isnan({y}))",
+            "ge": f"(({x} >= {y}) | np.isnan({x}))"}[op]
+
+
+def _emit_comparison(a: Expr, b: Expr, op: str, force=None):
+    """_comparison written out: emit(g, x: Col, y: Col) -> the name of the bool data; None: not generated
+    (comparisons of Arrow-held types)."""
+    if a.type == "NULL" or b.type == "NULL":
+        return lambda g, x, y: g.let(f"np.zeros(len({x.data}), bool)")
+    numeric = [is_number(e.type) or is_decimal(e.type) or e.type == INTLIT for e in (a, b)]
+    if all(numeric) and (is_decimal(a.type) or is_decimal(b.type)) and "DOUBLE" not in (a.type, b.type):
+        t, floating = force or decimals.comparison_type([operand_type(a), operand_type(b)]), False
+    elif a.type in TEMPORAL and b.type in TEMPORAL:
+        t, floating = ("TIMESTAMP" if "TIMESTAMP" in (a.type, b.type) else "DATE"), False
+    elif all(numeric):
+        t = "DOUBLE" if "DOUBLE" in (a.type, b.type) else "BIGINT"
+        floating = t == "DOUBLE"
+    elif a.type == "BOOLEAN" and b.type == "BOOLEAN":
+        t, floating = "BOOLEAN", False
+    else:
+        return None
+
+    def emit(g, x, y):
+        if t == "BOOLEAN":
+            xd, yd = g.let(f"{x.data}.astype(np.int8)"), g.let(f"{y.data}.astype(np.int8)")
+        else:
+            xd, yd = gen.operands(gen.convert(g, x, t), gen.convert(g, y, t))
+        if op in ("eq", "ne"):
+            same = f"({xd} == {yd}) | (np.isnan({xd}) & np.isnan({yd}))" if floating else f"{xd} == {yd}"
+            return g.let(same if op == "eq" else f"~({same})")
+        return g.let(_emit_order(op, floating, xd, yd))
+    return emit

@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
+from ivm.compiled import generated as gen
 from ivm.compiled.expressions import Common, Expr, Shape, compile_expr, convert, finish, truth, unify
 from ivm.compiled.kernels import (
     codes, group_all, group_count, group_extreme, group_sum, groups, joint_codes, matches, order_ranks,
@@ -80,6 +81,8 @@ class Frame:
 class Rel:
     shape: Shape
     run: Callable[[dict], Frame]  # ctx: input tables by name, plus per-run memos of CTEs
+    # emit(g) -> generated.GFrame: the same operator written as source (generated.py); None: not covered
+    emit: Callable | None = None
 
 
 def compile_query(tree: exp.Expression, schemas: dict[str, pa.Schema]) -> tuple[Rel, list[str]]:
@@ -98,7 +101,7 @@ def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
 
 
 def requalify(rel: Rel, alias: str) -> Rel:
-    return Rel(Shape([(alias, n, t) for _, n, t in rel.shape.columns]), rel.run)
+    return Rel(Shape([(alias, n, t) for _, n, t in rel.shape.columns]), rel.run, rel.emit)
 
 
 class _Query:
@@ -132,7 +135,13 @@ class _Query:
             if frame is None:
                 frame = ctx[key] = rel.run(ctx)
             return frame
-        return Rel(rel.shape, run), names
+
+        def emit(g):
+            frame = g.ctes.get(key)
+            if frame is None:
+                frame = g.ctes[key] = rel.emit(g)
+            return frame
+        return Rel(rel.shape, run, emit if rel.emit else None), names
 
     def union(self, node: exp.SetOperation, env) -> tuple[Rel, list[str]]:
         """UNION ALL; UNION, EXCEPT and INTERSECT (DuckDB's set forms: distinct rows, NULL equal to NULL).
@@ -163,7 +172,19 @@ class _Query:
             def run(ctx):
                 a, na, b, nb = sides(ctx)
                 return Frame([Vec.concat(x, y) for x, y in zip(a, b)], na + nb)
-            rel = Rel(shape, run)
+
+            def emit(g):
+                a, b = left.emit(g), right.emit(g)
+
+                def column(g, i):
+                    x, y = a.col(g, i), b.col(g, i)
+                    d, v = g.var("d"), g.var("m")
+                    g.line(f"{d}, {v} = concat(({x.data}, {x.valid}), ({y.data}, {y.valid}))")
+                    return gen.Col(types[i], d, v)
+                return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
+                                  g.let(f"{a.n} + {b.n}", "n"))
+            same_types = lt == rt == types and all(isinstance(t, str) for t in types)
+            rel = Rel(shape, run, emit if same_types and left.emit and right.emit else None)
             return (_distinct(rel) if distinct else rel), names
         keep_found = what == "INTERSECT"
 
@@ -254,7 +275,17 @@ class _Query:
             def run(ctx):
                 table = ctx[real]
                 return Frame([Vec.input(t, table, i) for i, t in enumerate(types)], table.num_rows)
-            return Rel(shape, run)
+
+            def emit(g):
+                table = g.let(f"inputs[{real!r}]", "t")
+
+                def column(g, i):
+                    array, d, v = g.let(f"one_array({table}.column({i}))", "a"), g.var("d"), g.var("m")
+                    g.line(f"{d}, {v} = read({array}, {gen.read_kind(types[i])!r})")  # (removed if not read)
+                    return gen.Col(types[i], d, v, arrow=array)
+                return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
+                                  g.let(f"{table}.num_rows", "n"))
+            return Rel(shape, run, emit)
         if isinstance(node, exp.Subquery):
             rel, _ = self.query(node.this, env)
             return requalify(rel, (node.alias or "").lower())
@@ -308,7 +339,30 @@ class _Query:
             same = len(li) == lf.n and (not len(li) or (li[0] == 0 and bool((np.diff(li) == 1).all())))
             cols = (lf.cols if same else [c.take(li) for c in lf.cols]) + [c.take(ri, missing) for c in rf.cols]
             return Frame(cols, len(li))
-        return Rel(shape, run), where
+
+        def emit(g):
+            lf, rf = left.emit(g), right.emit(g)
+            li, ri, missing = g.var("li"), g.var("ri"), g.var("missing")
+            g.line(f"{li}, {ri}, {missing} = pairs({_emit_pair_codes(g, pairs, lf, rf)}, {lf.n}, {outer})")
+
+            def left_column(g, i):
+                c = lf.col(g, i)
+                data = g.let(f"{c.data} if {li} is None else {c.data}[{li}]", "d")
+                valid = None if c.valid is None else g.let(
+                    f"{c.valid} if {li} is None or {c.valid} is None else {c.valid}[{li}]", "m")
+                return gen.Col(c.type, data, valid)
+
+            def right_column(g, i):
+                c = rf.col(g, i)
+                d, v = g.var("d"), g.var("m")
+                g.line(f"{d}, {v} = take({c.data}, {c.valid}, {ri}, {missing})")
+                return gen.Col(c.type, d, v)
+            makers = [lambda g, i=i: left_column(g, i) for i in range(len(left.shape.columns))]
+            makers += [lambda g, i=i: right_column(g, i) for i in range(len(right.shape.columns))]
+            return gen.GFrame(makers, g.let(f"len({ri})", "n"))
+        generated = pairs and not residual and left.emit and right.emit and all(
+            x.emit and y.emit and isinstance(x.type, str) and isinstance(y.type, str) for x, y, _ in pairs)
+        return Rel(shape, run, emit if generated else None), where
 
     def where(self, rel: Rel, conds: list[exp.Expression], env) -> Rel:
         plain = []
@@ -372,7 +426,15 @@ class _Query:
                 if not keep.all():
                     frame = frame.take(np.flatnonzero(keep))
             return frame
-        return Rel(rel.shape, run)
+
+        def emit(g):
+            frame = rel.emit(g)
+            for p in predicates:
+                keep, _ = gen.truth(g, p.emit(g, frame), frame.n)
+                frame = _emit_take(g, frame, g.let(f"np.flatnonzero({keep})", "rows"))
+            return frame
+        generated = rel.emit and all(p.emit for p in predicates)
+        return Rel(rel.shape, run, emit if generated else None)
 
     def aggregate(self, rel: Rel, group: exp.Group | None, aggs: list[exp.AggFunc]) -> tuple[Rel, dict]:
         if group is not None and any(group.args.get(k) for k in ("rollup", "cube", "grouping_sets", "totals")):
@@ -414,7 +476,25 @@ class _Query:
             if global_ and frame.n == 0:
                 cols = [c.empty_result() for c in calls]
             return Frame(cols, len(starts) if not (global_ and frame.n == 0) else 1)
-        return Rel(shape, run), subst
+
+        def emit(g):
+            frame = rel.emit(g)
+            key_cols = [k.emit(g, frame) for k in keys]
+            zero = g.const(negative_zero, "negative_zero")
+            for k in key_cols:
+                if k.type == "DOUBLE":
+                    g.fallback_if(f"{zero}({k.data}, {k.valid})", "GROUP BY a DOUBLE -0.0")
+            order, starts, first = g.var("order"), g.var("starts"), g.var("first")
+            g.line(f"{order}, {starts}, {first} = groups({gen.key_codes(g, key_cols, None, frame.n, None)})")
+            cols = []
+            for k in key_cols:
+                valid = None if k.valid is None else g.let(f"None if {k.valid} is None else {k.valid}[{first}]")
+                cols.append(gen.Col(k.type, g.let(f"{k.data}[{first}]", "d"), valid))
+            cols += [c.emit(g, frame, order, starts) for c in calls]
+            return gen.GFrame([lambda g, c=c: c for c in cols], g.let(f"len({starts})", "n"))
+        generated = not global_ and rel.emit and all(k.emit and isinstance(k.type, str) for k in keys) and all(
+            c.arg is None or c.arg.emit for c in calls)
+        return Rel(shape, run, emit if generated else None), subst
 
     def scalars(self, rel: Rel, conds: list[exp.Expression], env) -> tuple[Rel, list[exp.Expression]]:
         """Each scalar subquery in the WHERE conditions computed as a column of ``rel`` ("#sub<i>"), and the
@@ -461,6 +541,7 @@ class _Query:
         """The select list over ``rel``; ``hidden`` expressions (ORDER BY keys) follow as unnamed columns."""
         exprs: list[Expr] = []
         names: list[str] = []
+        stars: list[int | None] = []  # per column: the input column a * passes on (None: an expression)
         common = Common([i for i in items if not isinstance(i, exp.Star)] + list(hidden))
         for item in items:
             star = isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
@@ -472,19 +553,34 @@ class _Query:
                     if (not table or q == table) and not n.startswith("#"):  # "#...": a window's column
                         exprs.append(Expr(t, _slot(i)))
                         names.append(n)
+                        stars.append(i)
                 continue
             body = item.this if isinstance(item, exp.Alias) else item
             exprs.append(finish(compile_expr(body, rel.shape, subst, common)))
             names.append(item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else item.sql("duckdb"))
+            stars.append(None)
         keys = [compile_expr(k, rel.shape, subst, common) for k in hidden]
         shape = Shape([("", n.lower(), e.type) for n, e in zip(names, exprs)]
                       + [("", f"#order{i}", k.type) for i, k in enumerate(keys)])
         exprs += keys
+        stars += [None] * len(keys)
 
         def run(ctx):
             frame = rel.run(ctx)
             return Frame([e.fn(frame) for e in exprs], frame.n)
-        return Rel(shape, run), names
+
+        def emit(g):
+            frame = rel.emit(g)
+            makers = []
+            for e, star in zip(exprs, stars):
+                if star is not None:  # a column passed on: made where first used
+                    makers.append(frame.maker(star))
+                else:  # computed here, as the closures do (its checks too)
+                    col = e.emit(g, frame)
+                    makers.append(lambda g, col=col: col)
+            return gen.GFrame(makers, frame.n)
+        generated = rel.emit and all(star is not None or e.emit for e, star in zip(exprs, stars))
+        return Rel(shape, run, emit if generated else None), names
 
 
 def _slot(i: int):
@@ -551,6 +647,31 @@ CROSS_CHUNK = 65_536  # pairs whose residual is computed at once (bounds the mem
 
 def _is_true(node: exp.Expression) -> bool:
     return isinstance(node, exp.Boolean) and node.this is True
+
+
+def _emit_pair_codes(g, pairs, lf, rf) -> str:
+    """_pair_codes written out: source of the arguments of ``matches`` (both sides' codes, and skips)."""
+    lv = [x.emit(g, lf) for x, _, _ in pairs]
+    rv = [y.emit(g, rf) for _, y, _ in pairs]
+    lc, rc = g.var("lc"), g.var("rc")
+    g.line(f"{lc}, {rc} = {gen.key_codes(g, lv, rv, lf.n, rf.n)}")
+    skips = []
+    for side in (lv, rv):
+        skip = "None"
+        for (_, _, null_safe), c in zip(pairs, side):
+            if not null_safe and c.valid is not None:
+                skip = g.let(f"{skip} if {c.valid} is None else (~{c.valid} if {skip} is None else {skip} | ~{c.valid})")
+        skips.append(skip)
+    return f"{lc}, {rc}, {skips[0]}, {skips[1]}"
+
+
+def _emit_take(g, frame, rows: str):
+    """``frame``'s rows at the positions in variable ``rows`` (each column gathered where first used)."""
+    def column(g, i):
+        c = frame.col(g, i)
+        valid = None if c.valid is None else g.let(f"None if {c.valid} is None else {c.valid}[{rows}]", "m")
+        return gen.Col(c.type, g.let(f"{c.data}[{rows}]", "d"), valid)
+    return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(frame.makers))], g.let(f"len({rows})", "n"))
 
 
 def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.ndarray):
@@ -811,6 +932,26 @@ class _Call:
         else:
             out = group_extreme(data, valid, order, starts, self.func == "max")
         return Vec.of(self.type, out, count > 0)
+
+    def emit(self, g, frame, order: str, starts: str):
+        """``run`` written out (generated.py): the group values of this call."""
+        if self.arg is None:
+            return gen.Col("BIGINT", g.let(f"group_count(None, {order}, {starts}, {frame.n})", "d"), None)
+        x = self.arg.emit(g, frame)
+        count = f"group_count({x.valid}, {order}, {starts}, {frame.n})"
+        if self.func == "count":
+            return gen.Col("BIGINT", g.let(count, "d"), None)
+        # Counted only to find the groups without a value (NULL): none when no value is NULL.
+        count = g.let(f"None if {x.valid} is None else {count}", "d")
+        if self.func in ("bool_and", "bool_or"):
+            data = f"group_all({x.data}, {x.valid}, {order}, {starts}, {self.func == 'bool_and'})"
+        elif self.func == "sum":
+            data = f"group_sum({x.data}, {x.valid}, {order}, {starts})"
+        else:
+            data = f"group_extreme({x.data}, {x.valid}, {order}, {starts}, {self.func == 'max'})"
+        # A group has a row, so without NULLs it has a value: valid where it has a non-NULL one.
+        valid = None if x.valid is None else g.let(f"None if {count} is None else {count} > 0", "m")
+        return gen.Col(self.type, g.let(data, "d"), valid)
 
     def empty_result(self) -> Vec:
         if self.func == "count":

@@ -7,6 +7,11 @@ step (``expected``: the schema of a DuckDB run), so DuckDB types the result
 once and the compiled step keeps to it. ``CompiledStep.run`` takes and
 returns Arrow; a ``Fallback`` from it means: run this batch on DuckDB.
 
+Where every operator and expression of the step can be written out, the
+step also has a generated function (generated.py) that ``run`` uses; its
+``Fallback`` sends the batch to the closures, and in shadow mode
+(IVM_SHADOW=1) both run and must agree (a difference raises).
+
 ``same_rows`` is the shadow-mode comparison: rows as multisets, types
 exactly; DOUBLE columns within a relative 1e-9 (and 1e-9 absolute near 0),
 because sums in a different order legitimately differ in the last bits.
@@ -14,11 +19,15 @@ because sums in a different order legitimately differ in the last bits.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from ivm.compiled import generated
+from sql_frontend.errors import InternalError
 from ivm.compiled.relational import compile_query
 from ivm.compiled.vectors import Fallback, Unsupported, arrow_type
 
@@ -76,20 +85,51 @@ class CompiledStep:
                 self.casts[i] = field.type
             else:
                 raise Unsupported(f"column {field.name}: {t} here, {field.type} in DuckDB")
+        # The step as one generated function (None: some part of it is not covered; closures only).
+        self.generated, self.source, self.why_not_generated = None, None, None
+        try:
+            self.generated, self.source = generated.build(self.rel, names)
+            self.label = "compiled: generated"
+        except Unsupported as e:
+            self.why_not_generated = str(e)
 
     def fits(self, inputs: dict[str, pa.Table]) -> bool:
         """True when the inputs have the schemas this step was compiled for."""
         return all(inputs[name].schema.equals(schema) for name, schema in self.schemas.items())
 
     def run(self, inputs: dict[str, pa.Table]) -> pa.Table:
+        if self.generated is None:
+            return self.run_closures(inputs)
+        try:
+            ours = self._table(self.generated(inputs))
+        except Fallback:  # a batch the generated checks refuse: the closures decide (DuckDB, if they refuse too)
+            return self.run_closures(inputs)
+        if shadow_mode():
+            try:
+                reference = self.run_closures(inputs)
+            except Fallback:
+                return ours  # the executor compares it with DuckDB
+            difference = same_rows(ours, reference)
+            if difference is not None:
+                raise InternalError(f"generated step differs from its closures: {difference}\n{self.source}")
+        return ours
+
+    def run_closures(self, inputs: dict[str, pa.Table]) -> pa.Table:
+        """The step computed by the operators' closures (the reference for the generated function)."""
         frame = self.rel.run(dict(inputs))
-        columns = []
-        for i, vec in enumerate(frame.cols):
-            array = vec.arrow()
-            if i in self.casts:
-                array = array.cast(self.casts[i])
-            columns.append(array)
-        return pa.Table.from_arrays(columns, schema=self.expected) if columns else self.expected.empty_table()
+        return self._table([vec.arrow() for vec in frame.cols])
+
+    def _table(self, arrays: list[pa.Array]) -> pa.Table:
+        if not arrays:
+            return self.expected.empty_table()
+        for i, target in self.casts.items():
+            arrays[i] = arrays[i].cast(target)
+        return pa.Table.from_arrays(arrays, schema=self.expected)
+
+
+def shadow_mode() -> bool:
+    """IVM_SHADOW=1: every compiled step run is checked against DuckDB (differences raise)."""
+    return os.environ.get("IVM_SHADOW", "") not in ("", "0")
 
 
 def _arrow_type(t) -> pa.DataType:
