@@ -34,17 +34,16 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.point_reads import per_tree
-from sql_frontend.system_queries import needs_rewrite, rewrite
+from sql_frontend.system_queries import DATABASE, needs_rewrite, rewrite
 
 if TYPE_CHECKING:
     from ivm.catalog import Catalog
 
-DATABASE = "ivm"  # information_schema's table_catalog: the one catalog Flight SQL lists too
 SCHEMA = "public"  # the one schema of user relations, as PostgreSQL clients expect it
 OWNER = "ivm"
 PG_CATALOG, PUBLIC, INFORMATION_SCHEMA = 11, 2200, 13000  # pg_namespace OIDs (PostgreSQL's for the first two)
-FIRST_OID = 16384  # PostgreSQL's first OID for user objects
 HEAP, BTREE = 2, 403  # pg_am OIDs
+PG_CLASS, PG_REWRITE = 1259, 2618  # pg_depend's classid/refclassid: PostgreSQL's OIDs of these catalogs
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ INFORMATION_SCHEMA_COLUMNS = {
                         "ordinal_position int4, position_in_unique_constraint int4",
 }
 # ivm's own: the text of pg_get_indexdef, pg_get_constraintdef and pg_get_viewdef by object OID, and
-# format_type's name of each type by type OID (no user object's OID is below FIRST_OID).
+# format_type's name of each type by type OID (no user object's OID is below ivm/catalog.py's FIRST_OID).
 DEFINITIONS_COLUMNS = "oid oid, definition text"
 
 SCHEMAS = {"pg_catalog": {n: _schema(c) for n, c in PG_CATALOG_COLUMNS.items()},
@@ -298,8 +297,12 @@ class _Builder:
     def build(self) -> dict[tuple[str, str], pa.Table]:
         self._fixed()
         definitions = sorted(self.catalog.visible_tables() + list(self.catalog.views.values()), key=lambda d: d.name)
-        for number, definition in enumerate(definitions):
-            self._relation(definition, FIRST_OID + 3 * number)
+        oids = self.catalog.oids  # each relation's, kept for its life (ivm/catalog.py)
+        for definition in definitions:
+            self._relation(definition, oids[definition.name])
+        for definition in definitions:
+            if definition.kind != "table":
+                self._rule(definition, oids)
         out = {}
         for key, rows in self.rows.items():
             schema = _schema(DEFINITIONS_COLUMNS) if key == DEFINITIONS else SCHEMAS[key[0]][key[1]]
@@ -357,6 +360,26 @@ class _Builder:
                      is_trigger_insertable_into="NO")
         if key:
             self._primary_key(oid, definition, key)
+
+    def _rule(self, view, oids: dict[str, int]) -> None:
+        """A view's ``_RETURN`` rule and what it depends on, as PostgreSQL records a materialized view's.
+
+        pg_depend: the rule depends internally ('i') on the view, and normally ('n') on each relation
+        the view reads (dbt reads these to learn which views depend on which relation).
+        """
+        oid = oids[view.name] + 3  # (the fourth of its OIDs: ivm/catalog.py's OID_STRIDE)
+        self.add("pg_catalog", "pg_rewrite", oid=oid, rulename="_RETURN", ev_class=oids[view.name], ev_type="1",
+                 ev_enabled="O", is_instead=True)
+        self.add("pg_catalog", "pg_depend", classid=PG_REWRITE, objid=oid, objsubid=0, refclassid=PG_CLASS,
+                 refobjid=oids[view.name], refobjsubid=0, deptype="i")
+        read = set()
+        for source in view.sources:
+            table = self.catalog.tables.get(source)
+            name = table.shadow_of or source if table is not None else source  # a hidden twin: its table
+            if name in oids and name not in read and name != view.name:
+                read.add(name)
+                self.add("pg_catalog", "pg_depend", classid=PG_REWRITE, objid=oid, objsubid=0, refclassid=PG_CLASS,
+                         refobjid=oids[name], refobjsubid=0, deptype="n")
 
     def _column(self, relation: int, table: str, number: int, column, not_null: bool, default) -> None:
         oid, typmod = pg_type(column.type)

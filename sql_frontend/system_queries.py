@@ -46,6 +46,15 @@ from sql_frontend.errors import UnknownObjectError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
 USER_SCHEMAS = ("public", "main")  # PostgreSQL's name for the one schema, and DuckDB's
+# The one database's name, as information_schema's table_catalog says and as a three-part name may
+# qualify a relation (dbt writes "ivm"."public"."orders"); any other is a cross-database reference.
+DATABASE = "ivm"
+# PostgreSQL's OIDs of its catalog relations, for ``'pg_rewrite'::regclass`` (dbt's query of which view
+# depends on which relation joins pg_depend on them): ivm's pg_class lists user relations only.
+CATALOG_OIDS = {"pg_class": 1259, "pg_rewrite": 2618, "pg_type": 1247, "pg_attribute": 1249, "pg_proc": 1255,
+                "pg_namespace": 2615, "pg_constraint": 2606, "pg_index": 2610, "pg_depend": 2608,
+                "pg_description": 2609, "pg_attrdef": 2604, "pg_am": 2601, "pg_database": 1262,
+                "pg_trigger": 2620, "pg_inherits": 2611, "pg_collation": 3456}
 
 
 
@@ -242,6 +251,13 @@ class _Rewriter:
             return node
         if isinstance(node, exp.Operator):
             return self._operator(node)
+        if isinstance(node, (exp.Like, exp.ILike)) and not isinstance(node.parent, exp.Escape) \
+                and isinstance(node.expression, exp.Literal) and "\\" in node.expression.name:
+            # PostgreSQL's LIKE escapes with a backslash unless told otherwise, DuckDB's with nothing: dbt's
+            # ``nspname not like 'pg\_%'`` leaves pg_catalog out in PostgreSQL, and must here too
+            like = node.copy()  # (its args include NOT LIKE's negate)
+            like.set("this", self.run(node.this))
+            return exp.Escape(this=like, expression=exp.Literal.string("\\"))
         if isinstance(node, exp.Collate) and _is_default_collation(node.expression):
             return self.run(node.this)
         if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) \
@@ -274,11 +290,12 @@ class _Rewriter:
                 table.set("this", self.registered("pg_catalog", name))
             return table
         schema_name = schema.name.lower()
-        if catalog is not None or schema_name not in SYSTEM_SCHEMAS + USER_SCHEMAS:
+        if (catalog is not None and catalog.name.lower() != DATABASE) or schema_name not in SYSTEM_SCHEMAS + USER_SCHEMAS:
             shown = table.sql("postgres").split(" ")[0]
             raise UnknownObjectError(f"relation {shown} does not exist: ivm's relations are in schema public, "
                                      "its catalog in pg_catalog and information_schema")
         table.set("db", None)
+        table.set("catalog", None)
         if schema_name in SYSTEM_SCHEMAS:
             if not table.alias:  # columns may name it as pg_catalog.pg_class.relname (SQLAlchemy does)
                 table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
@@ -311,6 +328,10 @@ class _Rewriter:
     def lookup(self, kind: str, value: exp.Expression, by_name: bool) -> exp.Expression:
         """A name's OID (``'orders'::regclass``) or an OID's name (``c.oid::regclass``), NULL if none."""
         relation, column = _LOOKUPS[kind]
+        if kind == "regclass" and by_name and isinstance(value, exp.Literal):
+            name = value.name.lower().removeprefix("pg_catalog.")
+            if name in CATALOG_OIDS and not self.is_user(name):
+                return exp.Literal.number(CATALOG_OIDS[name])
         source = self.registered("pg_catalog", relation)
         if by_name:
             name = value.name.split(".")[-1].strip('"') if isinstance(value, exp.Literal) else value
