@@ -23,7 +23,8 @@ query into one DuckDB runs over ivm's relations (ivm/system_relations.py):
   why (most read PostgreSQL's catalog, and DuckDB's versions of them read
   DuckDB's);
 * casts to PostgreSQL's OID alias types (``regclass``, ``regtype``) look the
-  name or OID up in ivm's ``pg_class`` / ``pg_type``; ``oid`` is BIGINT.
+  name or OID up in ivm's ``pg_class`` / ``pg_type``; ``oid`` is UINTEGER (unsigned
+  4 bytes, as PostgreSQL's).
 
 Plain queries over user relations are left as they are (``needs_rewrite``
 is False and the user's own text runs).
@@ -42,7 +43,7 @@ from typing import Callable, Mapping
 
 from sqlglot import exp
 
-from sql_frontend.errors import UnknownObjectError
+from sql_frontend.errors import UnknownObjectError, UnsupportedError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
 USER_SCHEMAS = ("public", "main")  # PostgreSQL's name for the one schema, and DuckDB's
@@ -76,10 +77,10 @@ _OPERATORS = {"~": _binary(exp.RegexpLike), "!~": _negated(exp.RegexpLike), "~*"
 
 # PostgreSQL's types of catalog columns, which DuckDB does not know: the DuckDB type to cast to instead.
 # (The OID alias types regclass, regtype and regnamespace are looked up: ``_LOOKUPS``.) Other type names
-# are left for DuckDB to judge.
-_TYPES = {"oid": "BIGINT", "text": "TEXT", "name": "TEXT", "char": "TEXT", '"char"': "TEXT", "varchar": "TEXT",
+# are left for DuckDB to judge. oid is unsigned 4 bytes, as PostgreSQL's (UINT: sqlglot's name of UINTEGER).
+_TYPES = {"oid": "UINT", "text": "TEXT", "name": "TEXT", "char": "TEXT", '"char"': "TEXT", "varchar": "TEXT",
           "int2": "SMALLINT", "int4": "INTEGER", "int8": "BIGINT", "bool": "BOOLEAN", "regproc": "TEXT",
-          "regrole": "TEXT", "int2vector": "SMALLINT[]", "oidvector": "BIGINT[]", "pg_node_tree": "TEXT"}
+          "regrole": "TEXT", "int2vector": "SMALLINT[]", "oidvector": "UINT[]", "pg_node_tree": "TEXT"}
 _LOOKUPS = {"regclass": ("pg_class", "relname"), "regtype": ("pg_type", "typname"),
             "regnamespace": ("pg_namespace", "nspname")}
 
@@ -100,7 +101,8 @@ def _definition(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expres
 
 
 def _format_type(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expression:
-    """``numeric(p,s)`` from numeric's typmod, else the type's SQL name (kept with ivm's definitions)."""
+    """``numeric(p,s)`` (or ``numeric(p,s)[]``) from numeric's typmod, else the type's SQL name (kept with ivm's
+    definitions)."""
     oid, typmod = args[0], args[1] if len(args) > 1 else exp.null()
     scale = exp.BitwiseAnd(this=exp.Paren(this=exp.Sub(this=typmod.copy(), expression=exp.Literal.number(4))),
                            expression=exp.Literal.number(65535))
@@ -109,9 +111,13 @@ def _format_type(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expre
     numeric = exp.DPipe(this=exp.DPipe(this=exp.DPipe(this=exp.DPipe(
         this=exp.Literal.string("numeric("), expression=exp.cast(precision, "TEXT")), expression=exp.Literal.string(",")),
         expression=exp.cast(scale, "TEXT")), expression=exp.Literal.string(")"))
-    condition = exp.and_(exp.EQ(this=oid.copy(), expression=exp.Literal.number(1700)),
-                         exp.GTE(this=typmod.copy(), expression=exp.Literal.number(4)))
-    return exp.Case(ifs=[exp.If(this=condition, true=numeric)], default=_definition([oid], rewriter))
+    def numeric_with(type_oid: int) -> exp.Expression:
+        return exp.and_(exp.EQ(this=oid.copy(), expression=exp.Literal.number(type_oid)),
+                        exp.GTE(this=typmod.copy(), expression=exp.Literal.number(4)))
+
+    array = exp.DPipe(this=numeric.copy(), expression=exp.Literal.string("[]"))  # numeric[] (1231): the element's
+    return exp.Case(ifs=[exp.If(this=numeric_with(1700), true=numeric), exp.If(this=numeric_with(1231), true=array)],
+                    default=_definition([oid], rewriter))
 
 
 def _to_regtype(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expression:
@@ -128,7 +134,23 @@ def _to_regclass(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expre
 SETTINGS = {"default_table_access_method": "heap", "server_version": "15.0", "server_version_num": "150000",
             "server_encoding": "UTF8", "client_encoding": "UTF8", "standard_conforming_strings": "on",
             "max_identifier_length": "63", "search_path": '"$user", public', "integer_datetimes": "on",
-            "lc_collate": "C", "lc_ctype": "C"}
+            "lc_collate": "C", "lc_ctype": "C", "jit": "off"}  # (asyncpg turns jit off before its type queries)
+
+
+def _set_config(args: list[exp.Expression], _: "_Rewriter") -> exp.Expression:
+    """``set_config(name, value, is_local)`` of a setting to the value it has: that value (asyncpg's
+    ``set_config('jit', 'off', false)``); changing one is refused, for these settings are fixed."""
+    name, value = (_literal_text(a) for a in (args + [None, None])[:2])
+    if name is not None and name.lower() in SETTINGS and value == SETTINGS[name.lower()]:
+        return exp.Literal.string(value)
+    raise UnsupportedError(f"set_config({name!r}, {value!r}) is not supported: ivm's {name} is "
+                           f"{SETTINGS.get((name or '').lower(), 'not a setting it has')!r}")
+
+
+def _literal_text(node: exp.Expression | None) -> str | None:
+    while isinstance(node, exp.Cast):  # a bound parameter: CAST('jit' AS VARCHAR)
+        node = node.this
+    return node.name if isinstance(node, exp.Literal) and node.is_string else None
 
 
 def _current_setting(args: list[exp.Expression], _: "_Rewriter") -> exp.Expression:
@@ -162,7 +184,7 @@ FUNCTIONS: dict[str, Callable[[list[exp.Expression], "_Rewriter"], exp.Expressio
     "pg_get_statisticsobjdef_columns": _null_text,
     # DuckDB lacks it; ivm publishes nothing for logical replication
     "pg_relation_is_publishable": lambda args, _: exp.false(),
-    "current_setting": _current_setting,
+    "current_setting": _current_setting, "set_config": _set_config,
     # DuckDB lacks them; sizes by OID are not known here (SHOW STATUS has each relation's stored_bytes)
     "pg_table_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
     "pg_relation_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),

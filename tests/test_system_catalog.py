@@ -9,7 +9,7 @@ import pytest
 import sqlglot
 
 import ivm
-from ivm.system_relations import format_type, pg_type
+from ivm.system_relations import ARRAY_TYPES, format_type, pg_type
 from sql_frontend.system_queries import rewrite
 
 
@@ -33,16 +33,28 @@ def rows(db, sql):
     ("BIGINT", (20, -1), "bigint"), ("DECIMAL(12,2)", (1700, 786438), "numeric(12,2)"), ("VARCHAR", (25, -1), "text"),
     ("TIMESTAMP", (1114, -1), "timestamp without time zone"), ("TIMESTAMP WITH TIME ZONE", (1184, -1),
                                                                 "timestamp with time zone"),
-    ("INTEGER[]", (25, -1), "text"), ("UBIGINT", (1700, -1), "numeric"), ("TINYINT", (21, -1), "smallint")])
+    ("INTEGER[]", (1007, -1), "integer[]"), ("DECIMAL(12,2)[]", (1231, 786438), "numeric(12,2)[]"),
+    ("VARCHAR[]", (1009, -1), "text[]"), ("INTEGER[][]", (25, -1), "text"), ("STRUCT(a INTEGER)[]", (25, -1), "text"),
+    ("UINTEGER", (26, -1), "oid"), ("UBIGINT", (1700, -1), "numeric"), ("TINYINT", (21, -1), "smallint")])
 def test_types(duckdb_type, pg, text):
     assert pg_type(duckdb_type) == pg and format_type(*pg) == text
+
+
+def test_array_types_are_the_ones_the_postgresql_door_sends():
+    # pg_type's array types (typelem/typarray: asyncpg's introspection reads them) match what a list column is sent as
+    from flight_server.pgwire import types as wire
+
+    assert ARRAY_TYPES == wire.ARRAYS
+    assert rows(ivm.connect(), "SELECT typname, typelem, typcategory FROM pg_type WHERE oid = 1007") == \
+        [("_int4", 23, "A")]
+    assert rows(ivm.connect(), "SELECT typarray FROM pg_type WHERE typname = 'int8'") == [(1016,)]
 
 
 def test_columns_keys_defaults(db):
     assert rows(db, "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef "
                     "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
                     "WHERE c.relname = 't' ORDER BY a.attnum") == [
-        ("id", "bigint", True, False), ("price", "numeric(12,2)", False, True), ("tags", "text", False, False),
+        ("id", "bigint", True, False), ("price", "numeric(12,2)", False, True), ("tags", "text[]", False, False),
         ("at", "timestamp with time zone", False, False)]
     assert rows(db, "SELECT pg_get_indexdef(i.indexrelid), pg_get_constraintdef(c.oid) FROM pg_catalog.pg_index i "
                     "JOIN pg_catalog.pg_constraint c ON c.conindid = i.indexrelid") == [
