@@ -221,6 +221,9 @@ def _alter_view(sql: str) -> AlterView | None:
     if not re.match(r"\s*ALTER\s+MATERIALIZED\s+VIEW\b", sql, re.IGNORECASE):
         return None
     m = ALTER_VIEW.fullmatch(sql)
+    if m is None and re.search(r"\bRENAME\b", sql, re.IGNORECASE):
+        raise UnsupportedError("ALTER MATERIALIZED VIEW … RENAME is not supported: ivm cannot rename a view; drop it "
+                               "and create it under the new name")
     if m is None:
         raise SqlSyntaxError("expected ALTER MATERIALIZED VIEW name SET (engine = '<engine>') "
                              "or ALTER MATERIALIZED VIEW name RESET (engine)")
@@ -461,6 +464,8 @@ def _create(tree: exp.Create, text: str) -> Statement:
                 "CREATE VIEW (a plain view) is not supported; use CREATE MATERIALIZED VIEW"
             )
         return _create_view(tree)
+    if kind == "SCHEMA":  # (dbt sends it for a profile's or model's schema other than public)
+        raise UnsupportedError("CREATE SCHEMA is not supported: ivm's relations are all in schema public")
     raise UnsupportedError(f"CREATE {kind} is not supported" if kind else f"statement {echo(text)} is not supported")
 
 

@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import duckdb
+import psycopg
 import pytest
 
 from tests.pgwire.conftest import connect
@@ -121,3 +122,24 @@ def test_dbt_run_builds_materialized_views_that_stay_fresh(server, project):
         changed = [(i, c, Decimal("200.00") if i == 3 else a, "cancelled" if i == 5 else s) for i, c, a, s in ORDERS]
         assert actual(conn) == expected(changed)
         assert actual(conn)["big_customers"] == [(7, Decimal("110.50")), (8, Decimal("200.00"))]
+
+
+@pytest.mark.parametrize("sql, message", [
+    # a model or profile schema other than public (dbt creates it first)
+    ('create schema if not exists "public_marts"', "CREATE SCHEMA is not supported: ivm's relations are all in "
+                                                   "schema public"),
+    # materialized='table' / 'view' models (dbt's table and view materializations rename a staged relation)
+    ('alter table "ivm"."public"."orders" rename to "x"', "is not supported: ivm's ALTER TABLE is"),
+    ('create view "ivm"."public"."v" as select 1', "CREATE VIEW (a plain view) is not supported"),
+    ('alter materialized view "ivm"."public"."m" rename to "x"', "ALTER MATERIALIZED VIEW … RENAME is not supported"),
+    # indexes=[...] in a model's config; persist_docs
+    ('create index if not exists "i" on "ivm"."public"."orders" using btree (cust)', "CREATE INDEX is not supported"),
+    ('comment on materialized view "ivm"."public"."m" is $$x$$', "is not supported"),
+    ('refresh materialized view "ivm"."public"."m" with no data', "WITH NO DATA is not supported"),
+])
+def test_what_dbt_may_send_that_ivm_refuses(server, sql, message):
+    # a clear 0A000, never a success that changed nothing
+    with connect(server) as conn:
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(sql)
+        assert caught.value.sqlstate == "0A000" and message in str(caught.value), str(caught.value)
