@@ -129,3 +129,24 @@ def test_show_sources_in_memory_and_durable(db, tmp_path):
 def test_show_of_something_else_names_what_exists(db):
     with pytest.raises(ivm.UnsupportedError, match="SHOW SOURCES"):
         db.sql("SHOW CONNECTIONS")
+
+
+def test_what_dbt_sends(db):
+    # three-part names in the one database and schema; REFRESH MATERIALIZED VIEW is a no-op on a view only
+    db.execute('CREATE MATERIALIZED VIEW IF NOT EXISTS "ivm"."public"."n" AS SELECT id FROM "ivm"."public"."t"')
+    db.execute("INSERT INTO ivm.public.t (id) VALUES (1)")
+    db.execute('REFRESH MATERIALIZED VIEW "ivm"."public"."n"')
+    assert rows(db, "SELECT * FROM n") == rows(db, 'SELECT id FROM "ivm"."public"."t"') == [(1,)]
+    for sql, error in [("REFRESH MATERIALIZED VIEW t", '"t" is not a materialized view'),
+                       ("REFRESH MATERIALIZED VIEW nowhere", "does not exist"),
+                       ("SELECT * FROM shop.public.t", "relation shop.public.t does not exist"),
+                       ("CREATE MATERIALIZED VIEW x AS SELECT id FROM other.t", "does not exist")]:
+        with pytest.raises(ivm.IvmError, match=error):
+            db.execute(sql)
+    # the dependencies dbt reads, with PostgreSQL's LIKE (a backslash escapes) and catalog OIDs
+    assert rows(db, r"""SELECT v.relname AS view, t.relname AS reads FROM pg_depend d JOIN pg_class v ON v.oid = (
+                            SELECT ev_class FROM pg_rewrite WHERE oid = d.objid)
+                        JOIN pg_class t ON t.oid = d.refobjid JOIN pg_namespace n ON n.oid = t.relnamespace
+                        WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+                          AND d.deptype = 'n' AND n.nspname NOT LIKE 'pg\_%' ORDER BY 1""") == [("m", "t"), ("n", "t")]
+    assert rows(db, r"SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pg\_%'") == [("pg_catalog",)]
