@@ -105,8 +105,10 @@ def _array_binary(raw: bytes, oid: int) -> pa.Scalar:
     """A one-dimensional array in array_send format (asyncpg sends ``$1::oid[]`` so), as an Arrow list."""
     try:
         dimensions, _, element = struct.unpack_from("!iiI", raw)
-        if dimensions > 1 or (dimensions == 1 and element != types.ELEMENTS[oid]):
+        if dimensions > 1:
             raise UnsupportedError("array parameters of more than one dimension are not supported")
+        if dimensions == 1 and element != types.ELEMENTS[oid]:
+            raise BindError(f"a parameter of type {_name(oid)} holds elements of type {_name(element)}")
         at, count = 12, 0
         if dimensions:
             count, _ = struct.unpack_from("!ii", raw, at)
@@ -124,7 +126,13 @@ def _array_binary(raw: bytes, oid: int) -> pa.Scalar:
 
 def _array_items(text: str, oid: int) -> list[str | None]:
     """The elements of a one-dimensional array literal ``{1,"a b",NULL}`` (PostgreSQL's array_in)."""
-    text = text.strip()
+    try:
+        return _split_array(text.strip(), oid)
+    except IndexError:  # an unterminated quote or escape
+        raise BindError(f"invalid input syntax for type {_name(oid)}: {text[:60]!r}") from None
+
+
+def _split_array(text: str, oid: int) -> list[str | None]:
     if not (text.startswith("{") and text.endswith("}")) or "{" in text[1:-1]:
         raise BindError(f"invalid input syntax for type {_name(oid)} (one-dimensional arrays only): {text[:60]!r}")
     items: list[str | None] = []
@@ -178,6 +186,7 @@ def _name(oid: int) -> str:
         return _name(types.ELEMENTS[oid]) + "[]"
     return {types.INT2: "smallint", types.INT4: "integer", types.INT8: "bigint", types.FLOAT4: "real",
             types.FLOAT8: "double precision", types.NUMERIC: "numeric", types.BOOL: "boolean", types.OID: "oid",
+            types.TEXT: "text",
             types.DATE: "date", types.TIMESTAMP: "timestamp", types.TIMESTAMPTZ: "timestamptz"}.get(oid, f"OID {oid}")
 
 
