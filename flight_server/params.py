@@ -146,6 +146,9 @@ def _single_values_insert(tree: exp.Expression) -> bool:
             and len(tree.expression.expressions) == 1 and not tree.args.get("returning"))
 
 
+_LIST_TYPES = {pa.int64(): "BIGINT[]", pa.float64(): "DOUBLE[]", pa.bool_(): "BOOLEAN[]", pa.date32(): "DATE[]"}
+
+
 def literal(scalar: pa.Scalar) -> exp.Expression:
     """A SQL expression with exactly the value (and, where it matters, the type) of ``scalar``."""
     kind = scalar.type
@@ -171,4 +174,7 @@ def literal(scalar: pa.Scalar) -> exp.Expression:
         return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "TIMESTAMPTZ" if kind.tz else "TIMESTAMP")
     if pa.types.is_time(kind):
         return exp.cast(exp.Literal.string(value.isoformat()), "TIME")
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # (a PostgreSQL array parameter: x = ANY($1))
+        items = exp.Array(expressions=[literal(item) for item in scalar.values])
+        return items if len(scalar.values) else exp.cast(items, _LIST_TYPES.get(kind.value_type, "VARCHAR[]"))
     raise UnsupportedError(f"parameters of type {kind} are not supported")

@@ -23,6 +23,10 @@ from ivm.binder import Binder
 from ivm.maintenance import CostModel
 
 
+FIRST_OID = 16384  # PostgreSQL's first OID for user objects
+OID_STRIDE = 4  # OIDs per relation (``Catalog.oids``)
+
+
 @dataclass
 class TableDef:
     name: str
@@ -160,6 +164,13 @@ class Catalog:
         self.tables: dict[str, TableDef] = {}
         self.views: dict[str, ViewDef] = {}
         self.version = 0  # counts changes of names and schemas (for caches of derived facts)
+        # Each relation's PostgreSQL OID (pg_class.oid; ivm/system_relations.py), assigned once when it is
+        # created and kept (in the checkpoint manifest) for its life: across other relations' creation and
+        # removal, ALTER TABLE and restarts, because drivers and BI tools cache OIDs. A relation dropped and
+        # created again gets a new one, as in PostgreSQL. ``OID_STRIDE`` OIDs per relation: its own, its
+        # primary key's index and constraint, and a view's rewrite rule.
+        self.oids: dict[str, int] = {}
+        self.next_oid = FIRST_OID
 
     # --- lookups --------------------------------------------------------------
     def get(self, name: str) -> TableDef | ViewDef:
@@ -283,12 +294,24 @@ class Catalog:
     def add_table(self, table: TableDef) -> None:
         self.binder.create(table.name, table.columns)
         self.tables[table.name] = table
+        self._assign_oid(table.name)
         self.version += 1
 
     def add_view(self, view: ViewDef) -> None:
         self.binder.create(view.name, view.columns)
         self.views[view.name] = view
+        self._assign_oid(view.name)
         self.version += 1
+
+    def _assign_oid(self, name: str) -> None:
+        if name not in self.oids:  # (a relation restored from a checkpoint has its stored one: ``load_oids``)
+            self.oids[name] = self.next_oid
+            self.next_oid += OID_STRIDE
+
+    def load_oids(self, oids: dict[str, int], next_oid: int | None) -> None:
+        """The OIDs a checkpoint stored, before its relations are added again (on open)."""
+        self.oids.update(oids)
+        self.next_oid = max([self.next_oid, next_oid or 0, *(oid + OID_STRIDE for oid in oids.values())])
 
     def replace_table(self, table: TableDef) -> None:
         """Another definition of an existing table (ALTER TABLE: its columns changed)."""
@@ -305,6 +328,7 @@ class Catalog:
     def remove(self, name: str) -> None:
         self.tables.pop(name, None)
         self.views.pop(name, None)
+        self.oids.pop(name, None)
         self.binder.drop(name)
         self.version += 1
 

@@ -84,7 +84,8 @@ def describe_catalog(catalog: Catalog) -> dict:
         for t in catalog.tables.values()
     ]
     views = [describe_view(v) for v in catalog.views.values()]
-    return {"tables": tables, "views": views}
+    # PostgreSQL OIDs (ivm/catalog.py): stored so that they outlive a restart
+    return {"tables": tables, "views": views, "oids": dict(catalog.oids), "next_oid": catalog.next_oid}
 
 
 def describe_view(view: ViewDef, sql: str | None = None) -> dict:
@@ -283,6 +284,8 @@ class Checkpointer:
         engine = self.engine
         relations: dict[str, Relation] = {}
         stored_docs = {name: StoredVersion.from_json(s) for name, s in doc["relations"].items()}
+        # (a manifest written before OIDs were stored has none: they are assigned in its order, as then)
+        engine.catalog.load_oids(doc["catalog"].get("oids", {}), doc["catalog"].get("next_oid"))
         for table_doc in doc["catalog"]["tables"]:
             table = table_from_json(table_doc)
             engine.catalog.add_table(table)

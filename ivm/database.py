@@ -36,6 +36,7 @@ from sql_frontend.statements import (
     CreateView,
     DropSource,
     RefreshSourceTable,
+    RefreshView,
     Delete,
     Drop,
     Explain,
@@ -475,6 +476,10 @@ class Database:
             return 0, None
         if isinstance(statement, AlterTable):
             engine.alter_table(statement)
+            return 0, None
+        if isinstance(statement, RefreshView):  # a no-op: the view is always fresh (sql_frontend/statements.py)
+            if engine.catalog.get(statement.name).kind != "view":
+                raise CatalogError(f'"{statement.name}" is not a materialized view')
             return 0, None
         raise UnsupportedError(f"statement {type(statement).__name__} is not supported")
 

@@ -42,6 +42,7 @@ class CatalogState:
     max_us: dict[str, int]
     late: dict[str, int]
     generation: str
+    oids: dict[str, int]
 
     @staticmethod
     def capture(engine: "DurableEngine") -> "CatalogState":
@@ -51,7 +52,7 @@ class CatalogState:
             outputs={name: (v.stored_output, list(v.states)) for name, v in catalog.views.items()},
             snapshot=engine.store.snapshot, failed=dict(engine.failed),
             max_us=dict(engine.watermarks.max_us), late=dict(engine.watermarks.late),
-            generation=engine.generation,
+            generation=engine.generation, oids=dict(catalog.oids),
         )
 
     def restore(self, engine: "DurableEngine") -> None:
@@ -77,6 +78,10 @@ class CatalogState:
             catalog.views.clear()
             catalog.views.update(self.views)
             catalog.version += 1
+        # a dropped relation gets its OID back; one created keeps none (``next_oid`` only grows, so an OID
+        # a client may have seen is never given to another relation)
+        catalog.oids.clear()
+        catalog.oids.update(self.oids)
         for name, (stored_output, states) in self.outputs.items():
             view = self.views[name]
             if view.stored_output != stored_output or view.states != states:

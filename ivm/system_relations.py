@@ -16,8 +16,11 @@ sql_frontend/system_queries.py points the query's names at them.
 
 Types are PostgreSQL's built-in ones with their OIDs, matching what the
 PostgreSQL door sends for each Arrow type (flight_server/pgwire/types.py):
-BIGINT is int8, DECIMAL(12,2) is numeric with typmod for (12,2), VARCHAR is
-text; lists, structs and maps are text, as they are sent.
+BIGINT is int8, UINTEGER is oid (PostgreSQL's unsigned 4-byte type, as the
+catalog's own OID columns are), DECIMAL(12,2) is numeric with typmod for
+(12,2), VARCHAR is text, a list of one of these is its array type (int4[]
+is ``_int4``, OID 1007); lists of lists, structs and maps are text, as they
+are sent.
 
 Relations PostgreSQL has and ivm has nothing for (triggers, policies,
 inheritance, publications…) are present and empty, so the queries that look
@@ -34,17 +37,16 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.point_reads import per_tree
-from sql_frontend.system_queries import needs_rewrite, rewrite
+from sql_frontend.system_queries import DATABASE, needs_rewrite, rewrite
 
 if TYPE_CHECKING:
     from ivm.catalog import Catalog
 
-DATABASE = "ivm"  # information_schema's table_catalog: the one catalog Flight SQL lists too
 SCHEMA = "public"  # the one schema of user relations, as PostgreSQL clients expect it
 OWNER = "ivm"
 PG_CATALOG, PUBLIC, INFORMATION_SCHEMA = 11, 2200, 13000  # pg_namespace OIDs (PostgreSQL's for the first two)
-FIRST_OID = 16384  # PostgreSQL's first OID for user objects
 HEAP, BTREE = 2, 403  # pg_am OIDs
+PG_CLASS, PG_REWRITE = 1259, 2618  # pg_depend's classid/refclassid: PostgreSQL's OIDs of these catalogs
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class PgType:
     sql_name: str  # format_type's name ("bigint"), and information_schema's data_type
     length: int  # typlen (-1: variable)
     category: str
+    element: int = 0  # typelem of an array type
 
 
 TYPES = (
@@ -63,6 +66,7 @@ TYPES = (
     PgType(21, "int2", "smallint", 2, "N"),
     PgType(23, "int4", "integer", 4, "N"),
     PgType(25, "text", "text", -1, "S"),
+    PgType(26, "oid", "oid", 4, "N"),
     PgType(700, "float4", "real", 4, "N"),
     PgType(701, "float8", "double precision", 8, "N"),
     PgType(1082, "date", "date", 4, "D"),
@@ -72,13 +76,19 @@ TYPES = (
     PgType(1186, "interval", "interval", 16, "T"),
     PgType(1700, "numeric", "numeric", -1, "N"),
 )
+# Each type's array type (pg_type.typarray), as the PostgreSQL door sends a list column of that element type
+# (flight_server/pgwire/types.py's ARRAYS; tests/test_system_catalog.py checks they agree).
+ARRAY_TYPES = {16: 1000, 17: 1001, 21: 1005, 23: 1007, 25: 1009, 20: 1016, 26: 1028, 700: 1021, 701: 1022, 1114: 1115,
+               1082: 1182, 1083: 1183, 1184: 1185, 1186: 1187, 1700: 1231}
+TYPES += tuple(PgType(array, "_" + t.name, t.sql_name + "[]", -1, "A", t.oid)
+               for t in TYPES for array in [ARRAY_TYPES[t.oid]])
 TYPE_BY_OID = {t.oid: t for t in TYPES}
 NUMERIC = 1700
 
 # DuckDB type SQL (as the catalog stores it) -> PostgreSQL type OID; anything else is text (see the docstring).
 _DUCKDB_TYPES = {
     "BOOLEAN": 16, "BLOB": 17, "TINYINT": 21, "SMALLINT": 21, "UTINYINT": 21, "INTEGER": 23, "USMALLINT": 23,
-    "BIGINT": 20, "UINTEGER": 20, "UBIGINT": NUMERIC, "HUGEINT": NUMERIC, "UHUGEINT": NUMERIC, "FLOAT": 700,
+    "BIGINT": 20, "UINTEGER": 26, "UBIGINT": NUMERIC, "HUGEINT": NUMERIC, "UHUGEINT": NUMERIC, "FLOAT": 700,
     "DOUBLE": 701, "DATE": 1082, "TIME": 1083, "TIMESTAMP": 1114, "TIMESTAMP_S": 1114, "TIMESTAMP_MS": 1114,
     "TIMESTAMP_NS": 1114, "TIMESTAMP WITH TIME ZONE": 1184, "INTERVAL": 1186, "VARCHAR": 25,
 }
@@ -88,9 +98,14 @@ _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
 def pg_type(duckdb_type: str) -> tuple[int, int]:
     """(type OID, typmod) of a column of this DuckDB type; typmod -1 when it has none.
 
-    >>> pg_type("BIGINT"), pg_type("DECIMAL(12,2)"), pg_type("INTEGER[]")
-    ((20, -1), (1700, 786438), (25, -1))
+    >>> pg_type("BIGINT"), pg_type("DECIMAL(12,2)"), pg_type("INTEGER[]"), pg_type("INTEGER[][]")
+    ((20, -1), (1700, 786438), (1007, -1), (25, -1))
     """
+    if duckdb_type.endswith("[]"):  # a list: an array of its element's type (typmod: the element's), else text
+        element, typmod = pg_type(duckdb_type[:-2])
+        if element in ARRAY_TYPES and (element != 25 or duckdb_type[:-2] == "VARCHAR"):
+            return ARRAY_TYPES[element], typmod
+        return 25, -1
     decimal = _DECIMAL.fullmatch(duckdb_type)
     if decimal:
         return NUMERIC, (int(decimal[1]) << 16 | int(decimal[2])) + 4  # PostgreSQL's numeric typmod
@@ -106,15 +121,17 @@ def format_type(oid: int, typmod: int) -> str | None:
     found = TYPE_BY_OID.get(oid)
     if found is None:
         return None
+    if found.element:
+        return format_type(found.element, typmod) + "[]"
     if oid == NUMERIC and typmod >= 4:
         return f"numeric({(typmod - 4) >> 16},{(typmod - 4) & 0xFFFF})"
     return found.sql_name
 
 
 # --- the relations' columns (PostgreSQL 15's, in its order) ------------------------------------------
-_ARROW = {"oid": pa.int64(), "int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(), "text": pa.string(),
+_ARROW = {"oid": pa.uint32(), "int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(), "text": pa.string(),
           "bool": pa.bool_(), "float4": pa.float32(), "text[]": pa.list_(pa.string()),
-          "int2[]": pa.list_(pa.int16()), "oid[]": pa.list_(pa.int64())}
+          "int2[]": pa.list_(pa.int16()), "oid[]": pa.list_(pa.uint32())}
 
 
 def _schema(columns: str) -> pa.Schema:
@@ -234,7 +251,7 @@ INFORMATION_SCHEMA_COLUMNS = {
                         "ordinal_position int4, position_in_unique_constraint int4",
 }
 # ivm's own: the text of pg_get_indexdef, pg_get_constraintdef and pg_get_viewdef by object OID, and
-# format_type's name of each type by type OID (no user object's OID is below FIRST_OID).
+# format_type's name of each type by type OID (no user object's OID is below ivm/catalog.py's FIRST_OID).
 DEFINITIONS_COLUMNS = "oid oid, definition text"
 
 SCHEMAS = {"pg_catalog": {n: _schema(c) for n, c in PG_CATALOG_COLUMNS.items()},
@@ -298,8 +315,12 @@ class _Builder:
     def build(self) -> dict[tuple[str, str], pa.Table]:
         self._fixed()
         definitions = sorted(self.catalog.visible_tables() + list(self.catalog.views.values()), key=lambda d: d.name)
-        for number, definition in enumerate(definitions):
-            self._relation(definition, FIRST_OID + 3 * number)
+        oids = self.catalog.oids  # each relation's, kept for its life (ivm/catalog.py)
+        for definition in definitions:
+            self._relation(definition, oids[definition.name])
+        for definition in definitions:
+            if definition.kind != "table":
+                self._rule(definition, oids)
         out = {}
         for key, rows in self.rows.items():
             schema = _schema(DEFINITIONS_COLUMNS) if key == DEFINITIONS else SCHEMAS[key[0]][key[1]]
@@ -313,7 +334,8 @@ class _Builder:
         for t in TYPES:
             self.add("pg_catalog", "pg_type", oid=t.oid, typname=t.name, typnamespace=PG_CATALOG, typowner=10,
                      typlen=t.length, typbyval=0 < t.length <= 8, typtype="b", typcategory=t.category,
-                     typispreferred=False, typisdefined=True, typdelim=",", typrelid=0, typelem=0, typarray=0,
+                     typispreferred=False, typisdefined=True, typdelim=",", typrelid=0, typelem=t.element,
+                     typarray=ARRAY_TYPES.get(t.oid, 0),
                      typalign="d" if t.length in (8, 16) else "i", typstorage="p" if t.length > 0 else "x",
                      typnotnull=False, typbasetype=0, typtypmod=-1, typndims=0,
                      typcollation=100 if t.oid == 25 else 0)
@@ -358,11 +380,31 @@ class _Builder:
         if key:
             self._primary_key(oid, definition, key)
 
+    def _rule(self, view, oids: dict[str, int]) -> None:
+        """A view's ``_RETURN`` rule and what it depends on, as PostgreSQL records a materialized view's.
+
+        pg_depend: the rule depends internally ('i') on the view, and normally ('n') on each relation
+        the view reads (dbt reads these to learn which views depend on which relation).
+        """
+        oid = oids[view.name] + 3  # (the fourth of its OIDs: ivm/catalog.py's OID_STRIDE)
+        self.add("pg_catalog", "pg_rewrite", oid=oid, rulename="_RETURN", ev_class=oids[view.name], ev_type="1",
+                 ev_enabled="O", is_instead=True)
+        self.add("pg_catalog", "pg_depend", classid=PG_REWRITE, objid=oid, objsubid=0, refclassid=PG_CLASS,
+                 refobjid=oids[view.name], refobjsubid=0, deptype="i")
+        read = set()
+        for source in view.sources:
+            table = self.catalog.tables.get(source)
+            name = table.shadow_of or source if table is not None else source  # a hidden twin: its table
+            if name in oids and name not in read and name != view.name:
+                read.add(name)
+                self.add("pg_catalog", "pg_depend", classid=PG_REWRITE, objid=oid, objsubid=0, refclassid=PG_CLASS,
+                         refobjid=oids[name], refobjsubid=0, deptype="n")
+
     def _column(self, relation: int, table: str, number: int, column, not_null: bool, default) -> None:
         oid, typmod = pg_type(column.type)
         kind = TYPE_BY_OID[oid]
         self.add("pg_catalog", "pg_attribute", attrelid=relation, attname=column.name, atttypid=oid,
-                 attstattarget=-1, attlen=kind.length, attnum=number, attndims=0, attcacheoff=-1, atttypmod=typmod,
+                 attstattarget=-1, attlen=kind.length, attnum=number, attndims=1 if kind.element else 0, attcacheoff=-1, atttypmod=typmod,
                  attbyval=0 < kind.length <= 8, attalign="d" if kind.length in (8, 16) else "i",
                  attstorage="p" if kind.length > 0 else "x", attcompression="", attnotnull=not_null,
                  atthasdef=default is not None, atthasmissing=False, attidentity="", attgenerated="",
@@ -373,7 +415,7 @@ class _Builder:
         precision, scale = _numeric(oid, typmod, kind)
         self.add("information_schema", "columns", table_catalog=DATABASE, table_schema=SCHEMA, table_name=table,
                  column_name=column.name, ordinal_position=number, column_default=default_text,
-                 is_nullable="NO" if not_null else "YES", data_type=kind.sql_name,
+                 is_nullable="NO" if not_null else "YES", data_type="ARRAY" if kind.element else kind.sql_name,
                  numeric_precision=precision, numeric_precision_radix=10 if oid == NUMERIC else (
                      2 if precision is not None else None), numeric_scale=scale,
                  datetime_precision=6 if kind.category == "D" and oid != 1082 else (0 if oid == 1082 else None),

@@ -25,7 +25,7 @@ from sql_frontend.errors import AccessDeniedError, SqlSyntaxError, UnknownObject
 from sql_frontend.event_time import StreamSpec, strip_stream_clauses
 from sql_frontend.limits import check_text, check_view_nesting, ensure_recursion_limit, echo, too_complex
 from sql_frontend.session_windows import quote_session_calls
-from sql_frontend.system_queries import SYSTEM_SCHEMAS, USER_SCHEMAS
+from sql_frontend.system_queries import DATABASE, SYSTEM_SCHEMAS, USER_SCHEMAS
 
 DIALECT = "duckdb"
 
@@ -156,6 +156,19 @@ class RefreshSourceTable:
 
 
 @dataclass
+class RefreshView:
+    """REFRESH MATERIALIZED VIEW name: accepted and does nothing, for the view is always fresh.
+
+    Every acknowledged change is in every view a read sees (reads wait for the maintainer), so there is
+    nothing to recompute; tools send it to bring a PostgreSQL view up to date (dbt's second ``dbt run``
+    of a materialized_view model). The view must exist. ``WITH NO DATA`` (empty the view until the
+    next refresh) is refused: an ivm view cannot be emptied.
+    """
+
+    name: str
+
+
+@dataclass
 class AlterView:
     """ALTER MATERIALIZED VIEW name SET (engine = '...') | RESET (engine): the view's own engine."""
 
@@ -178,7 +191,7 @@ class AlterTable:
 
 Statement = (
     CreateTable | CreateView | Drop | Insert | Update | Delete | Query | Explain | SetOption | Show | Maintenance
-    | CreateSource | DropSource | RefreshSourceTable | AlterView | AlterTable
+    | CreateSource | DropSource | RefreshSourceTable | AlterView | AlterTable | RefreshView
 )
 
 _LITERAL = r"'((?:[^']|'')*)'"
@@ -208,6 +221,9 @@ def _alter_view(sql: str) -> AlterView | None:
     if not re.match(r"\s*ALTER\s+MATERIALIZED\s+VIEW\b", sql, re.IGNORECASE):
         return None
     m = ALTER_VIEW.fullmatch(sql)
+    if m is None and re.search(r"\bRENAME\b", sql, re.IGNORECASE):
+        raise UnsupportedError("ALTER MATERIALIZED VIEW … RENAME is not supported: ivm cannot rename a view; drop it "
+                               "and create it under the new name")
     if m is None:
         raise SqlSyntaxError("expected ALTER MATERIALIZED VIEW name SET (engine = '<engine>') "
                              "or ALTER MATERIALIZED VIEW name RESET (engine)")
@@ -228,9 +244,27 @@ def _alter_view(sql: str) -> AlterView | None:
     return AlterView(name, value.lower())
 
 
+REFRESH_VIEW = re.compile(r"\s*REFRESH\s+MATERIALIZED\s+VIEW\s+(?:CONCURRENTLY\s+)?"
+                          r"((?:(?:\"(?:[^\"]|\"\")+\"|[A-Za-z_][\w$]*)\s*\.\s*){0,2}(?:\"(?:[^\"]|\"\")+\"|[A-Za-z_][\w$]*))"
+                          r"\s*(WITH\s+(NO\s+)?DATA)?\s*;?\s*", re.IGNORECASE)
+
+
+def _refresh_view(sql: str) -> RefreshView | None:
+    if not re.match(r"\s*REFRESH\s+MATERIALIZED\s+VIEW\b", sql, re.IGNORECASE):
+        return None
+    m = REFRESH_VIEW.fullmatch(sql)
+    if m is None:
+        raise SqlSyntaxError("expected REFRESH MATERIALIZED VIEW [CONCURRENTLY] name [WITH [NO] DATA]")
+    if m[3]:
+        raise UnsupportedError("REFRESH MATERIALIZED VIEW … WITH NO DATA is not supported: an ivm view is always "
+                               "populated and fresh")
+    table = sqlglot.parse_one(f"SELECT * FROM {m[1]}", read=DIALECT).find(exp.Table)
+    return RefreshView(_user_relation(table, "REFRESH MATERIALIZED VIEW"))
+
+
 def _source_statement(sql: str) -> Statement | None:
-    """CREATE/DROP/ALTER SOURCE, which sqlglot cannot parse: matched as a whole statement."""
-    altered = _alter_view(sql)
+    """CREATE/DROP/ALTER SOURCE and REFRESH MATERIALIZED VIEW, which sqlglot cannot parse: matched as a whole."""
+    altered = _alter_view(sql) or _refresh_view(sql)
     if altered is not None:
         return altered
     if re.match(r"\s*ALTER\s+SOURCE\b", sql, re.IGNORECASE):
@@ -430,6 +464,8 @@ def _create(tree: exp.Create, text: str) -> Statement:
                 "CREATE VIEW (a plain view) is not supported; use CREATE MATERIALIZED VIEW"
             )
         return _create_view(tree)
+    if kind == "SCHEMA":  # (dbt sends it for a profile's or model's schema other than public)
+        raise UnsupportedError("CREATE SCHEMA is not supported: ivm's relations are all in schema public")
     raise UnsupportedError(f"CREATE {kind} is not supported" if kind else f"statement {echo(text)} is not supported")
 
 
@@ -442,9 +478,7 @@ def _create_table(tree: exp.Create) -> CreateTable:
         name = normalize_name(schema)
         elements = []
     if isinstance(schema.this if isinstance(schema, exp.Schema) else schema, exp.Table):
-        table = schema.this if isinstance(schema, exp.Schema) else schema
-        if table.args.get("db"):
-            raise UnsupportedError("schema-qualified table names are not supported")
+        name = _user_relation(schema.this if isinstance(schema, exp.Schema) else schema, "CREATE TABLE")
     columns: list[ColumnDef] = []
     primary_key: tuple[str, ...] = ()
     for element in elements:
@@ -509,11 +543,12 @@ def _create_view(tree: exp.Create) -> CreateView:
     if isinstance(target, exp.Schema):
         column_names = tuple(normalize_name(e) for e in target.expressions)
         target = target.this
-    if isinstance(target, exp.Table) and target.args.get("db"):
-        raise UnsupportedError("schema-qualified view names are not supported")
+    if isinstance(target, exp.Table):
+        _user_relation(target, "CREATE MATERIALIZED VIEW")
     query = tree.expression
     if not isinstance(query, QUERY_TYPES) or isinstance(query, exp.Describe):
         raise SqlSyntaxError("CREATE MATERIALIZED VIEW needs AS SELECT ...")
+    query = unqualified(query)
     check_view_nesting(query)
     options = _view_options(tree)
     return CreateView(
@@ -656,19 +691,47 @@ def _target_table(tree: exp.Expression, what: str) -> str:
 
 
 def _user_relation(table: exp.Table, what: str) -> str:
-    """The name of a relation a statement changes: ``t``, ``public.t`` or ``main.t``, never another schema's.
+    """The name of a relation a statement changes: ``t``, ``public.t``, ``main.t`` or ``ivm.public.t``.
 
-    (Without this check a write to ``information_schema.tables`` went to a user table named ``tables``.)
+    Never another schema's or database's. (Without this check a write to ``information_schema.tables``
+    went to a user table named ``tables``.)
     """
     schema = table.args.get("db")
     if schema is not None or table.args.get("catalog") is not None:
         shown = table.sql(DIALECT)
-        if schema is not None and schema.name.lower() in SYSTEM_SCHEMAS and table.args.get("catalog") is None:
+        if schema is not None and schema.name.lower() in SYSTEM_SCHEMAS and _in_database(table):
             raise AccessDeniedError(f"{what} of {shown} is not allowed: ivm's catalog relations are read-only "
                                     "(they are answered from its tables and views)")
-        if table.args.get("catalog") is not None or schema.name.lower() not in USER_SCHEMAS:
-            raise UnknownObjectError(f"relation {shown} does not exist: ivm's relations are in schema public")
+        if not _in_user_schema(table):
+            raise UnknownObjectError(f"relation {shown} does not exist: ivm's relations are in schema public "
+                                     f"of database {DATABASE}")
     return normalize_name(table)
+
+
+def _in_database(table: exp.Table) -> bool:
+    catalog = table.args.get("catalog")
+    return catalog is None or catalog.name.lower() == DATABASE
+
+
+def _in_user_schema(table: exp.Table) -> bool:
+    schema = table.args.get("db")
+    return _in_database(table) and (schema is None or schema.name.lower() in USER_SCHEMAS)
+
+
+def unqualified(query: exp.Expression) -> exp.Expression:
+    """``query`` with user relations named without their schema and database (``ivm.public.t`` is ``t``).
+
+    Tools qualify every name (dbt: ``"ivm"."public"."orders"``); a view's SELECT is planned and stored
+    with the bare names. Other qualified names are kept, and refused where they are read.
+    """
+    if not any(t.args.get("db") is not None and _in_user_schema(t) for t in query.find_all(exp.Table)):
+        return query
+    query = query.copy()
+    for table in query.find_all(exp.Table):
+        if isinstance(table.this, exp.Identifier) and table.args.get("db") is not None and _in_user_schema(table):
+            table.set("db", None)
+            table.set("catalog", None)
+    return query
 
 
 def _insert(tree: exp.Insert) -> Insert:

@@ -23,7 +23,8 @@ query into one DuckDB runs over ivm's relations (ivm/system_relations.py):
   why (most read PostgreSQL's catalog, and DuckDB's versions of them read
   DuckDB's);
 * casts to PostgreSQL's OID alias types (``regclass``, ``regtype``) look the
-  name or OID up in ivm's ``pg_class`` / ``pg_type``; ``oid`` is BIGINT.
+  name or OID up in ivm's ``pg_class`` / ``pg_type``; ``oid`` is UINTEGER (unsigned
+  4 bytes, as PostgreSQL's).
 
 Plain queries over user relations are left as they are (``needs_rewrite``
 is False and the user's own text runs).
@@ -42,10 +43,19 @@ from typing import Callable, Mapping
 
 from sqlglot import exp
 
-from sql_frontend.errors import UnknownObjectError
+from sql_frontend.errors import UnknownObjectError, UnsupportedError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema")
 USER_SCHEMAS = ("public", "main")  # PostgreSQL's name for the one schema, and DuckDB's
+# The one database's name, as information_schema's table_catalog says and as a three-part name may
+# qualify a relation (dbt writes "ivm"."public"."orders"); any other is a cross-database reference.
+DATABASE = "ivm"
+# PostgreSQL's OIDs of its catalog relations, for ``'pg_rewrite'::regclass`` (dbt's query of which view
+# depends on which relation joins pg_depend on them): ivm's pg_class lists user relations only.
+CATALOG_OIDS = {"pg_class": 1259, "pg_rewrite": 2618, "pg_type": 1247, "pg_attribute": 1249, "pg_proc": 1255,
+                "pg_namespace": 2615, "pg_constraint": 2606, "pg_index": 2610, "pg_depend": 2608,
+                "pg_description": 2609, "pg_attrdef": 2604, "pg_am": 2601, "pg_database": 1262,
+                "pg_trigger": 2620, "pg_inherits": 2611, "pg_collation": 3456}
 
 
 
@@ -67,10 +77,10 @@ _OPERATORS = {"~": _binary(exp.RegexpLike), "!~": _negated(exp.RegexpLike), "~*"
 
 # PostgreSQL's types of catalog columns, which DuckDB does not know: the DuckDB type to cast to instead.
 # (The OID alias types regclass, regtype and regnamespace are looked up: ``_LOOKUPS``.) Other type names
-# are left for DuckDB to judge.
-_TYPES = {"oid": "BIGINT", "text": "TEXT", "name": "TEXT", "char": "TEXT", '"char"': "TEXT", "varchar": "TEXT",
+# are left for DuckDB to judge. oid is unsigned 4 bytes, as PostgreSQL's (UINT: sqlglot's name of UINTEGER).
+_TYPES = {"oid": "UINT", "text": "TEXT", "name": "TEXT", "char": "TEXT", '"char"': "TEXT", "varchar": "TEXT",
           "int2": "SMALLINT", "int4": "INTEGER", "int8": "BIGINT", "bool": "BOOLEAN", "regproc": "TEXT",
-          "regrole": "TEXT", "int2vector": "SMALLINT[]", "oidvector": "BIGINT[]", "pg_node_tree": "TEXT"}
+          "regrole": "TEXT", "int2vector": "SMALLINT[]", "oidvector": "UINT[]", "pg_node_tree": "TEXT"}
 _LOOKUPS = {"regclass": ("pg_class", "relname"), "regtype": ("pg_type", "typname"),
             "regnamespace": ("pg_namespace", "nspname")}
 
@@ -91,7 +101,8 @@ def _definition(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expres
 
 
 def _format_type(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expression:
-    """``numeric(p,s)`` from numeric's typmod, else the type's SQL name (kept with ivm's definitions)."""
+    """``numeric(p,s)`` (or ``numeric(p,s)[]``) from numeric's typmod, else the type's SQL name (kept with ivm's
+    definitions)."""
     oid, typmod = args[0], args[1] if len(args) > 1 else exp.null()
     scale = exp.BitwiseAnd(this=exp.Paren(this=exp.Sub(this=typmod.copy(), expression=exp.Literal.number(4))),
                            expression=exp.Literal.number(65535))
@@ -100,9 +111,13 @@ def _format_type(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expre
     numeric = exp.DPipe(this=exp.DPipe(this=exp.DPipe(this=exp.DPipe(
         this=exp.Literal.string("numeric("), expression=exp.cast(precision, "TEXT")), expression=exp.Literal.string(",")),
         expression=exp.cast(scale, "TEXT")), expression=exp.Literal.string(")"))
-    condition = exp.and_(exp.EQ(this=oid.copy(), expression=exp.Literal.number(1700)),
-                         exp.GTE(this=typmod.copy(), expression=exp.Literal.number(4)))
-    return exp.Case(ifs=[exp.If(this=condition, true=numeric)], default=_definition([oid], rewriter))
+    def numeric_with(type_oid: int) -> exp.Expression:
+        return exp.and_(exp.EQ(this=oid.copy(), expression=exp.Literal.number(type_oid)),
+                        exp.GTE(this=typmod.copy(), expression=exp.Literal.number(4)))
+
+    array = exp.DPipe(this=numeric.copy(), expression=exp.Literal.string("[]"))  # numeric[] (1231): the element's
+    return exp.Case(ifs=[exp.If(this=numeric_with(1700), true=numeric), exp.If(this=numeric_with(1231), true=array)],
+                    default=_definition([oid], rewriter))
 
 
 def _to_regtype(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expression:
@@ -119,7 +134,23 @@ def _to_regclass(args: list[exp.Expression], rewriter: "_Rewriter") -> exp.Expre
 SETTINGS = {"default_table_access_method": "heap", "server_version": "15.0", "server_version_num": "150000",
             "server_encoding": "UTF8", "client_encoding": "UTF8", "standard_conforming_strings": "on",
             "max_identifier_length": "63", "search_path": '"$user", public', "integer_datetimes": "on",
-            "lc_collate": "C", "lc_ctype": "C"}
+            "lc_collate": "C", "lc_ctype": "C", "jit": "off"}  # (asyncpg turns jit off before its type queries)
+
+
+def _set_config(args: list[exp.Expression], _: "_Rewriter") -> exp.Expression:
+    """``set_config(name, value, is_local)`` of a setting to the value it has: that value (asyncpg's
+    ``set_config('jit', 'off', false)``); changing one is refused, for these settings are fixed."""
+    name, value = (_literal_text(a) for a in (args + [None, None])[:2])
+    if name is not None and name.lower() in SETTINGS and value == SETTINGS[name.lower()]:
+        return exp.Literal.string(value)
+    raise UnsupportedError(f"set_config({name!r}, {value!r}) is not supported: ivm's {name} is "
+                           f"{SETTINGS.get((name or '').lower(), 'not a setting it has')!r}")
+
+
+def _literal_text(node: exp.Expression | None) -> str | None:
+    while isinstance(node, exp.Cast):  # a bound parameter: CAST('jit' AS VARCHAR)
+        node = node.this
+    return node.name if isinstance(node, exp.Literal) and node.is_string else None
 
 
 def _current_setting(args: list[exp.Expression], _: "_Rewriter") -> exp.Expression:
@@ -153,7 +184,7 @@ FUNCTIONS: dict[str, Callable[[list[exp.Expression], "_Rewriter"], exp.Expressio
     "pg_get_statisticsobjdef_columns": _null_text,
     # DuckDB lacks it; ivm publishes nothing for logical replication
     "pg_relation_is_publishable": lambda args, _: exp.false(),
-    "current_setting": _current_setting,
+    "current_setting": _current_setting, "set_config": _set_config,
     # DuckDB lacks them; sizes by OID are not known here (SHOW STATUS has each relation's stored_bytes)
     "pg_table_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
     "pg_relation_size": lambda args, _: exp.cast(exp.null(), "BIGINT"),
@@ -242,6 +273,13 @@ class _Rewriter:
             return node
         if isinstance(node, exp.Operator):
             return self._operator(node)
+        if isinstance(node, (exp.Like, exp.ILike)) and not isinstance(node.parent, exp.Escape) \
+                and isinstance(node.expression, exp.Literal) and "\\" in node.expression.name:
+            # PostgreSQL's LIKE escapes with a backslash unless told otherwise, DuckDB's with nothing: dbt's
+            # ``nspname not like 'pg\_%'`` leaves pg_catalog out in PostgreSQL, and must here too
+            like = node.copy()  # (its args include NOT LIKE's negate)
+            like.set("this", self.run(node.this))
+            return exp.Escape(this=like, expression=exp.Literal.string("\\"))
         if isinstance(node, exp.Collate) and _is_default_collation(node.expression):
             return self.run(node.this)
         if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) \
@@ -274,11 +312,12 @@ class _Rewriter:
                 table.set("this", self.registered("pg_catalog", name))
             return table
         schema_name = schema.name.lower()
-        if catalog is not None or schema_name not in SYSTEM_SCHEMAS + USER_SCHEMAS:
+        if (catalog is not None and catalog.name.lower() != DATABASE) or schema_name not in SYSTEM_SCHEMAS + USER_SCHEMAS:
             shown = table.sql("postgres").split(" ")[0]
             raise UnknownObjectError(f"relation {shown} does not exist: ivm's relations are in schema public, "
                                      "its catalog in pg_catalog and information_schema")
         table.set("db", None)
+        table.set("catalog", None)
         if schema_name in SYSTEM_SCHEMAS:
             if not table.alias:  # columns may name it as pg_catalog.pg_class.relname (SQLAlchemy does)
                 table.set("alias", exp.TableAlias(this=exp.to_identifier(name)))
@@ -311,6 +350,10 @@ class _Rewriter:
     def lookup(self, kind: str, value: exp.Expression, by_name: bool) -> exp.Expression:
         """A name's OID (``'orders'::regclass``) or an OID's name (``c.oid::regclass``), NULL if none."""
         relation, column = _LOOKUPS[kind]
+        if kind == "regclass" and by_name and isinstance(value, exp.Literal):
+            name = value.name.lower().removeprefix("pg_catalog.")
+            if name in CATALOG_OIDS and not self.is_user(name):
+                return exp.Literal.number(CATALOG_OIDS[name])
         source = self.registered("pg_catalog", relation)
         if by_name:
             name = value.name.split(".")[-1].strip('"') if isinstance(value, exp.Literal) else value

@@ -182,6 +182,9 @@ class Page:
         shim = self.bin / "ivm"
         shim.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} exec {shlex.quote(sys.executable)} -m ivm "$@"\n')
         shim.chmod(0o755)
+        dbt = Path(sys.executable).with_name("dbt")  # docs/serving.md's dbt section (dbt-postgres: the test extras)
+        if dbt.exists():
+            (self.bin / "dbt").symlink_to(dbt)
         self.work = tmp / "work"
         self.work.mkdir()
 

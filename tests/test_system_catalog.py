@@ -9,7 +9,7 @@ import pytest
 import sqlglot
 
 import ivm
-from ivm.system_relations import format_type, pg_type
+from ivm.system_relations import ARRAY_TYPES, format_type, pg_type
 from sql_frontend.system_queries import rewrite
 
 
@@ -33,16 +33,28 @@ def rows(db, sql):
     ("BIGINT", (20, -1), "bigint"), ("DECIMAL(12,2)", (1700, 786438), "numeric(12,2)"), ("VARCHAR", (25, -1), "text"),
     ("TIMESTAMP", (1114, -1), "timestamp without time zone"), ("TIMESTAMP WITH TIME ZONE", (1184, -1),
                                                                 "timestamp with time zone"),
-    ("INTEGER[]", (25, -1), "text"), ("UBIGINT", (1700, -1), "numeric"), ("TINYINT", (21, -1), "smallint")])
+    ("INTEGER[]", (1007, -1), "integer[]"), ("DECIMAL(12,2)[]", (1231, 786438), "numeric(12,2)[]"),
+    ("VARCHAR[]", (1009, -1), "text[]"), ("INTEGER[][]", (25, -1), "text"), ("STRUCT(a INTEGER)[]", (25, -1), "text"),
+    ("UINTEGER", (26, -1), "oid"), ("UBIGINT", (1700, -1), "numeric"), ("TINYINT", (21, -1), "smallint")])
 def test_types(duckdb_type, pg, text):
     assert pg_type(duckdb_type) == pg and format_type(*pg) == text
+
+
+def test_array_types_are_the_ones_the_postgresql_door_sends():
+    # pg_type's array types (typelem/typarray: asyncpg's introspection reads them) match what a list column is sent as
+    from flight_server.pgwire import types as wire
+
+    assert ARRAY_TYPES == wire.ARRAYS
+    assert rows(ivm.connect(), "SELECT typname, typelem, typcategory FROM pg_type WHERE oid = 1007") == \
+        [("_int4", 23, "A")]
+    assert rows(ivm.connect(), "SELECT typarray FROM pg_type WHERE typname = 'int8'") == [(1016,)]
 
 
 def test_columns_keys_defaults(db):
     assert rows(db, "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef "
                     "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
                     "WHERE c.relname = 't' ORDER BY a.attnum") == [
-        ("id", "bigint", True, False), ("price", "numeric(12,2)", False, True), ("tags", "text", False, False),
+        ("id", "bigint", True, False), ("price", "numeric(12,2)", False, True), ("tags", "text[]", False, False),
         ("at", "timestamp with time zone", False, False)]
     assert rows(db, "SELECT pg_get_indexdef(i.indexrelid), pg_get_constraintdef(c.oid) FROM pg_catalog.pg_index i "
                     "JOIN pg_catalog.pg_constraint c ON c.conindid = i.indexrelid") == [
@@ -117,3 +129,24 @@ def test_show_sources_in_memory_and_durable(db, tmp_path):
 def test_show_of_something_else_names_what_exists(db):
     with pytest.raises(ivm.UnsupportedError, match="SHOW SOURCES"):
         db.sql("SHOW CONNECTIONS")
+
+
+def test_what_dbt_sends(db):
+    # three-part names in the one database and schema; REFRESH MATERIALIZED VIEW is a no-op on a view only
+    db.execute('CREATE MATERIALIZED VIEW IF NOT EXISTS "ivm"."public"."n" AS SELECT id FROM "ivm"."public"."t"')
+    db.execute("INSERT INTO ivm.public.t (id) VALUES (1)")
+    db.execute('REFRESH MATERIALIZED VIEW "ivm"."public"."n"')
+    assert rows(db, "SELECT * FROM n") == rows(db, 'SELECT id FROM "ivm"."public"."t"') == [(1,)]
+    for sql, error in [("REFRESH MATERIALIZED VIEW t", '"t" is not a materialized view'),
+                       ("REFRESH MATERIALIZED VIEW nowhere", "does not exist"),
+                       ("SELECT * FROM shop.public.t", "relation shop.public.t does not exist"),
+                       ("CREATE MATERIALIZED VIEW x AS SELECT id FROM other.t", "does not exist")]:
+        with pytest.raises(ivm.IvmError, match=error):
+            db.execute(sql)
+    # the dependencies dbt reads, with PostgreSQL's LIKE (a backslash escapes) and catalog OIDs
+    assert rows(db, r"""SELECT v.relname AS view, t.relname AS reads FROM pg_depend d JOIN pg_class v ON v.oid = (
+                            SELECT ev_class FROM pg_rewrite WHERE oid = d.objid)
+                        JOIN pg_class t ON t.oid = d.refobjid JOIN pg_namespace n ON n.oid = t.relnamespace
+                        WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+                          AND d.deptype = 'n' AND n.nspname NOT LIKE 'pg\_%' ORDER BY 1""") == [("m", "t"), ("n", "t")]
+    assert rows(db, r"SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pg\_%'") == [("pg_catalog",)]

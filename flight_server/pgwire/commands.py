@@ -20,6 +20,8 @@ reach the Database:
 
 >>> tag("insert into t values (1)", 3), tag("CREATE OR REPLACE MATERIALIZED VIEW v AS SELECT 1", 0)
 ('INSERT 0 3', 'CREATE MATERIALIZED VIEW')
+>>> tag("refresh materialized view v", 0)
+'REFRESH MATERIALIZED VIEW'
 >>> parse_set("SET SESSION TIME ZONE UTC"), parse_set("set search_path to public, x")
 (('timezone', 'UTC'), ('search_path', 'public, x'))
 >>> savepoint('SAVEPOINT "_pg3_1"'), savepoint("ROLLBACK TO SAVEPOINT s"), savepoint("release s"), savepoint("ROLLBACK")
@@ -102,6 +104,8 @@ def tag(sql: str, count: int) -> str:
         return head
     if head in ("WITH", "VALUES", "TABLE", "FROM"):
         return f"SELECT {count}"
+    if first[:3] == ["REFRESH", "MATERIALIZED", "VIEW"]:
+        return "REFRESH MATERIALIZED VIEW"
     return head or "OK"
 
 

@@ -44,6 +44,9 @@ _FALSE = {"f", "false", "0", "off", "no", "n"}
 
 
 def _text_value(raw: bytes, oid: int) -> pa.Scalar:
+    if oid in types.ELEMENTS:
+        return _array([None if item is None else _text_value(item.encode(), types.ELEMENTS[oid])
+                        for item in _array_items(raw.decode("utf-8"), oid)], types.ELEMENTS[oid])
     text = raw.decode("utf-8")
     try:
         if oid in _INTS:
@@ -67,6 +70,8 @@ def _text_value(raw: bytes, oid: int) -> pa.Scalar:
 
 
 def _binary_value(raw: bytes, oid: int) -> pa.Scalar:
+    if oid in types.ELEMENTS:
+        return _array_binary(raw, oid)
     try:
         if oid in _INTS:
             return pa.scalar(struct.unpack(_INTS[oid], raw)[0], pa.int64())
@@ -96,6 +101,75 @@ def _binary_value(raw: bytes, oid: int) -> pa.Scalar:
     raise UnsupportedError(f"parameters of type OID {oid} in binary format are not supported; send them as text")
 
 
+def _array_binary(raw: bytes, oid: int) -> pa.Scalar:
+    """A one-dimensional array in array_send format (asyncpg sends ``$1::oid[]`` so), as an Arrow list."""
+    try:
+        dimensions, _, element = struct.unpack_from("!iiI", raw)
+        if dimensions > 1:
+            raise UnsupportedError("array parameters of more than one dimension are not supported")
+        if dimensions == 1 and element != types.ELEMENTS[oid]:
+            raise BindError(f"a parameter of type {_name(oid)} holds elements of type {_name(element)}")
+        at, count = 12, 0
+        if dimensions:
+            count, _ = struct.unpack_from("!ii", raw, at)
+            at += 8
+        items = []
+        for _ in range(count):
+            length = struct.unpack_from("!i", raw, at)[0]
+            at += 4
+            items.append(None if length < 0 else _binary_value(raw[at:at + length], element))
+            at += max(length, 0)
+    except struct.error:
+        raise BindError(f"incorrect binary data format for a parameter of type {_name(oid)}") from None
+    return _array(items, types.ELEMENTS[oid])
+
+
+def _array_items(text: str, oid: int) -> list[str | None]:
+    """The elements of a one-dimensional array literal ``{1,"a b",NULL}`` (PostgreSQL's array_in)."""
+    try:
+        return _split_array(text.strip(), oid)
+    except IndexError:  # an unterminated quote or escape
+        raise BindError(f"invalid input syntax for type {_name(oid)}: {text[:60]!r}") from None
+
+
+def _split_array(text: str, oid: int) -> list[str | None]:
+    if not (text.startswith("{") and text.endswith("}")) or "{" in text[1:-1]:
+        raise BindError(f"invalid input syntax for type {_name(oid)} (one-dimensional arrays only): {text[:60]!r}")
+    items: list[str | None] = []
+    body, i = text[1:-1], 0
+    while i < len(body) and body.strip():
+        while body[i] == " ":
+            i += 1
+        if body[i] == '"':
+            i, value = i + 1, []
+            while body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                value.append(body[i])
+                i += 1
+            items.append("".join(value))
+            i += 1
+        else:
+            end = body.find(",", i)
+            end = len(body) if end < 0 else end
+            word = body[i:end].strip()
+            items.append(None if word.upper() == "NULL" else word)
+            i = end
+        while i < len(body) and body[i] == " ":
+            i += 1
+        if i < len(body):
+            if body[i] != ",":
+                raise BindError(f"invalid input syntax for type {_name(oid)}: {text[:60]!r}")
+            i += 1
+    return items
+
+
+def _array(items: list[pa.Scalar | None], element: int) -> pa.Scalar:
+    kinds = {item.type for item in items if item is not None}
+    kind = kinds.pop() if len(kinds) == 1 else arrow_type(element)
+    return pa.scalar([None if item is None else item.as_py() for item in items], pa.list_(kind))
+
+
 def _numeric(value) -> pa.Scalar:
     if value.is_nan() or value.is_infinite():
         return pa.scalar(float(value), pa.float64())
@@ -108,8 +182,11 @@ def _numeric(value) -> pa.Scalar:
 
 
 def _name(oid: int) -> str:
+    if oid in types.ELEMENTS:
+        return _name(types.ELEMENTS[oid]) + "[]"
     return {types.INT2: "smallint", types.INT4: "integer", types.INT8: "bigint", types.FLOAT4: "real",
-            types.FLOAT8: "double precision", types.NUMERIC: "numeric", types.BOOL: "boolean",
+            types.FLOAT8: "double precision", types.NUMERIC: "numeric", types.BOOL: "boolean", types.OID: "oid",
+            types.TEXT: "text",
             types.DATE: "date", types.TIMESTAMP: "timestamp", types.TIMESTAMPTZ: "timestamptz"}.get(oid, f"OID {oid}")
 
 
@@ -159,6 +236,16 @@ def describe(db: ivm.Database, sql: str, count: int, given: list[int]) -> list[i
     return [oid or types.TEXT for oid in oids]
 
 
+def _cast_type(to: exp.DataType) -> int:
+    """The type OID of a cast's target (``$1::INT``, ``$1::oid[]``: asyncpg's type query), 0 if not known."""
+    if to.this == exp.DataType.Type.ARRAY and len(to.expressions) == 1:
+        element = _cast_type(to.expressions[0])
+        return types.ARRAYS.get(element, 0)
+    if to.this == exp.DataType.Type.USERDEFINED:
+        return types.OID if str(to.args.get("kind") or "").lower() in ("oid", "pg_catalog.oid") else 0
+    return _SQL_TYPES.get(to.this.name, 0)
+
+
 def _number(node: exp.Expression) -> int | None:
     if isinstance(node, exp.Placeholder) and str(node.this).isdigit():
         return int(node.this)
@@ -173,7 +260,7 @@ def _inferred(tree: exp.Expression, columns: dict[str, int], db: ivm.Database) -
         if number is None or parent is None:
             continue
         if isinstance(parent, exp.Cast):
-            oid = _SQL_TYPES.get(getattr(parent.to.this, "name", ""), 0)
+            oid = _cast_type(parent.to)
             if oid:
                 found[number] = oid
         elif isinstance(parent, (exp.Limit, exp.Offset)):
@@ -208,6 +295,7 @@ def _insert_types(insert: exp.Insert, db: ivm.Database) -> dict[int, int]:
 
 
 _ARROW = {types.BOOL: pa.bool_(), types.INT2: pa.int64(), types.INT4: pa.int64(), types.INT8: pa.int64(),
+          types.OID: pa.int64(),
           types.FLOAT4: pa.float64(), types.FLOAT8: pa.float64(), types.NUMERIC: pa.decimal128(38, 10),
           types.DATE: pa.date32(), types.TIMESTAMP: pa.timestamp("us"), types.TIMESTAMPTZ: pa.timestamp("us", "UTC"),
           types.BYTEA: pa.binary(), types.TIME: pa.time64("us")}
@@ -215,4 +303,6 @@ _ARROW = {types.BOOL: pa.bool_(), types.INT2: pa.int64(), types.INT4: pa.int64()
 
 def arrow_type(oid: int) -> pa.DataType:
     """The Arrow type a parameter of type ``oid`` is bound as (for typing NULLs before values are known)."""
+    if oid in types.ELEMENTS:
+        return pa.list_(arrow_type(types.ELEMENTS[oid]))
     return _ARROW.get(oid, pa.string())

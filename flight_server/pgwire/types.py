@@ -13,14 +13,17 @@ per-row start and length, -1 for NULL) with Arrow compute or numpy where it
 can, so a 100k-row result is not a Python loop per value; the rarer types
 (interval, bytea text, numeric binary, lists) go value by value.
 
-Lists of strings are PostgreSQL ``text[]`` (in text ``{a,"b c",NULL}`` or
-binary ``array_send`` format), so drivers return Python lists (SQLAlchemy's
-reflection reads an ``array_agg`` of key columns; see ``ARRAYS``). Columns
-of types PostgreSQL has no counterpart for here (other lists, structs, maps)
-are sent as ``text`` in PostgreSQL's array/record literal style.
+Lists of scalars are PostgreSQL arrays (``text[]``, ``int4[]``…: in text
+``{a,"b c",NULL}`` or binary ``array_send`` format), so drivers return Python
+lists (SQLAlchemy's reflection reads an ``array_agg`` of key columns; see
+``ARRAYS``). Columns of types PostgreSQL has no counterpart for here (lists
+of lists, structs, maps) are sent as ``text`` in PostgreSQL's array/record
+literal style.
 
 >>> oid_of(pa.int64()), oid_of(pa.decimal128(12, 2)), oid_of(pa.list_(pa.string())), oid_of(pa.list_(pa.int32()))
-(20, 1700, 1009, 25)
+(20, 1700, 1009, 1007)
+>>> oid_of(pa.list_(pa.list_(pa.int32()))), oid_of(pa.list_(pa.struct([("a", pa.int8())])))
+(25, 25)
 >>> numeric_binary(decimal.Decimal("-12.345")).hex()
 '0002000040000003000c0d7a'
 """
@@ -49,10 +52,12 @@ EPOCH_MICROS = EPOCH_DAYS * 86_400_000_000
 
 
 # Lists of these element types are sent as PostgreSQL arrays (element OID -> array OID), so drivers return
-# lists (SQLAlchemy's reflection reads an array_agg of key column names); other lists as text. Only text[]:
-# asyncpg decodes it without asking the server, but for int4[] and the others it first runs its type
-# introspection query over pg_type/pg_range (with current_setting('jit')), which ivm does not answer.
-ARRAYS = {TEXT: 1009}
+# lists (SQLAlchemy's reflection reads an array_agg of key column names). pg_type lists them
+# (ivm/system_relations.py): asyncpg decodes text[] by itself, but for the others it first runs its type
+# introspection query over pg_type (typelem, typarray) and pg_range. Other lists (of lists, structs, maps)
+# are sent as text.
+ARRAYS = {BOOL: 1000, BYTEA: 1001, INT2: 1005, INT4: 1007, TEXT: 1009, INT8: 1016, OID: 1028, FLOAT4: 1021,
+          FLOAT8: 1022, TIMESTAMP: 1115, DATE: 1182, TIME: 1183, TIMESTAMPTZ: 1185, INTERVAL: 1187, NUMERIC: 1231}
 ELEMENTS = {array: element for element, array in ARRAYS.items()}
 
 
@@ -63,7 +68,7 @@ def oid_of(kind: pa.DataType) -> int:
         if pa.types.is_string(element) or pa.types.is_large_string(element):
             return ARRAYS[TEXT]
         if pa.types.is_nested(element) or pa.types.is_dictionary(element) or oid_of(element) == TEXT:
-            return TEXT
+            return TEXT  # (a list of structs, of lists, of NULLs...)
         return ARRAYS.get(oid_of(element), TEXT)
     if pa.types.is_boolean(kind):
         return BOOL
@@ -71,7 +76,11 @@ def oid_of(kind: pa.DataType) -> int:
         return INT2
     if kind in (pa.int32(), pa.uint8(), pa.uint16()):
         return INT4
-    if kind in (pa.int64(), pa.uint32()):
+    if kind == pa.uint32():
+        # PostgreSQL's unsigned 4-byte type: the catalog's OID columns are uint32 (ivm/system_relations.py), and
+        # asyncpg's type introspection needs its oid[] results typed as oid[] (it decodes that one without asking)
+        return OID
+    if kind == pa.int64():
         return INT8
     if pa.types.is_floating(kind):
         return FLOAT8 if kind == pa.float64() else FLOAT4
@@ -173,8 +182,8 @@ def encode_column(array: pa.Array, fmt: int) -> Cells:
 
 def _binary(array: pa.Array, oid: int) -> Cells:
     kind = array.type
-    if oid in (INT2, INT4, INT8, FLOAT4, FLOAT8) and kind != pa.uint64():
-        dtype = {INT2: ">i2", INT4: ">i4", INT8: ">i8", FLOAT4: ">f4", FLOAT8: ">f8"}[oid]
+    if oid in (INT2, INT4, INT8, OID, FLOAT4, FLOAT8) and kind != pa.uint64():
+        dtype = {INT2: ">i2", INT4: ">i4", INT8: ">i8", OID: ">u4", FLOAT4: ">f4", FLOAT8: ">f8"}[oid]
         return _fixed(_numbers(array, dtype), _valid(array))
     if oid == BOOL:
         return _fixed(_numbers(array.cast(pa.uint8()), ">u1"), _valid(array))
@@ -221,7 +230,7 @@ def _text(array: pa.Array, oid: int) -> Cells:
     kind = array.type
     if oid == BOOL:
         return _strings(pc.if_else(array, "t", "f"))
-    if oid in (INT2, INT4, INT8) or (oid == NUMERIC and pa.types.is_decimal(kind)) or kind == pa.uint64():
+    if oid in (INT2, INT4, INT8, OID) or (oid == NUMERIC and pa.types.is_decimal(kind)) or kind == pa.uint64():
         return _strings(array.cast(pa.string()))
     if oid in (FLOAT4, FLOAT8):
         floats = array.cast(pa.float64())

@@ -80,13 +80,44 @@ def test_errors(server):
 
 def test_lists_of_strings_are_text_arrays_in_binary(server):
     # asyncpg asks for binary results: a list of strings arrives as text[] in array_send format and decodes to a
-    # list; a list of another type stays text.
+    # list without a catalog query; a list of lists has no PostgreSQL array type here and stays text.
     async def go():
         conn = await _connect(server)
         try:
             row = await conn.fetchrow("SELECT ['x', 'y z', NULL] AS t, []::VARCHAR[] AS e, NULL::VARCHAR[] AS n, "
-                                      "[1, 2] AS i")
-            assert tuple(row) == (["x", "y z", None], [], None, "{1,2}")
+                                      "[[1], [2]] AS nested")
+            assert tuple(row) == (["x", "y z", None], [], None, "{{1},{2}}")
+        finally:
+            await conn.close()
+
+    run(go())
+
+
+def test_list_columns_are_arrays_asyncpg_introspects(server):
+    # int4[] (1007), int8[] (1016) and the other array OIDs are not built into asyncpg's codecs: it looks them up
+    # with its own introspection query (WITH RECURSIVE over pg_type's typelem and typarray, pg_range,
+    # current_setting('jit') and set_config), then decodes array_send with the element's codec.
+    async def go():
+        conn = await _connect(server)
+        try:
+            await conn.execute("CREATE TABLE lists (id BIGINT PRIMARY KEY, i INTEGER[], b BIGINT[], s VARCHAR[], "
+                               "d DOUBLE[], p DECIMAL(10,2)[], day DATE[])")
+            await conn.execute("INSERT INTO lists VALUES (1, [1, NULL, 3], [9007199254740993], ['a', 'b c'], [0.5], "
+                               "[1.25], ['2024-01-02'::DATE]), (2, [], NULL, [NULL], [], [], [])")
+            rows = await conn.fetch("SELECT i, b, s, d, p, day FROM lists ORDER BY id")
+            assert [tuple(r) for r in rows] == [
+                ([1, None, 3], [9007199254740993], ["a", "b c"], [0.5], [decimal.Decimal("1.25")],
+                 [datetime.date(2024, 1, 2)]),
+                ([], None, [None], [], [], [])]
+            statement = await conn.prepare("SELECT i, b FROM lists WHERE id = $1")
+            assert [a.type.name for a in statement.get_attributes()] == ["int4[]", "int8[]"]
+            assert await statement.fetchrow(1) == ([1, None, 3], [9007199254740993])
+            # the catalog says the same
+            assert await conn.fetch("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                                    "JOIN pg_class c ON c.oid = a.attrelid WHERE c.relname = 'lists' AND a.attnum > 1 "
+                                    "ORDER BY a.attnum") == [
+                ("i", "integer[]"), ("b", "bigint[]"), ("s", "text[]"), ("d", "double precision[]"),
+                ("p", "numeric(10,2)[]"), ("day", "date[]")]
         finally:
             await conn.close()
 

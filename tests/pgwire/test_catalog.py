@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from tests.flight.server import ServerProcess
 from tests.pgwire.conftest import TIMEOUT, connect
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -170,3 +171,37 @@ def test_show_sources(server, described):
                                                         "rows_applied", "last_error", "warning"]
         assert cursor.fetchall() == [("clicks", "table", None, None, 0) + (None,) * 8,
                                      ("orders", "table", None, None, 1) + (None,) * 8]
+
+
+def _oids(conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT relname, oid FROM pg_catalog.pg_class").fetchall())
+
+
+def test_oids_are_stable_across_ddl_and_restarts(tmp_path):
+    # Drivers and BI tools cache pg_class OIDs: a relation keeps its OID for its life (ivm/catalog.py), while
+    # others are created and dropped, and across a restart of a durable database.
+    process = ServerProcess("--data", str(tmp_path / "db"), "--pg-port", "0")
+    try:
+        with connect(process) as conn:
+            for name in "abc":
+                conn.execute(f"CREATE TABLE {name} (k BIGINT PRIMARY KEY, v TEXT)")
+            conn.execute("CREATE MATERIALIZED VIEW v AS SELECT k FROM c")
+            before = _oids(conn)
+            conn.execute("DROP TABLE b")
+            conn.execute("CREATE TABLE d (x BIGINT)")
+            conn.execute("ALTER TABLE a ADD COLUMN w DOUBLE")  # a changed definition keeps its OID too
+            after = _oids(conn)
+            assert {n: after[n] for n in ("a", "a_pkey", "c", "c_pkey", "v")} == \
+                {n: before[n] for n in ("a", "a_pkey", "c", "c_pkey", "v")}
+            assert after["d"] not in before.values()  # b's OID is not handed out again
+            assert conn.execute("SELECT 'c'::regclass::oid, 'v'::regclass::oid").fetchone() == (after["c"], after["v"])
+    finally:
+        process.stop()
+    process = ServerProcess("--data", str(tmp_path / "db"), "--pg-port", "0")
+    try:
+        with connect(process) as conn:
+            assert _oids(conn) == after
+            conn.execute("CREATE TABLE e (x BIGINT)")  # and new ones still get new OIDs
+            assert _oids(conn)["e"] not in {*before.values(), *after.values()}
+    finally:
+        process.stop()

@@ -9,7 +9,8 @@ import struct
 import pyarrow as pa
 import pytest
 
-from flight_server.pgwire import messages, rows, types
+import ivm
+from flight_server.pgwire import messages, parameters, rows, types
 from flight_server.pgwire.auth import AuthFailed, Scram
 from flight_server.pgwire.parameters import decode
 
@@ -133,6 +134,26 @@ def test_arrays_text_and_binary():
              + struct.pack("!i", 3) + b"b c")
     assert rows.data_rows(table, [1]) == (messages.data_row([first]) + messages.data_row([None])
                                           + messages.data_row([struct.pack("!iii", 0, 0, 25)]))
-    numbers = pa.table({"i": pa.array([[1, 2]], pa.list_(pa.int32()))})  # other lists stay text
-    assert types.fields(numbers.schema, [1])[0].type_oid == 25
-    assert rows.data_rows(numbers, [1]) == messages.data_row([b"{1,2}"])
+    numbers = pa.table({"i": pa.array([[1, None]], pa.list_(pa.int32())), "o": pa.array([[7]], pa.list_(pa.uint32()))})
+    assert [f.type_oid for f in types.fields(numbers.schema, [1, 1])] == [1007, 1028]  # int4[], oid[]
+    assert rows.data_rows(numbers, [1, 1]) == messages.data_row([
+        struct.pack("!iiiii", 1, 1, 23, 2, 1) + struct.pack("!ii", 4, 1) + struct.pack("!i", -1),
+        struct.pack("!iiiii", 1, 0, 26, 1, 1) + struct.pack("!iI", 4, 7)])
+    assert rows.data_rows(numbers, [0, 0]) == messages.data_row([b"{1,NULL}", b"{7}"])
+    nested = pa.table({"n": pa.array([[[1], [2]]], pa.list_(pa.list_(pa.int32())))})  # lists of lists stay text
+    assert types.fields(nested.schema, [1])[0].type_oid == 25
+    assert rows.data_rows(nested, [1]) == messages.data_row([b"{{1},{2}}"])
+
+
+def test_array_parameters():
+    # array_recv's input (asyncpg binds $1::oid[] so) and array_in's one-dimensional text, as Arrow lists
+    oids = struct.pack("!iiIii", 1, 1, 26, 3, 1) + struct.pack("!iI", 4, 1007) + struct.pack("!i", -1) \
+        + struct.pack("!iI", 4, 23)
+    empty = struct.pack("!iiI", 0, 0, 23)
+    batch = parameters.decode([oids, empty, b'{a,"b, c","d\\"e",NULL}', b"{ 1 , 2 }"], [1, 1, 0, 0],
+                              [1028, 1007, 1009, 1016])
+    assert batch.to_pylist() == [{"0": [1007, None, 23], "1": [], "2": ["a", "b, c", 'd"e', None], "3": [1, 2]}]
+    for raw, fmt, oid in [(b'{"a', 0, 1009), (b"{{1}}", 0, 1007),
+                          (struct.pack("!iiIii", 1, 0, 20, 1, 1) + struct.pack("!iq", 8, 5), 1, 1007)]:
+        with pytest.raises(ivm.IvmError):
+            parameters.decode([raw], [fmt], [oid])
