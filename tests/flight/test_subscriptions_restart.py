@@ -11,7 +11,6 @@ gap; doing what it says also integrates to the view.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
