@@ -13,6 +13,13 @@ Flight SQL (what the ADBC and JDBC drivers speak):
   returns one endpoint whose ticket fetches the result once; the offset the
   result reflects is in the FlightInfo's app metadata (``{"offset": N}``) and
   in schema metadata ``ivm.offset``.
+* ``SUBSCRIBE [TO] v ...`` (subscribe.py), as a statement or prepared: its
+  GetFlightInfo reads the relation's rows (or checks its ``AS OF`` offset:
+  errors are the statement's) and answers an endpoint whose DoGet stream
+  stays open, sending Materialize-style change rows as they commit and an
+  empty batch every second while nothing changes (a write to a departed
+  client fails then, which ends the stream and frees its thread). The
+  FlightInfo's app metadata ``{"offset": N}`` is the offset it starts after.
 
 Plain Flight: ``FlightDescriptor.for_path(name)`` reads a table or view the
 same way; ``list_flights`` lists them; ``DoPut`` on a path appends a change
@@ -45,9 +52,9 @@ import pyarrow.flight as fl
 
 import ivm
 from ivm.cdc import debezium
-from flight_server import metadata, protocol
+from flight_server import metadata, protocol, subscribe
 from flight_server.auth import Handshake, TokenAuth
-from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated
+from flight_server.errors import InvalidArgument, NotFound, Unimplemented, translated, translated_stream
 from flight_server.sessions import Bounded, Prepared
 from flight_server.statements import Shapes, run_query, run_update
 from flight_server.subscriptions import Subscription, open_stream
@@ -82,6 +89,9 @@ class IvmFlightServer(fl.FlightServerBase):
         self.results: Bounded[pa.Table] = Bounded("result", results_limit, results_ttl, results_budget,
                                                   lambda table: table.nbytes)
         self.statements: Bounded[Prepared] = Bounded("prepared statement", 4096)
+        # SUBSCRIBE streams opened by GetFlightInfo, waiting for their DoGet (with their first rows).
+        self.subscriptions: Bounded[tuple] = Bounded("subscription", 256, results_ttl, results_budget,
+                                                     lambda opened: opened[0].nbytes)
         self.stopping = threading.Event()  # ends live subscriptions on shutdown
         self.shapes = Shapes(db)
 
@@ -120,13 +130,37 @@ class IvmFlightServer(fl.FlightServerBase):
         if descriptor.descriptor_type == fl.DescriptorType.PATH:
             return self._info(self._read(_path_name(descriptor)), descriptor)
         name, command = unpack(descriptor.command)
+        if name == "CommandPreparedStatementQuery":
+            statement = self.statements.get(command.get("prepared_statement_handle", b""))
+            if statement.subscription is not None:
+                return self._subscribe(statement.subscription, descriptor)
+            return self._info(self._execute_prepared(statement), descriptor)
+        if name == "CommandStatementQuery":
+            subscription = subscribe.parse(_text(command.get("query")))
+            if subscription is not None:
+                return self._subscribe(subscription, descriptor)
         return self._info(self._command_result(name, command), descriptor)
+
+    def _subscribe(self, subscription: subscribe.Subscription, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
+        """Open a SUBSCRIBE's feed now (its errors are the statement's); its DoGet streams it."""
+        feed = subscribe.Feed(self.db, subscription.view, subscription.since)
+        target = subscribe.schema(feed.relation_schema, subscription.progress)
+        handle = self.subscriptions.add((feed, subscription, target))
+        ticket = fl.Ticket(b'{"subscription": "%s"}' % handle.hex().encode())
+        return fl.FlightInfo(target, descriptor, [fl.FlightEndpoint(ticket, [])], -1, -1,
+                             app_metadata=b'{"offset": %d}' % feed.start)
+
+    def _subscription_batches(self, feed: subscribe.Feed, subscription: subscribe.Subscription,
+                              target: pa.Schema) -> Iterator[pa.RecordBatch]:
+        for rows in subscribe.sql_rows(feed, subscription, target, self.stopping.is_set):
+            if rows.num_rows:
+                yield from rows.to_batches(max_chunksize=subscribe.CHUNK_ROWS)
+            else:  # a heartbeat: writing it to a departed client fails, which ends the stream
+                yield pa.RecordBatch.from_pylist([], schema=target)
 
     def _command_result(self, name: str, command: dict) -> pa.Table:
         if name == "CommandStatementQuery":
             return self.db.sql(_text(command.get("query")))
-        if name == "CommandPreparedStatementQuery":
-            return self._execute_prepared(self.statements.get(command.get("prepared_statement_handle", b"")))
         if name == "CommandGetSqlInfo":
             return metadata.sql_info(command.get("info", []))
         if name == "CommandGetCatalogs":
@@ -151,7 +185,11 @@ class IvmFlightServer(fl.FlightServerBase):
             raise NotFound(f"table or view {wanted} does not exist")
         name, command = unpack(descriptor.command)
         if name == "CommandStatementQuery":
-            return fl.SchemaResult(self.db.result_schema(_text(command.get("query"))))
+            sql = _text(command.get("query"))
+            subscription = subscribe.parse(sql)
+            if subscription is not None:
+                return fl.SchemaResult(subscribe.columns(self.db, subscription))
+            return fl.SchemaResult(self.db.result_schema(sql))
         raise Unimplemented(f"GetSchema of {name} is not supported")
 
     # --- Flight: DoGet -------------------------------------------------------------------------
@@ -168,7 +206,14 @@ class IvmFlightServer(fl.FlightServerBase):
             return fl.RecordBatchStream(self._read(str(request["read"])))
         if "subscribe" in request:
             return open_stream(self.db, Subscription.from_ticket(request), self.stopping)
-        raise InvalidArgument('unknown ticket: expected {"result": ...}, {"read": "<name>"} or {"subscribe": "<view>"}')
+        if "subscription" in request:  # a SUBSCRIBE statement's stream (GetFlightInfo opened it)
+            try:
+                handle = bytes.fromhex(str(request["subscription"]))
+            except ValueError:
+                raise InvalidArgument("malformed subscription ticket") from None
+            feed, subscription, target = self.subscriptions.take(handle)
+            return fl.GeneratorStream(target, translated_stream(self._subscription_batches(feed, subscription, target)))
+        raise InvalidArgument('unknown ticket: expected {"result": ...}, {"read": "<name>"} or {"subscribe": "<name>"}')
 
     # --- Flight: DoPut ---------------------------------------------------------------------------
     @translated
@@ -259,6 +304,12 @@ class IvmFlightServer(fl.FlightServerBase):
         return list(ACTIONS.items())
 
     def _prepare(self, sql: str) -> bytes:
+        subscription = subscribe.parse(sql)
+        if subscription is not None:  # nothing runs until it is executed (GetFlightInfo)
+            handle = self.statements.add(Prepared(sql, 0, True, subscription=subscription))
+            columns = subscribe.columns(self.db, subscription).serialize().to_pybytes()
+            return protocol.pack("ActionCreatePreparedStatementResult", prepared_statement_handle=handle,
+                                 is_update=False, dataset_schema=columns)
         count, is_query = self.shapes.shape(sql)
         statement = Prepared(sql, count, is_query)
         fields: dict[str, Any] = {"is_update": not is_query}

@@ -20,6 +20,7 @@ from typing import Callable, Generic, TypeVar
 import pyarrow as pa
 
 from flight_server.errors import NotFound
+from flight_server.subscribe import Subscription
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -126,4 +127,5 @@ class Prepared:
     # result store) is reused by the next execution if nothing was published
     # since (same database version).
     cached: tuple[int, bytes] | None = None
+    subscription: Subscription | None = None  # a SUBSCRIBE: each execution opens a stream (server.py)
     lock: threading.Lock = field(default_factory=threading.Lock)

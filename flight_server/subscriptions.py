@@ -1,4 +1,6 @@
-"""Change subscriptions: a view's change stream over plain Flight ``DoGet``.
+"""Change subscriptions: a view's or table's change stream over plain Flight ``DoGet``.
+
+(The stream is subscribe.py's ``Feed``, which SUBSCRIBE in SQL sends too.)
 
 Ticket (JSON)::
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,9 +38,8 @@ import pyarrow.flight as fl
 
 import ivm
 from flight_server.errors import InvalidArgument, translated_stream
+from flight_server.subscribe import CHUNK_ROWS, OFFSET, Feed
 
-WEIGHT, OFFSET = "__weight", "__offset"
-CHUNK_ROWS = 65_536
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Subscription:
     def from_ticket(cls, ticket: dict) -> "Subscription":
         view = ticket.get("subscribe")
         if not isinstance(view, str) or not view:
-            raise InvalidArgument('a subscription ticket names a view: {"subscribe": "<view>", "from": <offset>}')
+            raise InvalidArgument('a subscription ticket names a view or table: {"subscribe": "<name>", "from": <offset>}')
         since, until, heartbeat = ticket.get("from"), ticket.get("until"), ticket.get("heartbeat", 1.0)
         for name, value in (("from", since), ("until", until)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -66,27 +67,19 @@ class Subscription:
 
 def open_stream(db: ivm.Database, sub: Subscription, stopping: threading.Event) -> fl.GeneratorStream:
     """The stream for ``sub``; bad views and offsets fail here, before streaming."""
-    initial = None
-    since = sub.since
-    if since is None:
-        rows = db.sql(f"SELECT * FROM {_quote(sub.view)}")
-        since = int(rows.schema.metadata[b"ivm.offset"])
-        initial = rows
-    first = db.changes(sub.view, since)
-    schema = first.rows.schema
-    if initial is not None:
-        initial = _as_changes(initial, since, schema)
-    return fl.GeneratorStream(schema, translated_stream(_stream(db, sub, since, first, initial, stopping)))
+    feed = Feed(db, sub.view, sub.since, sub.heartbeat)
+    return fl.GeneratorStream(feed.schema, translated_stream(_stream(feed, sub, stopping)))
 
 
-def _stream(db: ivm.Database, sub: Subscription, after: int, changes: Any, initial: pa.Table | None,
-            stopping: threading.Event) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-    """``initial`` (the view's rows at offset ``after``, or None), then ``changes`` (those after ``after``)
-    and every later one, through ``sub.until`` when given."""
-    if initial is not None and initial.num_rows:
-        yield from _chunks(initial, after)
-    while True:
-        rows, through = changes.rows, changes.through
+def _stream(feed: Feed, sub: Subscription, stopping: threading.Event) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """The feed's steps (the current rows, if any, then changes), through ``sub.until`` when given."""
+    after = feed.start
+    for step in feed.steps(stopping.is_set):
+        rows, through = step.rows, step.through
+        if step.snapshot:
+            if rows.num_rows:
+                yield from _chunks(rows, through)
+            continue
         if sub.until is not None and through > sub.until:  # end exactly at "until": a resume from it repeats nothing
             rows = rows.filter(pc.less_equal(rows.column(OFFSET), sub.until))
             through = max(sub.until, after)  # (current rows read past "until" were sent as they were)
@@ -96,10 +89,7 @@ def _stream(db: ivm.Database, sub: Subscription, after: int, changes: Any, initi
             yield _empty(rows.schema), _through(through)
         if sub.until is not None and through >= sub.until:
             return
-        if stopping.is_set():
-            return
         after = through
-        changes = db.changes(sub.view, through, wait=sub.heartbeat)
 
 
 def _chunks(rows: pa.Table, through: int) -> Iterator[tuple[pa.RecordBatch, bytes]]:
@@ -116,13 +106,6 @@ def _chunks(rows: pa.Table, through: int) -> Iterator[tuple[pa.RecordBatch, byte
         start = end
 
 
-def _as_changes(rows: pa.Table, offset: int, schema: pa.Schema) -> pa.Table:
-    n = rows.num_rows
-    table = rows.append_column(WEIGHT, pa.repeat(pa.scalar(1, pa.int64()), n))
-    table = table.append_column(OFFSET, pa.repeat(pa.scalar(offset, pa.int64()), n))
-    return table.replace_schema_metadata(None).cast(schema)
-
-
 def _empty(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=schema)
 
@@ -130,7 +113,4 @@ def _empty(schema: pa.Schema) -> pa.RecordBatch:
 def _through(offset: int) -> bytes:
     return json.dumps({"through": offset}).encode()
 
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 

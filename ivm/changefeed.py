@@ -1,7 +1,8 @@
-"""A view's change stream: what ``Database.changes`` returns.
+"""A view's or table's change stream: what ``Database.changes`` returns.
 
-The engine records each view's delta after every published batch in the
-change history (storage/view_history.py). A reader asks for the changes after
+The engine records each view's delta, and each table's batch as a Z-set
+(an update is -old/+new), after every published batch in the change history
+(storage/view_history.py). A reader asks for the changes after
 an offset and gets one Arrow table: the view's columns, ``__weight`` (int64:
 +n rows added, -n removed) and ``__offset`` (int64: the batch that made the
 change), ordered by offset, plus ``through``, the offset the answer is
@@ -24,7 +25,7 @@ import pyarrow as pa
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
 from ivm.reads import failed_view_error
-from sql_frontend.errors import CatalogError, OffsetError
+from sql_frontend.errors import OffsetError, UnknownObjectError
 
 if TYPE_CHECKING:
     from ivm.engine import Engine
@@ -39,15 +40,15 @@ class ViewChanges:
 
 
 def schema(engine: "Engine", view: str) -> pa.Schema:
-    """The schema of a view's change rows."""
+    """The schema of a view's or table's change rows."""
     definition = engine.catalog.get(view)
-    if definition.kind != "view":
-        raise CatalogError(f"{view} is a table; subscriptions take a materialized view")
+    if getattr(definition, "shadow_of", None) is not None:  # a watermarked table's internal twin
+        raise UnknownObjectError(f"table or view {view} does not exist")
     return engine.arrow_schema(definition.columns).append(pa.field(OFFSET, pa.int64()))
 
 
 def read(engine: "Engine", view: str, since: int, wait: float = 0.0) -> ViewChanges:
-    """Changes of ``view`` after offset ``since``, waiting up to ``wait`` s for one."""
+    """Changes of ``view`` (a view or table) after offset ``since``, waiting up to ``wait`` s for one."""
     if since < 0:
         raise OffsetError(f"offset must be >= 0, not {since}")
     target = schema(engine, view)

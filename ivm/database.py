@@ -411,13 +411,13 @@ class Database:
         return self._engine
 
     def changes(self, view: str, since: int, *, wait: float = 0.0) -> ViewChanges:
-        """Changes of a materialized view after offset ``since`` (see ivm/changefeed.py).
+        """Changes of a materialized view or a table after offset ``since`` (see ivm/changefeed.py).
 
-        Returns ``ViewChanges(rows, through)``: ``rows`` has the view's columns,
+        Returns ``ViewChanges(rows, through)``: ``rows`` has its columns,
         ``__weight`` and ``__offset``; every change up to offset ``through`` is
         included, so the next call starts from ``through``. When there is none,
         waits up to ``wait`` seconds for one. An offset older than the retained
-        history raises OffsetError: read the view again and continue from the
+        history raises OffsetError: read it again and continue from the
         ``ivm.offset`` of that read.
         """
         self._check_open()

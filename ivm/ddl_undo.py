@@ -11,9 +11,9 @@ change, everything a CREATE, DROP or ALTER touches; ``restore`` puts it back:
   from it, names removed are created again) and each view's stored-output
   switch (CREATE of a view over a computed view gives that one stored output);
 * the published snapshot (the relations, their indexes and stale flags);
-* views' failure marks, watermarks, and change histories (a view created is
-  forgotten; a view dropped starts again at the current offset, its earlier
-  history gone, as after a reopen);
+* views' failure marks, watermarks, and the change histories of views and
+  tables (one created is forgotten; one dropped or altered starts again at the
+  current offset, its earlier history gone, as after a reopen);
 * the catalog generation.
 
 The catalog's version only grows (caches keyed by it must not mistake the
@@ -62,16 +62,16 @@ class CatalogState:
         now = {**catalog.tables, **catalog.views}
         for name in now.keys() - before.keys():  # created by the statement
             catalog.binder.drop(name)
-            if name in catalog.views:
-                engine.history.drop(name)
+            engine.history.drop(name)  # a view or table (dropping one never recorded is a no-op)
         for name in before.keys() - now.keys():  # dropped by the statement
             catalog.binder.create(name, before[name].columns)
-            if name in self.views:
-                engine.history.start(name, engine.offset, complete=False)
+            if name in self.views or self.tables[name].shadow_of is None:
+                engine.history.start(name, engine.offset, complete=False, kind=before[name].kind)
         for name in before.keys() & now.keys():  # altered by the statement (ALTER TABLE)
             if before[name].columns != now[name].columns:
                 catalog.binder.drop(name)
                 catalog.binder.create(name, before[name].columns)
+                engine.history.start(name, engine.offset, complete=False, kind="table")
         if before.keys() != now.keys() or any(before[n] is not now[n] for n in now):
             catalog.tables.clear()
             catalog.tables.update(self.tables)

@@ -117,8 +117,10 @@ class DurableEngine(Engine):
         for table in self.catalog.tables.values():  # the largest event time is the stored table's
             if table.event_time is not None:
                 self.watermarks.restore(table, self.store.snapshot)
-        for view in self.catalog.views:  # subscribers resume from the restored offset on
-            self.history.start(view, self.offset, complete=False)
+        for name in self.catalog.views:  # subscribers resume from the restored offset on
+            self.history.start(name, self.offset, complete=False)
+        for table in self.catalog.visible_tables():
+            self.history.start(table.name, self.offset, complete=False, kind="table")
         records = self.log.open(after=self.offset)
         self.maintainer.start()
         with self.write_lock:

@@ -69,7 +69,7 @@ class Settings:
     # How views are maintained per batch: "auto" (cost-based choice between
     # incremental and recompute, see ivm/maintenance.py), "incremental", "recompute".
     maintenance: str = "auto"
-    # Rows of view changes kept for subscribers (storage/view_history.py).
+    # Rows of view and table changes kept for subscribers (storage/view_history.py).
     retain_rows: int = DEFAULT_RETAIN_ROWS
     # Durable databases only (see ivm/durable.py):
     fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
@@ -315,6 +315,8 @@ class Engine:
                 relations[hidden.name] = self.empty_relation(hidden.name, hidden.columns, hidden.identity,
                                                              (hidden.identity,))
             self.store.publish(self.store.snapshot.with_changes(relations))
+            # Empty now, so its history from here on is complete: a subscriber from before integrates to it.
+            self.history.start(table.name, self.offset, kind="table")
             return True
 
     def _table_def(self, stmt: CreateTable, given: tuple[Column, ...] | None) -> TableDef:
@@ -538,6 +540,9 @@ class Engine:
             for view in planned.values():
                 self.catalog.replace_view(view)
             self.store.publish(snapshot)
+            # Its earlier changes have the old columns: a subscriber from before now gets a clear error
+            # (read the table again) rather than rows of two shapes.
+            self.history.start(table.name, self.offset, complete=False, kind="table")
             return True
 
     def _altered_snapshot(self, snapshot: Snapshot, old: TableDef, new: TableDef, stmt: AlterTable,
@@ -738,7 +743,7 @@ class Engine:
         (ivm/changefeed.py), which keeps that query off the write path.
         """
         first, last = self.offset + 1, self.offset + batches
-        self.history.append(last, self.view_deltas(deltas), first=first)
+        self.history.append(last, self.history_deltas(deltas), first=first)
         snapshot = snapshot.with_changes({}, offset=last).with_counts(counts)
         self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
         self.offset = last
@@ -775,9 +780,13 @@ class Engine:
             self.observed.acknowledged(table, one.batch.num_rows)
         return offset
 
-    def view_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        """The views' deltas among those ``_maintain`` added to ``deltas``."""
-        return {v: d for v, d in deltas.items() if v in self.catalog.views}
+    def history_deltas(self, deltas: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """What the change history records of a step's ``deltas``: the views' (``_maintain`` added them)
+        and the user tables' (their batches as Z-sets: an update is -old/+new), so both can be
+        subscribed. Hidden twins of watermarked tables are internal: nobody subscribes to them."""
+        tables = self.catalog.tables
+        return {n: d for n, d in deltas.items()
+                if n in self.catalog.views or (n in tables and tables[n].shadow_of is None)}
 
     def head(self, table: str) -> Relation:
         """The table including every accepted batch (in memory: the published version,

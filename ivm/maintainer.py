@@ -260,7 +260,7 @@ class Maintainer:
             snapshot = snapshot.with_changes({}, offset=entries[-1].offset).with_counts(counts)
             engine.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
             with self.cond:
-                engine.history.append(entries[-1].offset, engine.view_deltas(deltas), first=before.offset + 1)
+                engine.history.append(entries[-1].offset, engine.history_deltas(deltas), first=before.offset + 1)
                 engine.store.publish(snapshot)
                 self.folds += 1
                 self.cond.notify_all()

@@ -77,7 +77,7 @@ def test_offsets_older_than_the_retained_history_are_refused(db):
     for i in range(15):  # one new group (one delta row) per batch; 10 rows retained
         db.execute(f"INSERT INTO t VALUES ({2 * i}, 'g{i}'), ({2 * i + 1}, 'g{i}')")
     assert db.offset == 15
-    with pytest.raises(OffsetError, match="no longer retained.*read the view again") as caught:
+    with pytest.raises(OffsetError, match="no longer retained.*read by_g again") as caught:
         db.changes("by_g", 0)
     assert "by_g" in str(caught.value) and "after offset 5" in str(caught.value)
     recent = db.changes("by_g", 12)  # still retained
@@ -94,8 +94,29 @@ def test_other_bad_requests(db):
         db.changes("by_g", -1)
     with pytest.raises(UnknownObjectError, match="nope"):
         db.changes("nope", 0)
-    with pytest.raises(ivm.CatalogError, match="is a table"):
+
+
+def test_a_tables_changes_are_its_batches(db):
+    """Inserts +1, an update -old/+new, a delete -1; retained in a budget of their own; ALTER restarts it."""
+    db.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    db.execute("UPDATE t SET g = 'c' WHERE id = 1")
+    db.execute("DELETE FROM t WHERE id = 2")
+    rows = db.changes("t", 0).rows
+    assert sorted(rows.to_pylist(), key=lambda r: (r["__offset"], r["__weight"], r["id"])) == [
+        {"id": 1, "g": "a", "__weight": 1, "__offset": 1}, {"id": 2, "g": "b", "__weight": 1, "__offset": 1},
+        {"id": 1, "g": "a", "__weight": -1, "__offset": 2}, {"id": 1, "g": "c", "__weight": 1, "__offset": 2},
+        {"id": 2, "g": "b", "__weight": -1, "__offset": 3}]
+    for i in range(3, 7):  # 8 more table rows: over t's budget of 10, within by_g's (4 more groups)
+        db.execute(f"INSERT INTO t VALUES ({2 * i}, 'g{i}'), ({2 * i + 1}, 'g{i}')")
+    with pytest.raises(OffsetError, match="changes of t after offset 0 are no longer retained.*read t again"):
         db.changes("t", 0)
+    assert db.changes("by_g", 0).rows.num_rows == 9  # the view's history is whole
+    offset = db.offset
+    db.execute("ALTER TABLE t ADD COLUMN x BIGINT")
+    with pytest.raises(OffsetError, match="no longer retained"):  # its changes before have other columns
+        db.changes("t", offset - 1)
+    db.execute("INSERT INTO t VALUES (99, 'z', 5)")
+    assert db.changes("t", offset).rows.to_pylist() == [{"id": 99, "g": "z", "x": 5, "__weight": 1, "__offset": offset + 1}]
 
 
 def test_a_dropped_view_has_no_history(db):

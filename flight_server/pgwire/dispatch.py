@@ -26,16 +26,16 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
-from flight_server.pgwire import commands, copy, messages, parameters, subscribe, types
+from flight_server import subscribe
+from flight_server.pgwire import commands, copy, messages, parameters, types
 from flight_server.pgwire.errors import PROGRAM_LIMIT, QUERY_CANCELED, UNSUPPORTED, PgError
 from flight_server.pgwire.messages import ProtocolViolation
 from flight_server.statements import run_query, run_update
 from ivm.reads import CANCELLED
-from sql_frontend.errors import StatementCancelledError, UnknownObjectError, UnsupportedError
+from sql_frontend.errors import StatementCancelledError
 
 OFFSET_KEY = b"ivm.offset"
 COPY_LIMIT_BYTES = 1 << 30
-HEARTBEAT_SECONDS = 1.0  # a subscription waits this long for changes before it checks for a cancel
 
 
 @dataclass
@@ -81,6 +81,9 @@ class Dispatcher:
         """The columns a prepared statement returns, before it runs (None: it returns no rows)."""
         if not statement.sql or not self.returns_rows(statement.sql):
             return None
+        subscription = subscribe.parse(statement.sql)
+        if subscription is not None:  # its columns, without reading the relation
+            return subscribe.columns(self.db, subscription)
         if not self.goes_to_database(statement.sql):  # SHOW and version(): answered without side effects
             return self.run_statement(statement.sql, statement, None).table.schema
         kinds = tuple(parameters.arrow_type(oid) for oid in statement.oids)
@@ -130,9 +133,9 @@ class Dispatcher:
             return Outcome("SELECT 1", pa.table({"current_database": [self.database]}))
         subscription = subscribe.parse(sql)
         if subscription is not None:
-            target = self.subscription_schema(subscription)
+            feed, target = self.subscription(subscription)
             return Outcome("SUBSCRIBE", target.empty_table(),
-                           stream=lambda emit: self.stream(subscription, target, emit))
+                           stream=lambda emit: self.stream(feed, subscription, target, emit))
         spec = copy.parse(sql)
         if spec is not None:
             return self._guarded(lambda: self.copy_in(spec) if spec.inbound else self.copy_out(spec))
@@ -226,10 +229,10 @@ class Dispatcher:
     def copy_out(self, spec: copy.CopySpec) -> Outcome:
         subscription = subscribe.parse(spec.query) if spec.query is not None else None
         if subscription is not None:  # COPY (SUBSCRIBE ...) TO STDOUT: CopyData until cancelled
-            target = self.subscription_schema(subscription)
+            feed, target = self.subscription(subscription)
             self.send(messages.copy_response(b"H", len(target)))
             self.flush()
-            self.stream(subscription, target, lambda rows: self._copy_lines(rows, spec, flush=True))
+            self.stream(feed, subscription, target, lambda rows: self._copy_lines(rows, spec, flush=True))
             self.send(messages.copy_done())
             return Outcome("COPY 0")
         if spec.query is not None:
@@ -254,36 +257,22 @@ class Dispatcher:
             self.flush()
 
     # --- SUBSCRIBE ------------------------------------------------------------------------------
-    def subscription_schema(self, subscription: subscribe.Subscription) -> pa.Schema:
-        for info in self.db.objects():
-            if info.name == subscription.view:
-                if info.kind != "view":
-                    raise UnsupportedError(f"{info.name} is a table; SUBSCRIBE takes a materialized view")
-                return subscribe.schema(info.schema, subscription.progress)
-        raise UnknownObjectError(f"materialized view {subscription.view} does not exist")
+    def subscription(self, subscription: subscribe.Subscription) -> tuple[subscribe.Feed, pa.Schema]:
+        """The subscription's feed, read now (a bad relation or offset is this statement's error), and columns."""
+        feed = self._guarded(lambda: subscribe.Feed(self.db, subscription.view, subscription.since))
+        return feed, subscribe.schema(feed.relation_schema, subscription.progress)
 
-    def stream(self, subscription: subscribe.Subscription, target: pa.Schema, emit: Callable) -> None:
-        """Send a view's changes through ``emit`` as they commit, until the client cancels or leaves."""
+    def stream(self, feed: subscribe.Feed, subscription: subscribe.Subscription, target: pa.Schema,
+               emit: Callable) -> None:
+        """Send the changes through ``emit`` as they commit, until the client cancels or leaves."""
         with self.cancellation.scope():
-            since = subscription.since
-            if since is None:
-                rows = self.db.sql(f"SELECT * FROM {_quote(subscription.view)}")
-                since = _offset(rows) or 0
-                if subscription.snapshot and rows.num_rows:
-                    emit(subscribe.snapshot_rows(rows, since, target))
-            if subscription.progress:
-                emit(subscribe.progress_row(since, target))
-            while not self.server.stopping:
-                if self.cancellation.cancelled:
+            for rows in subscribe.sql_rows(feed, subscription, target, lambda: self.server.stopping):
+                if rows.num_rows:
+                    emit(rows)
+                if self.cancellation.cancelled:  # checked at least every heartbeat (an empty table)
                     raise StatementCancelledError(CANCELLED)
                 if self.client_gone():
                     raise ConnectionResetError("the client left during SUBSCRIBE")
-                changes = self.db.changes(subscription.view, since, wait=HEARTBEAT_SECONDS)
-                if changes.rows.num_rows:
-                    emit(subscribe.change_rows(changes.rows, target))
-                since = max(since, changes.through)
-                if subscription.progress:
-                    emit(subscribe.progress_row(since, target))
 
     def client_gone(self) -> bool:
         """True when the client closed its end (a subscription that sends nothing would not notice)."""

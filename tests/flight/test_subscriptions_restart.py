@@ -11,7 +11,6 @@ gap; doing what it says also integrates to the view.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
@@ -82,7 +81,7 @@ def test_resume_across_a_restart_from_the_restored_offset(tmp_path, view):
                 subscribe(client, subscribe=view, **{"from": 0}).read_all()
         message = str(caught.value)
         assert re.search(rf"changes of {view} after offset 0 are no longer retained \(history starts after "
-                         rf"offset {restored}\); read the view again", message), message
+                         rf"offset {restored}\); read {view} again", message), message
         assert "Traceback" not in message
         # From the consumer's last offset (the restored one): the stream continues.
         integrate(server.uri, consumer, view, last, final)
