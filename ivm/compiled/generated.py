@@ -332,11 +332,7 @@ def pairs(left_codes: np.ndarray, right_codes: np.ndarray, left_skip: np.ndarray
     or a DISTINCT's rows: the usual case) one binary search pairs every left row, and a LEFT join keeps
     the left rows in their order (rows of a result are a multiset: any order is the same result).
     """
-    if right_skip is not None:
-        kept = np.flatnonzero(~right_skip)
-        order = kept[np.argsort(right_codes[kept], kind="stable")]
-    else:
-        order = np.argsort(right_codes, kind="stable")
+    order = kernels.sorted_rows(right_codes, right_skip)
     ordered = right_codes[order]
     if len(ordered) and not (ordered[1:] == ordered[:-1]).any():
         at = np.minimum(np.searchsorted(ordered, left_codes), len(ordered) - 1)

@@ -111,17 +111,21 @@ def concat(a: Vec, b: Vec) -> Vec:
     return Vec.concat(a, b)
 
 
+def sorted_rows(codes: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``codes`` in ascending code order (stable), leaving out those ``skip`` marks."""
+    if skip is None:
+        return np.argsort(codes, kind="stable")
+    kept = np.flatnonzero(~skip)
+    return kept[np.argsort(codes[kept], kind="stable")]
+
+
 def matches(left: np.ndarray, right: np.ndarray, left_skip: np.ndarray | None = None,
             right_skip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (left row, right row) with equal codes; and per left row how many it has.
 
     Rows where ``left_skip``/``right_skip`` is true match nothing (NULL keys of an ``=`` join).
     """
-    if right_skip is not None:
-        kept = np.flatnonzero(~right_skip)
-        order = kept[np.argsort(right[kept], kind="stable")]
-    else:
-        order = np.argsort(right, kind="stable")
+    order = sorted_rows(right, right_skip)
     ordered = right[order]
     start = np.searchsorted(ordered, left, "left")
     count = np.searchsorted(ordered, left, "right") - start
