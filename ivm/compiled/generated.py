@@ -38,8 +38,8 @@ import pyarrow as pa
 
 from ivm.compiled import kernels
 from ivm.compiled.vectors import (
-    INT_RANGE, TO_ARROW, Fallback, Unsupported, Vec, _int64_to_decimal, arrow_type, decimal_of, is_decimal, is_int,
-    numpy_type,
+    TO_ARROW, Fallback, Unsupported, Vec, _int64_to_decimal, arrow_type, decimal_of, int_bounds, is_decimal,
+    is_int, numpy_type,
 )
 from storage.buffers import fixed_width_values, int64_values, one_array
 
@@ -221,17 +221,12 @@ def convert(g: Gen, col: Col, target) -> Col:
 
 def check_range(g: Gen, t, col_data: str, valid: str | None, what: str) -> None:
     """vectors.check_range while generating: Fallback unless every valid value fits integer type ``t``."""
-    if t in ("BIGINT", "HUGEINT"):
-        return
-    dec = decimal_of(t)
-    if dec is not None:
-        if dec[0] > 18:
-            return
-        low, high = -(10 ** dec[0]) + 1, 10 ** dec[0] - 1
-    elif is_int(t):
-        low, high = INT_RANGE[t]
-    else:
+    if t not in ("BIGINT", "HUGEINT") and decimal_of(t) is None and not is_int(t):
         raise Unsupported(f"range check of {t} in generated code")
+    bounds = int_bounds(t)
+    if bounds is None:
+        return
+    low, high = bounds
     bad = g.let(f"({col_data} < {low}) | ({col_data} > {high})")
     g.fallback_if(g.valid_any(bad, valid), f"{what} outside {t}")
 

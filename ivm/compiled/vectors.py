@@ -317,20 +317,26 @@ def column_of(array: pa.Array | pa.ChunkedArray) -> Vec:
     return Vec(logical(array.type), array=array)
 
 
+def int_bounds(type_: str) -> tuple[int, int] | None:
+    """The least and greatest value of integer or DECIMAL type ``type_`` as int64 (scaled); None when every
+    int64 fits (BIGINT, HUGEINT, a DECIMAL wider than 18 digits)."""
+    if type_ in ("BIGINT", "HUGEINT"):
+        return None
+    dec = decimal_of(type_)
+    if dec is not None:
+        return None if dec[0] > 18 else (-(10 ** dec[0]) + 1, 10 ** dec[0] - 1)
+    return INT_RANGE[type_]
+
+
 def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: str) -> None:
     """Fallback unless every valid value fits ``type_`` (DuckDB raises where numpy would wrap).
 
     A DECIMAL(p,s) holds values below 10^p in magnitude (scaled); p > 18 holds all of int64.
     """
-    if type_ in ("BIGINT", "HUGEINT") or not len(data):
+    bounds = int_bounds(type_)
+    if bounds is None or not len(data):
         return
-    dec = decimal_of(type_)
-    if dec is not None:
-        if dec[0] > 18:
-            return
-        low, high = -(10 ** dec[0]) + 1, 10 ** dec[0] - 1
-    else:
-        low, high = INT_RANGE[type_]
+    low, high = bounds
     values = data if valid is None else data[valid]
     if len(values) and (values.min() < low or values.max() > high):
         raise Fallback(f"{what} outside {type_}")
