@@ -597,17 +597,42 @@ def _level(run: Run) -> int:
 
 
 def _settle(runs: list[Run], keys: tuple[Key, ...], spill: Spill | None) -> list[Run]:
-    """Merge the newest runs until no run is on a lower level than a newer one and no
-    level ends the list with FAN_IN runs (size-tiered: oldest and largest first)."""
+    """Merge runs until, oldest first, no run is on a lower level than the run after it and no
+    level holds FAN_IN adjacent runs (size-tiered: oldest and largest first), so a lookup probes
+    at most FAN_IN - 1 runs per level.
+
+    Anywhere in the list, not only at its end: a run's level falls as its rows die (a state
+    relation replaces the rows of every group a batch changes), and runs that fell mid-list
+    must merge with their neighbours too. Checking only the newest runs let a view's group
+    state keep 14 runs on average instead of 4 (per_customer at 2M rows), each probed by
+    every lookup."""
     # A run that is mostly dead is rewritten on its own first.
     runs = [_merge([run], keys, spill) if run.n_live * 2 < run.n_rows else run for run in runs]
     while True:
-        if len(runs) >= 2 and _level(runs[-2]) < _level(runs[-1]):
-            runs[-2:] = [_merge(runs[-2:], keys, spill)]  # a newer run outgrew an older one
-        elif len(runs) >= FAN_IN and len({_level(run) for run in runs[-FAN_IN:]}) == 1:
-            runs[-FAN_IN:] = [_merge(runs[-FAN_IN:], keys, spill)]
-        else:
+        span = _next_merge([_level(run) for run in runs])
+        if span is None:
             return runs
+        start, end = span
+        runs[start:end] = [_merge(runs[start:end], keys, spill)]
+
+
+def _next_merge(levels: list[int]) -> tuple[int, int] | None:
+    """[start, end) of the adjacent runs to merge next, newest first, or None when settled.
+
+    >>> _next_merge([8, 6, 7])   # the older run fell below a newer one: the two merge
+    (1, 3)
+    >>> _next_merge([8, 6, 6, 6, 6, 5])   # FAN_IN runs on one level, not at the end
+    (1, 5)
+    >>> _next_merge([8, 7, 7, 7, 6, 5, 5]) is None
+    True
+    """
+    for i in range(len(levels) - 1, 0, -1):
+        if levels[i - 1] < levels[i]:
+            return i - 1, i + 1
+    for i in range(len(levels) - FAN_IN, -1, -1):
+        if len(set(levels[i:i + FAN_IN])) == 1:
+            return i, i + FAN_IN
+    return None
 
 
 def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:

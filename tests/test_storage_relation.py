@@ -296,6 +296,43 @@ def test_tiered_merges_keep_every_key_findable_and_rewrite_each_row_log_fan_in_t
     assert len(rel.runs) <= (relation_module.FAN_IN - 1) * (levels + 2)
 
 
+def test_runs_whose_rows_die_mid_list_still_merge_so_lookups_probe_few_runs(coder):
+    """A view's group state: a fixed set of keys, each step replacing the rows of the keys it
+    touches, so every run loses rows and its level falls while it sits mid-list. Settling looks
+    at the whole list: oldest first, levels never rise and no level holds FAN_IN adjacent runs,
+    so the runs stay about (FAN_IN - 1) per level (checking only the newest runs left 14 runs
+    where 4-6 do, per_customer's state at 2M rows). Every key is still found exactly once."""
+    rng = np.random.default_rng(11)
+    keys = 20_000
+    rel = Relation.empty("state", SCHEMA, ("k",))
+    every = np.arange(keys)
+    rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64),
+                           pa.table({"k": every, "g": pa.compute.cast(every % 5, pa.string()), "v": every * 1.0,
+                                     WEIGHT: np.ones(keys, np.int64)}, schema=SCHEMA), coder)
+    most = 0
+    for step in range(120):
+        touched = np.unique(rng.integers(0, keys, 700))
+        found = rel.lookup(("k",), coder.codes(pa.table({"k": touched}), ["k"]), positions=True, scan=False)
+        hit = found.filter(pa.compute.is_in(found.column("k"), value_set=pa.array(touched)))
+        assert sorted(hit.column("k").to_pylist()) == touched.tolist(), "a live key was not found once"
+        inserts = pa.table({"k": touched, "g": pa.compute.cast(touched % 5, pa.string()),
+                            "v": touched + step / 1000, WEIGHT: np.ones(len(touched), np.int64)}, schema=SCHEMA)
+        rel = rel.replace_rows(hit.column(RUN).to_numpy(), hit.column(POS).to_numpy(), inserts, coder)
+        levels = [relation_module._level(run) for run in rel.runs]
+        assert all(a >= b for a, b in zip(levels, levels[1:])), levels
+        assert all(len(set(levels[i:i + relation_module.FAN_IN])) > 1
+                   for i in range(len(levels) - relation_module.FAN_IN + 1)), levels
+        most = max(most, len(rel.runs))
+    assert rel.num_rows == keys
+    assert sorted(rel.table().column("k").to_pylist()) == every.tolist()
+
+    def level(rows):
+        return (rows.bit_length() - 1) // relation_module.LOG2_FAN_IN
+
+    top = level(keys) - level(600)  # levels between one step's run and the whole state
+    assert most <= (relation_module.FAN_IN - 1) * (top + 1) + 1, most
+
+
 def test_counting_equal_codes_is_a_second_binary_search():
     """``_equal_from`` steps over equal codes (a few, then searches): the same as searchsorted(side="right")."""
     rng = np.random.default_rng(5)
