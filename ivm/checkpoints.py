@@ -56,12 +56,10 @@ from sqlglot import exp
 from delta_operators.merge import output_key, output_state
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
-from ivm.catalog import Catalog, TableDef, ViewDef, make_view
-from ivm.event_time import closed_windows, view_query
-from ivm.interval_join import view_interval
+from ivm.catalog import Catalog, TableDef, ViewDef
+from ivm.view_definition import define_view
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
-from sql_frontend.planner import plan_view
 from sql_frontend.statements import parse_query
 from storage.checkpoint import MANIFEST, RELATIONS, RelationFiles, StorageError, StoredVersion, read_manifest, \
     write_manifest
@@ -111,20 +109,12 @@ def table_from_json(doc: dict) -> TableDef:
 
 
 def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
-    query = view_query(parse_query(doc["sql"]), catalog, doc.get("late"), doc.get("emit"))
     # The types the view was created with; a view stored before they were
     # recorded has DuckDB's (HUGEINT integer sums, see sql_frontend/integer_sums.py).
     types = doc.get("types")
-    plan = plan_view(query, catalog, tuple(doc["columns"]), types, bigint_sums=types is not None)
-    view = make_view(doc["name"], doc["sql"], plan)
-    if doc["stored_output"] and not view.stored_output:
-        view.store_output()
-    view.engine = doc.get("engine")
-    view.late = doc.get("late")
-    view.emit = doc.get("emit")
-    view.closed = closed_windows(view, parse_query(doc["sql"]), catalog, may_store=doc["stored_output"])
-    view.interval = view_interval(view, query, catalog)
-    return view
+    return define_view(doc["name"], doc["sql"], parse_query(doc["sql"]), catalog, column_names=tuple(doc["columns"]),
+                       column_types=types, bigint_sums=types is not None, late=doc.get("late"),
+                       emit=doc.get("emit"), engine=doc.get("engine"), stored_output=bool(doc["stored_output"]))
 
 
 class Checkpointer:

@@ -27,7 +27,6 @@ from sqlglot import exp
 from sql_frontend.errors import (BindError, CatalogError, ChangeError, IvmError, SqlSyntaxError, UnknownObjectError,
                                  UnsupportedError)
 from sql_frontend.limits import check_size, too_complex
-from sql_frontend.planner import plan_view
 from sql_frontend.statements import (
     AlterTable,
     AlterView,
@@ -54,12 +53,12 @@ from sql_frontend.plan import Column
 from ivm import changefeed
 from ivm.binder import quote
 from ivm.changefeed import ViewChanges
-from ivm.catalog import TableDef, make_view
+from ivm.catalog import TableDef
 from ivm.changes import OP
 from ivm.engine import Engine, Settings
 from ivm.engine_choice import check_engine, describe as describe_engine
-from ivm.event_time import view_query
 from ivm.maintenance import check_mode
+from ivm.view_definition import define_view
 from ivm.reads import time_windows_in, visible
 from ivm.system_relations import reads_system
 from ivm.recompute import is_stale
@@ -611,8 +610,8 @@ class Database:
             name = stmt.create.name if stmt.create is not None else "query"
             names = stmt.create.column_names if stmt.create is not None else None
             late, emit = (stmt.create.late, stmt.create.emit) if stmt.create is not None else (None, None)
-            plan = plan_view(view_query(query, engine.catalog, late, emit), engine.catalog, names)
-            view = make_view(name, query.sql("duckdb"), plan)
+            view = define_view(name, query.sql("duckdb"), query, engine.catalog, column_names=names, late=late,
+                               emit=emit)
         programs = {
             source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
             for source in view.sources

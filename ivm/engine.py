@@ -30,7 +30,6 @@ from sqlglot import exp
 
 from sql_frontend.errors import BindError, CatalogError, UnknownObjectError
 from sql_frontend.plan import Column
-from sql_frontend.planner import plan_view
 from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateView, Drop
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program, Query
@@ -38,14 +37,14 @@ from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
 from delta_operators.zset import WEIGHT
 from ivm import duck, keyed_once
 from ivm.binder import Binder, quote
-from ivm.catalog import Catalog, TableDef, ViewDef, make_view
+from ivm.catalog import Catalog, TableDef, ViewDef
 from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, closed_windows, drop_closed_windows,
+from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, drop_closed_windows,
                             expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
-                            stored_watermark, view_query, watermark_batch, watermark_name)
-from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff, stored_reads,
-                               view_interval)
+                            stored_watermark, watermark_batch, watermark_name)
+from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
+                               stored_reads)
 from ivm.executor import Executor, RowChanges, StepRunner, planned_status
 from ivm.group_commit import Committer, take_and_commit
 from ivm.ingest_group import Pending, Ticket
@@ -54,6 +53,7 @@ from ivm.producers import Producers, check_producer
 from ivm.mirrors import Mirrors
 from ivm.observations import Observations
 from ivm.reads import Reader
+from ivm.view_definition import define_view
 from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from ivm.schema_change import BrokenView, altered_definition, altered_rows, consolidate_sql, replanned
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
@@ -375,14 +375,8 @@ class Engine:
                     return False
                 raise CatalogError(f"{stmt.name} already exists")
             check_name(stmt.name, "view")
-            query = view_query(stmt.query, self.catalog, stmt.late, stmt.emit)
-            plan = plan_view(query, self.catalog, stmt.column_names)
-            view = make_view(stmt.name, stmt.sql, plan)
-            view.engine = stmt.engine
-            view.late = stmt.late
-            view.emit = stmt.emit
-            view.interval = view_interval(view, query, self.catalog)
-            view.closed = closed_windows(view, stmt.query, self.catalog)  # may make it store its rows
+            view = define_view(stmt.name, stmt.sql, stmt.query, self.catalog, column_names=stmt.column_names,
+                               late=stmt.late, emit=stmt.emit, engine=stmt.engine)
             check_expired_reads(view, self.store.snapshot)
             check_retained_reads(view, self.catalog, self._stored_new)
             if set(view.sources) & {on_time_name(t) for t in self.catalog.tables}:

@@ -17,8 +17,7 @@ import pytest
 from sqlglot import exp
 
 import ivm
-from ivm.catalog import make_view
-from ivm.event_time import view_query
+from ivm.view_definition import define_view
 from sql_frontend.plan import SPJ, Aggregate, Distinct, SemiJoin, SetOp, Source, TopK, UnionAll, Window, walk
 from sql_frontend.plan_sql import parenthesize, render, to_sql
 from sql_frontend.planner import plan_view
@@ -33,15 +32,15 @@ VIEWS = [v for name in VIEW_SETS for v in oracle_views(name)] + [v for f in ORDE
 
 
 def define(db, name: str, sql: str) -> None:
-    """Plan a view and enter it in the catalog as CREATE MATERIALIZED VIEW does (``Engine.create_view``:
-    ``view_query``, ``plan_view``, ``make_view``), without compiling its delta programs or computing it.
+    """Plan a view and enter it in the catalog as CREATE MATERIALIZED VIEW does (``define_view``), without
+    compiling its delta programs or computing it.
 
     This module checks plans, and planning a view needs only the catalog (earlier views' columns and
     kinds); compiling and running the ~190 views' programs, which the oracle suites check, took three
     quarters of this module's ~70-130 s fixture.
     """
     catalog = db._engine.catalog
-    catalog.add_view(make_view(name, sql, plan_view(view_query(parse_query(sql), catalog, None), catalog)))
+    catalog.add_view(define_view(name, sql, parse_query(sql), catalog))
 
 
 @pytest.fixture(scope="module")
