@@ -1,23 +1,29 @@
-"""Turn a view body into a logical plan.
+"""Turn a view body into a logical plan: a pipeline of rules, run in order (``RULES``).
 
-The pipeline, each step a small function:
+Each rule is a small function of the planning state (``Planning``): the
+query rules rewrite or check the SELECT, the plan rules build and rewrite
+plan nodes. As in sqlglot's optimizer, the order is data, read in one place:
 
-    expand_time_windows -> TUMBLE/HOP in FROM become derived tables (time_windows.py)
-    expand_asof_joins -> ASOF JOIN becomes a join and a NOT EXISTS (asof_join.py)
-    check_supported     -> reject constructs we cannot maintain, by name
+    expand_windows      -> TUMBLE/HOP in FROM become derived tables (time_windows.py)
+    expand_asof         -> ASOF JOIN becomes a join and a NOT EXISTS (asof_join.py)
+    check_constructs    -> reject constructs we cannot maintain, by name (supported.py)
+    drop_order          -> ORDER BY without LIMIT goes: a view is an unordered set of rows
+    check_names         -> every relation read exists (resolve.py)
     bind                -> DuckDB's binder checks names/types and gives the output schema
-    integer_sum_types   -> a SUM of integers is a BIGINT column, not a HUGEINT (integer_sums.py)
-    resolve             -> qualify columns, expand *, inline CTEs
-    factor_disjunctions -> pull conditions shared by every branch of an OR out of it
-    imply_per_table     -> beside an OR, add what it implies about each table alone
+    integer_sums        -> a SUM of integers is a BIGINT column, not a HUGEINT (integer_sums.py)
+    resolve_columns     -> qualify columns, expand *, inline CTEs
+    factor_ors          -> pull conditions shared by every branch of an OR out of it
+    imply_per_table_conditions -> beside an OR, add what it implies about each table alone
     build               -> SELECT blocks become plan nodes (sql_frontend.builder)
-    merge_spj           -> flatten SPJ-over-SPJ so joins see all their inputs
-    infer_types         -> every node's column types, from DuckDB's binder
-    name_outputs        -> the root carries exactly the view's column names and types
+    merge_nested_spj    -> flatten SPJ-over-SPJ so joins see all their inputs
+    check_recursive     -> a WITH RECURSIVE is one the delta rules can maintain (recursion.py)
+    infer_node_types    -> every node's column types, from DuckDB's binder
+    name_root           -> the root carries exactly the view's column names and types
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from sqlglot import exp
@@ -54,6 +60,99 @@ from sql_frontend.time_windows import expand_time_windows
 from sql_frontend.top_k import has_limit
 
 
+@dataclass
+class Planning:
+    """What the rules read and write while one view is planned."""
+
+    query: exp.Expression  # the SELECT with windows and ASOF expanded, ORDER BY dropped (the plan keeps it)
+    catalog: CatalogReader
+    column_names: Sequence[str] | None  # as the view names them (None: the SELECT's)
+    column_types: Sequence[str] | None  # frozen types of a view created before (None: DuckDB's)
+    bigint_sums: bool
+    output: tuple[Column, ...] = ()  # the view's columns as the binder gives them
+    names: list[str] = field(default_factory=list)
+    resolved: exp.Expression | None = None  # the query qualified and rewritten for building
+    root: Node | None = None  # the plan, once built
+
+
+def expand_windows(p: Planning) -> None:
+    p.query = expand_time_windows(p.query, p.catalog.schema())
+
+
+def expand_asof(p: Planning) -> None:
+    p.query = expand_asof_joins(p.query)
+
+
+def check_constructs(p: Planning) -> None:
+    check_supported(p.query, p.catalog.aggregate_names())
+
+
+def drop_order(p: Planning) -> None:
+    p.query = drop_order_by(p.query)
+
+
+def check_names(p: Planning) -> None:
+    check_relations(p.query, p.catalog.schema())
+
+
+def bind(p: Planning) -> None:
+    """The output columns from DuckDB's binder; frozen types replace its types (as PostgreSQL freezes a
+    view's columns)."""
+    output = p.catalog.describe(render(p.query))
+    p.names = _output_names(output, p.column_names)
+    if p.column_types is not None:
+        if len(p.column_types) != len(output):
+            raise BindError(f"the view was created with {len(p.column_types)} columns but its SELECT now returns "
+                            f"{len(output)}")
+        output = tuple(Column(c.name, t) for c, t in zip(output, p.column_types))
+    p.output = output
+
+
+def integer_sums(p: Planning) -> None:
+    """Integer sums as BIGINT, unless the types are frozen or the view predates the rule."""
+    if p.column_types is None and p.bigint_sums:
+        types = integer_sum_types(p.query, [c.type for c in p.output],
+                                  lambda q: [c.type for c in p.catalog.describe(render(q))])
+        p.output = tuple(Column(c.name, t) for c, t in zip(p.output, types))
+
+
+def resolve_columns(p: Planning) -> None:
+    p.resolved = resolve(p.query, p.catalog.schema())
+
+
+def factor_ors(p: Planning) -> None:
+    p.resolved = factor_disjunctions(p.resolved)
+
+
+def imply_per_table_conditions(p: Planning) -> None:
+    p.resolved = imply_per_table(p.resolved)
+
+
+def build(p: Planning) -> None:
+    p.root = Builder(p.catalog, infer_types).query(p.resolved)
+
+
+def merge_nested_spj(p: Planning) -> None:
+    p.root = merge_spj(p.root)
+
+
+def check_recursive(p: Planning) -> None:
+    check_recursion(p.root)
+
+
+def infer_node_types(p: Planning) -> None:
+    infer_types(p.root, p.catalog.describe)
+
+
+def name_root(p: Planning) -> None:
+    p.root = name_outputs(p.root, p.names, [c.type for c in p.output])
+
+
+RULES = (expand_windows, expand_asof, check_constructs, drop_order, check_names, bind, integer_sums,
+         resolve_columns, factor_ors, imply_per_table_conditions, build, merge_nested_spj, check_recursive,
+         infer_node_types, name_root)
+
+
 def plan_view(
     query: exp.Expression, catalog: CatalogReader, column_names: Sequence[str] | None = None,
     column_types: Sequence[str] | None = None, *, bigint_sums: bool = True,
@@ -65,31 +164,12 @@ def plan_view(
     DuckDB's, with integer sums as BIGINT unless ``bigint_sums`` is False (views
     stored before that rule existed).
     """
-    query = expand_asof_joins(expand_time_windows(query, catalog.schema()))
-    check_supported(query, catalog.aggregate_names())
-    query = drop_order_by(query)
-    schema = catalog.schema()
-    check_relations(query, schema)
-    output = catalog.describe(render(query))
-    names = _output_names(output, column_names)
-    if column_types is not None:
-        if len(column_types) != len(output):
-            raise BindError(f"the view was created with {len(column_types)} columns but its SELECT now returns "
-                            f"{len(output)}")
-        output = tuple(Column(c.name, t) for c, t in zip(output, column_types))
-    elif bigint_sums:
-        types = integer_sum_types(query, [c.type for c in output],
-                                  lambda q: [c.type for c in catalog.describe(render(q))])
-        output = tuple(Column(c.name, t) for c, t in zip(output, types))
-    resolved = imply_per_table(factor_disjunctions(resolve(query, schema)))
-    root = Builder(catalog, infer_types).query(resolved)
-    root = merge_spj(root)
-    check_recursion(root)
-    infer_types(root, catalog.describe)
-    root = name_outputs(root, names, [c.type for c in output])
-    columns = tuple(Column(n, c.type) for n, c in zip(names, output))
-    relations = tuple(dict.fromkeys(s.relation for s in sources(root)))
-    return ViewPlan(root=root, columns=columns, sources=relations, query=query)
+    p = Planning(query, catalog, column_names, column_types, bigint_sums)
+    for rule in RULES:
+        rule(p)
+    columns = tuple(Column(n, c.type) for n, c in zip(p.names, p.output))
+    relations = tuple(dict.fromkeys(s.relation for s in sources(p.root)))
+    return ViewPlan(root=p.root, columns=columns, sources=relations, query=p.query)
 
 
 def drop_order_by(query: exp.Expression) -> exp.Expression:

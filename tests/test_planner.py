@@ -223,3 +223,11 @@ def test_order_by_hidden_expression_becomes_a_dropped_column(loaded):
     (top,) = [n for n in walk(plan.root) if isinstance(n, TopK)]
     assert [k.column for k in top.order][0].startswith("__order")
     assert [c.name for c in plan.columns] == ["id"]
+
+
+def test_the_planner_docstring_lists_its_rules_in_the_order_they_run():
+    """sql_frontend/planner.py's pipeline is data (``RULES``); its docstring is the reader's map of it."""
+    from sql_frontend import planner
+
+    listed = [line.split("->")[0].strip() for line in planner.__doc__.splitlines() if "->" in line]
+    assert listed == [rule.__name__ for rule in planner.RULES]
