@@ -20,7 +20,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 import duckdb
 import pyarrow as pa
@@ -721,28 +722,48 @@ class Engine:
         ticket.batch = prepared.batch  # normalized: its rows are the batch's
         snapshot = snapshot.with_changes(prepared.versions())
         deltas = prepared.deltas()
-        snapshot = self._maintain(deltas, snapshot, self.worker(prepared.change.delta.num_rows))
-        self.accept_events(table, prepared)
-        offset = self.publish(snapshot, deltas, prepared.counts())
+        offset = self.offset + 1
+        self.maintain_and_publish(snapshot, deltas, prepared.counts(), self.worker(prepared.change.delta.num_rows),
+                                  first=offset, last=offset, assign=True,
+                                  before_publish=lambda _: self.accept_events(table, prepared))
         self.producers.record(source, seq, offset)
         return offset
 
-    def publish(self, snapshot: Snapshot, deltas: dict[str, pa.Table], counts: dict[str, int],
-                batches: int = 1) -> int:
-        """Publish a maintained snapshot as the next ``batches`` offsets; return the last, its offset.
+    def maintain_and_publish(self, snapshot: Snapshot, deltas: dict[str, pa.Table], counts: dict[str, int],
+                             worker: Worker, *, first: int, last: int, assign: bool, isolate: bool = False,
+                             before_publish: Callable[[Snapshot], None] | None = None,
+                             guard: ContextManager | None = None) -> Snapshot:
+        """The step every writer ends with (a batch on its own, a group commit, a durable fold):
+        maintain every view over ``deltas`` (tables' new versions are in ``snapshot``), then publish
+        the result as offsets ``first``..``last``; return the published snapshot.
+
+        ``assign``: the offsets are new (in memory, a commit makes them) and
+        become the engine's; a durable fold publishes offsets its log already
+        gave. ``isolate``: see ``_maintain``. ``before_publish`` sees the
+        maintained snapshot first (a step that fails there publishes nothing);
+        ``guard`` is held while the history and the snapshot are published.
 
         The history first: a reader who sees the view at this offset may
         subscribe from it at once. Deltas of views computed on read are not
         consolidated here: subscribers consolidate what they read
         (ivm/changefeed.py), which keeps that query off the write path.
         """
-        first, last = self.offset + 1, self.offset + batches
-        self.history.append(last, self.history_deltas(deltas), first=first)
-        snapshot = snapshot.with_changes({}, offset=last).with_counts(counts)
-        self.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
-        self.offset = last
-        self.store.publish(snapshot)
-        return last
+        snapshot = self._maintain(deltas, snapshot, worker, isolate=isolate)
+        if before_publish is not None:
+            before_publish(snapshot)
+        return self.publish(snapshot, deltas, counts, first=first, last=last, assign=assign, guard=guard)
+
+    def publish(self, snapshot: Snapshot, deltas: dict[str, pa.Table], counts: dict[str, int], *, first: int,
+                last: int, assign: bool, guard: ContextManager | None = None) -> Snapshot:
+        """The publishing half of ``maintain_and_publish`` (called only by it)."""
+        published = snapshot.with_changes({}, offset=last).with_counts(counts)
+        self.reader.warm(published)  # rows of views computed on read, ready for the first read
+        with guard if guard is not None else nullcontext():
+            self.history.append(last, self.history_deltas(deltas), first=first)
+            if assign:
+                self.offset = last
+            self.store.publish(published)
+        return published
 
     def ingest_batch(self, batches: list[tuple[str, Any]], on_missing_delete: str | None = None) -> int:
         """Apply change batches of distinct tables atomically, as one offset; return it.
@@ -765,10 +786,14 @@ class Engine:
                 for name, n in one.counts().items():
                     counts[name] = counts.get(name, 0) + n
             rows = sum(one.change.delta.num_rows for _, one in prepared)
-            snapshot = self._maintain(deltas, snapshot, self.worker(rows))
-            for table, one in prepared:
-                self.accept_events(table, one)
-            offset = self.publish(snapshot, deltas, counts)
+
+            def accept(_: Snapshot) -> None:
+                for table, one in prepared:
+                    self.accept_events(table, one)
+
+            offset = self.offset + 1
+            self.maintain_and_publish(snapshot, deltas, counts, self.worker(rows), first=offset, last=offset,
+                                      assign=True, before_publish=accept)
         self.observed.batch_seconds.observe(time.perf_counter() - started)
         for table, one in prepared:
             self.observed.acknowledged(table, one.batch.num_rows)

@@ -91,9 +91,9 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
     worker = engine.worker(rows)
     deltas = zset_sums(parts, worker, engine)
     snapshot = engine.store.snapshot.with_changes(unit.versions)
-    snapshot = engine._maintain(deltas, snapshot, worker)
     first = engine.offset + 1
-    engine.publish(snapshot, deltas, unit.counts, batches=len(unit.tickets))
+    engine.maintain_and_publish(snapshot, deltas, unit.counts, worker, first=first, last=first + len(unit.tickets) - 1,
+                                assign=True)
     for offset, ticket in enumerate(unit.tickets, start=first):
         engine.producers.record(ticket.source, ticket.seq, offset)
         ticket.offset, ticket.done = offset, True

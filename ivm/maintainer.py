@@ -21,7 +21,7 @@ Reads wait until the published offset reaches the last durable offset when
 they start (read your writes): the recent-changes buffer of the design is
 these queued deltas, merged into the views before the read rather than
 during it. A view whose program fails here (after the ack) is marked failed
-and the other views go on (``Engine._maintain(isolate=True)``).
+and the other views go on (``Engine.maintain_and_publish(isolate=True)``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 
@@ -254,17 +255,23 @@ class Maintainer:
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self._worker(rows)
             deltas = zset_sums(parts, worker, engine)
-            snapshot = engine._maintain(deltas, snapshot, worker, isolate=True)
-            self._keep_indexes(before.with_changes(versions), snapshot)
-            hook("fold.before_publish")
-            snapshot = snapshot.with_changes({}, offset=entries[-1].offset).with_counts(counts)
-            engine.reader.warm(snapshot)  # rows of views computed on read, ready for the first read
-            with self.cond:
-                engine.history.append(entries[-1].offset, engine.history_deltas(deltas), first=before.offset + 1)
-                engine.store.publish(snapshot)
-                self.folds += 1
-                self.cond.notify_all()
+
+            def before_publish(maintained: Snapshot) -> None:
+                self._keep_indexes(before.with_changes(versions), maintained)
+                hook("fold.before_publish")
+
+            engine.maintain_and_publish(snapshot, deltas, counts, worker, first=before.offset + 1,
+                                        last=entries[-1].offset, assign=False, isolate=True,
+                                        before_publish=before_publish, guard=self._publishing())
             self._observe(entries, started)
+
+    @contextmanager
+    def _publishing(self) -> Iterator[None]:
+        """Held while a fold publishes: waiters see the new snapshot and the fold count together."""
+        with self.cond:
+            yield
+            self.folds += 1
+            self.cond.notify_all()
 
     def _observe(self, entries: list[Entry], started: float) -> None:
         """Record the fold's time and, per entry, how long its batches waited to be visible."""
