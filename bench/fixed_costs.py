@@ -50,7 +50,7 @@ STAGES = [
     ("compiled steps", "ivm.executor:Executor._compiled"),
     ("DuckDB steps", "ivm.executor:Executor._duckdb"),
     ("lookups in state and tables", "ivm.executor:StepRunner._shared_lookup"),
-    ("commit state changes", "ivm.engine:Engine._commit"),
+    ("commit state changes", "ivm.engine:commit_row_changes"),
     ("publish the snapshot", "ivm.engine:Engine.publish"),
 ]
 

@@ -339,6 +339,23 @@ class Database:
             raise ChangeError(f"apply_batch: each table appears once; repeated: {', '.join(repeated)}")
         return self._engine.ingest_batch(list(zip(tables, (data for _, data in items))), on_missing_delete)
 
+    def table_definition(self, table: str) -> TableDef:
+        """A table's definition (columns, key, options); an unknown name is an error naming it."""
+        self._check_open()
+        return self._engine.catalog.table(table.lower())
+
+    def kind_of(self, name: str) -> str | None:
+        """'table', 'view' or None (no such relation)."""
+        self._check_open()
+        catalog = self._engine.catalog
+        name = name.lower()
+        return "view" if name in catalog.views else "table" if catalog.exists(name) else None
+
+    def producer_position(self, source: str) -> tuple | None:
+        """The last (seq, offset) a producer ``source`` applied (None: nothing yet): where it resumes."""
+        self._check_open()
+        return self._engine.producers.last().get(source)
+
     def table_columns(self, table: str) -> list[tuple[str, str]]:
         """A table's columns now: (name, DuckDB type) each, in order."""
         self._check_open()
@@ -613,7 +630,7 @@ class Database:
             view = define_view(name, query.sql("duckdb"), query, engine.catalog, column_names=names, late=late,
                                emit=emit)
         programs = {
-            source: view.program(frozenset([source]), engine._stored_new(frozenset([source])))
+            source: view.program(frozenset([source]), engine.stored_new(frozenset([source])))
             for source in view.sources
         }
         lines = explain_view(view.name, view.plan, view.states, programs, self._engine_text(stmt, view),

@@ -75,7 +75,7 @@ class DurableEngine(Engine):
         except OSError as e:
             raise IvmError(f"cannot use {self.path} as a database directory: {e.strerror or e}") from e
         self.heads: dict[str, Relation] = {}  # tables including batches not folded yet
-        self._pending_indexes: dict[str, tuple] = {}
+        self.pending_indexes: dict[str, tuple] = {}
         # Guards the heads and the queued batches not converted yet (ivm/deferred.py):
         # producers converting a batch now hold it, and so do the maintainer's threads
         # (ivm/ahead.py; they never wait under it).
@@ -92,7 +92,7 @@ class DurableEngine(Engine):
         self.maintainer = Maintainer(self, Worker(self._fold_db.cursor()), Worker(self.duck.cursor()),
                                      ahead=(Worker(self._fold_db.cursor()), Worker(self.duck.cursor())))
         self.checkpointer = Checkpointer(self, self.path)
-        self._pending = Pending()
+        self.pending = Pending()
         self.replayed = 0
         try:
             self._recover()
@@ -167,10 +167,10 @@ class DurableEngine(Engine):
         check_producer(source, seq)
         started = time.perf_counter()
         ticket = Ticket(table, data, on_missing_delete, source, seq)
-        self._pending.add(ticket)
+        self.pending.add(ticket)
         with self.write_lock:
             while not ticket.done:  # convert every waiting batch, ours among them (ivm/ingest_group.py)
-                tickets = self._pending.take_unit()
+                tickets = self.pending.take_unit()
                 try:
                     self._accept_unit(tickets)
                 except BaseException as e:
@@ -253,7 +253,7 @@ class DurableEngine(Engine):
 
     def head(self, table: str) -> Relation:
         relation = self.heads.get(table) or self.store.snapshot[table]
-        keys = self._pending_indexes.pop(table, None)
+        keys = self.pending_indexes.pop(table, None)
         if keys:
             for key in keys:
                 relation = relation.with_index(key, self.small.coder)
@@ -262,7 +262,7 @@ class DurableEngine(Engine):
 
     def want_indexes(self, table: str, keys: tuple) -> None:
         """Called by the maintainer: give the table's next versions these indexes."""
-        self._pending_indexes[table] = keys
+        self.pending_indexes[table] = keys
 
     def wait_visible(self) -> None:
         self.maintainer.wait_published(min(self.log.durable, self.offset))

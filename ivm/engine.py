@@ -46,7 +46,7 @@ from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table
                             stored_watermark, watermark_batch, watermark_name)
 from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
                                stored_reads)
-from ivm.executor import Executor, RowChanges, StepRunner, planned_status
+from ivm.executor import Executor, RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
 from ivm.group_commit import Committer, take_and_commit
 from ivm.ingest_group import Pending, Ticket
 from ivm.maintenance import check_mode, source_rows
@@ -126,6 +126,32 @@ def spill_of(settings: Settings, default_dir) -> Spill | None:
         return Spill(Path(where), rows)
     except OSError as e:
         raise ValueError(f"cannot spill to {where}: {e.strerror or e}") from e
+
+
+class OwnedLock:
+    """A reentrant lock that tells whether the calling thread holds it (``threading.RLock`` has no
+    public way to say): a batch handed in under it (CREATE TABLE ... AS) must commit at once, not
+    wait for a committer thread that would need the lock."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> "OwnedLock":
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+        self._lock.release()
+
+    def held(self) -> bool:
+        return self._owner == threading.get_ident()
 
 
 def check_name(name: str, what: str) -> None:
@@ -240,10 +266,10 @@ class Engine:
         self.binder = Binder()
         self.catalog = Catalog(self.binder)
         self.store = Store()
-        self.write_lock = threading.RLock()
+        self.write_lock = OwnedLock()
         # Group commit (ivm/group_commit.py): batches waiting for the write lock, and the
         # tables' versions made by the unit being committed.
-        self._pending = Pending()
+        self.pending = Pending()
         self.heads: dict[str, Relation] = {}
         self.committer: Committer | None = None  # in memory, with ingest_nice: started by start_committer
         self.reader = Reader(self)
@@ -379,7 +405,7 @@ class Engine:
             view = define_view(stmt.name, stmt.sql, stmt.query, self.catalog, column_names=stmt.column_names,
                                late=stmt.late, emit=stmt.emit, engine=stmt.engine)
             check_expired_reads(view, self.store.snapshot)
-            check_retained_reads(view, self.catalog, self._stored_new)
+            check_retained_reads(view, self.catalog, self.stored_new)
             if set(view.sources) & {on_time_name(t) for t in self.catalog.tables}:
                 self._stored_reads(view)  # now, not while a later batch is converted
             snapshot = self.store.snapshot
@@ -396,8 +422,8 @@ class Engine:
             # Indexes the view will look up in its sources, built now rather than
             # on the first change (single-source programs cover the common case).
             for source in view.sources:
-                program = view.program(frozenset([source]), self._stored_new(frozenset([source])))
-                snapshot = self._ensure_indexes(program, snapshot, self.large)
+                program = view.program(frozenset([source]), self.stored_new(frozenset([source])))
+                snapshot = with_program_indexes(program, snapshot, self.large.coder)
             try:
                 started = time.perf_counter()
                 snapshot = self._initialize(view, snapshot)
@@ -453,7 +479,7 @@ class Engine:
         relation = self.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
         return snapshot.with_changes({view.name: relation.replace_all(counted, self.large.coder)})
 
-    def _stored_new(self, changed: frozenset[str]) -> frozenset[str]:
+    def stored_new(self, changed: frozenset[str]) -> frozenset[str]:
         """Sources whose stored version already includes the step's delta (tables)."""
         return frozenset(r for r in changed if r in self.catalog.tables)
 
@@ -461,7 +487,7 @@ class Engine:
         """Compute a new view from what its sources hold now: the delta from empty."""
         sources = frozenset(view.sources)
         program = view.program(sources, sources, initial=True)
-        snapshot = self._ensure_indexes(program, snapshot, self.large)
+        snapshot = with_program_indexes(program, snapshot, self.large.coder)
         inputs = {delta_input(s): snapshot[s].table() for s in sources}
         rows = sum(t.num_rows for t in inputs.values())
         executor = self.executor_for(view, program, rows, snapshot, self.large)
@@ -478,7 +504,7 @@ class Engine:
         finally:
             self.backfills.pop(view.name, None)
             self.backfill_runners.pop(view.name, None)
-        return snapshot.with_changes(self._commit(changes, snapshot, self.large))
+        return snapshot.with_changes(commit_row_changes(changes, snapshot, self.large.coder))
 
     def alter_view(self, stmt: AlterView) -> bool:
         """Set (or with None reset) a view's own engine; takes effect from its next step."""
@@ -683,13 +709,13 @@ class Engine:
         check_producer(source, seq)
         started = time.perf_counter()
         ticket = Ticket(table, data, on_missing_delete, source, seq)
-        if self.write_lock._is_owned():  # CREATE TABLE ... AS holds the lock: its batch goes alone, now
+        if self.write_lock.held():  # CREATE TABLE ... AS holds the lock: its batch goes alone, now
             with self.write_lock:
                 self.ingest_one(ticket)
         elif self.committer is not None:  # a thread of lower OS priority commits (Settings.ingest_nice)
             self.committer.commit(ticket)
         else:
-            self._pending.add(ticket)
+            self.pending.add(ticket)
             with self.write_lock:
                 while not ticket.done:
                     take_and_commit(self)
@@ -862,7 +888,7 @@ class Engine:
 
     def _stored_reads(self, view: ViewDef) -> frozenset[str]:
         if view.stored is None:
-            view.stored = stored_reads(view, self._stored_new)
+            view.stored = stored_reads(view, self.stored_new)
         return view.stored
 
     def accept_events(self, table: str, prepared: Prepared) -> None:
@@ -920,7 +946,7 @@ class Engine:
                     else:
                         program = view.program(changed, stored_new & changed)
                         warmup = view.cost.warming_up(program)
-                        snapshot = self._ensure_indexes(program, snapshot, worker)
+                        snapshot = with_program_indexes(program, snapshot, worker.coder)
                         inputs = {delta_input(s): seen[s] for s in changed}
                         executor = self.executor_for(view, program, rows, snapshot, worker)
                         checked = self._probation_runs(executor)
@@ -941,7 +967,7 @@ class Engine:
                 view.cost.record(path, elapsed(), rows, sizes, warmup)
                 if view.cost.trial:
                     self._trial_refresh(view, snapshot, all_changes, recomputed, worker, deltas, sizes)
-        committed = self._commit([c for c in all_changes if c.relation not in recomputed], snapshot, worker)
+        committed = commit_row_changes([c for c in all_changes if c.relation not in recomputed], snapshot, worker.coder)
         snapshot = with_stale(snapshot.with_changes({**committed, **recomputed}), stale)
         self._keep_mirrors(snapshot, deltas, worker)
         return self._drop_closed_windows(deltas, snapshot, worker)
@@ -1036,21 +1062,3 @@ class Engine:
             return True
         return False
 
-    @staticmethod
-    def _commit(changes: list[RowChanges], snapshot: Snapshot, worker: Worker) -> dict[str, Relation]:
-        updated: dict[str, Relation] = {}
-        for change in changes:
-            relation = updated.get(change.relation) or snapshot[change.relation]
-            updated[change.relation] = relation.replace_rows(
-                change.delete_runs, change.delete_rows, change.inserts, worker.coder
-            )
-        return updated
-
-    @staticmethod
-    def _ensure_indexes(program: Program, snapshot: Snapshot, worker: Worker) -> Snapshot:
-        missing = {}
-        for spec in program.indexes:
-            relation = missing.get(spec.relation) or snapshot[spec.relation]
-            if spec.columns not in relation.index_keys:
-                missing[spec.relation] = relation.with_index(spec.columns, worker.coder)
-        return snapshot.with_changes(missing) if missing else snapshot

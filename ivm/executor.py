@@ -47,6 +47,7 @@ from ivm.compiled.extremes import DeletedExtremes
 from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode, static_reason
 from ivm.duck import Holder
 from storage.keys import KeyCoder
+from storage.relation import Relation
 from storage.store import Snapshot
 
 DIALECT = "duckdb"
@@ -636,3 +637,21 @@ class Executor(StepRunner):
         self.counts["compiled"] += 1
         return ours
 
+
+def commit_row_changes(changes: list[RowChanges], snapshot: Snapshot, coder: KeyCoder) -> dict[str, Relation]:
+    """The new versions of the relations ``changes`` (a program's state changes) delete from and insert into."""
+    updated: dict[str, Relation] = {}
+    for change in changes:
+        relation = updated.get(change.relation) or snapshot[change.relation]
+        updated[change.relation] = relation.replace_rows(change.delete_runs, change.delete_rows, change.inserts, coder)
+    return updated
+
+
+def with_program_indexes(program: Program, snapshot: Snapshot, coder: KeyCoder) -> Snapshot:
+    """``snapshot`` with every index ``program``'s lookups probe (built where one is missing)."""
+    missing = {}
+    for spec in program.indexes:
+        relation = missing.get(spec.relation) or snapshot[spec.relation]
+        if spec.columns not in relation.index_keys:
+            missing[spec.relation] = relation.with_index(spec.columns, coder)
+    return snapshot.with_changes(missing) if missing else snapshot

@@ -105,7 +105,7 @@ TAKE_OVER_AFTER = 0.02
 
 def take_and_commit(engine: "Engine") -> None:
     """Commit the pending unit (under the write lock); no ticket of it is left waiting, whatever happens."""
-    tickets = engine._pending.take_unit()
+    tickets = engine.pending.take_unit()
     for ticket in tickets:
         ticket.taken = True
     try:
@@ -139,7 +139,7 @@ class Committer:
 
     def commit(self, ticket: Ticket) -> None:
         """Queue ``ticket`` and wait until it is done; commit it here if the committer is slow to start."""
-        self.engine._pending.add(ticket)
+        self.engine.pending.add(ticket)
         deadline = time.monotonic() + TAKE_OVER_AFTER
         with self.cond:
             self.cond.notify_all()
@@ -175,7 +175,7 @@ class Committer:
         lower_priority(self.nice)
         while True:
             with self.cond:
-                while not self.stopping and not self.engine._pending.waiting():
+                while not self.stopping and not self.engine.pending.waiting():
                     self.cond.wait()
                 if self.stopping:
                     return

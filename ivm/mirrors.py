@@ -61,7 +61,7 @@ from sqlglot import exp
 from delta_operators.prune import cancelled_pairs
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
-from ivm.reads import Reader, visible
+from ivm.reads import run_query, visible
 from sql_frontend.errors import BindError
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class Mirrors:
                 self._sync(con, source, catalog.tables[source].primary_key, _reads(view, source), snapshot,
                            published, deltas, coder, lambda table: _reads_of_any(catalog, table))
             try:
-                return Reader._run(con, sql)  # DuckDB's errors as the reader's (ExecutionError, BindError...)
+                return run_query(con, sql)  # DuckDB's errors as the reader's (ExecutionError, BindError...)
             except BindError:
                 narrowed = [s for s in view.sources if self._columns.get(s, ALL) is not ALL]
                 if not narrowed:
@@ -137,7 +137,7 @@ class Mirrors:
             for source in narrowed:  # a column C lacks, maybe: every column, then the same SELECT again
                 self._stamps[source] = None
                 self._sync(con, source, catalog.tables[source].primary_key, ALL, snapshot, published, deltas, coder)
-            return Reader._run(con, sql)
+            return run_query(con, sql)
 
     def follow(self, catalog: "Catalog", snapshot: "Snapshot", published: "Snapshot", deltas: Mapping[str, pa.Table],
                coder: "KeyCoder") -> None:

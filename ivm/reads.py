@@ -54,8 +54,7 @@ OFFSET_METADATA = b"ivm.offset"
 
 def visible(relation: Relation, may_repeat: bool) -> pa.Table:
     """The rows users see: the weight column dropped, or spent on repetitions."""
-    with relation._cache_lock:
-        cached = relation._cache.get("visible")
+    cached = relation.cached("visible")
     if cached is not None:
         return cached
     table = relation.table()
@@ -63,8 +62,7 @@ def visible(relation: Relation, may_repeat: bool) -> pa.Table:
     rows = table.drop_columns([WEIGHT])
     if may_repeat and table.num_rows and pc.max(weights).as_py() > 1:
         rows = rows.take(pa.array(np.repeat(np.arange(table.num_rows), weights.to_numpy())))
-    with relation._cache_lock:
-        relation._cache["visible"] = rows
+    relation.remember("visible", rows)
     return rows
 
 
@@ -81,8 +79,7 @@ def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: li
     """
     key = ("computed", view.name, id(view))
     first, others = states[0], tuple(states[1:])
-    with first._cache_lock:
-        cached = first._cache.get(key)
+    cached = first.cached(key)
     if cached is not None and cached[0] is view and len(cached[1]) == len(others) \
             and all(a is b for a, b in zip(cached[1], others)):
         return cached[2]
@@ -90,9 +87,38 @@ def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: li
         rows = duck.arrow(cursor, view.read_text())
     except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
         raise ExecutionError(duckdb_message(e)) from None
-    with first._cache_lock:
-        first._cache[key] = (view, others, rows)
+    first.remember(key, (view, others, rows))
     return rows
+
+
+def run_query(cursor: duckdb.DuckDBPyConnection, sql: str, timeout: float | None = None) -> pa.Table:
+    """``sql`` on ``cursor`` as every read runs it: a timeout, a client's cancel, DuckDB's errors as ivm's."""
+    # A stray interrupt that fires after the query ended is harmless: DuckDB clears it when the next query starts.
+    timer = threading.Timer(timeout, cursor.interrupt) if timeout else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        with cancel.running(cursor) as cancelled:
+            if cancelled:
+                raise StatementCancelledError(CANCELLED)
+            return duck.arrow(cursor, sql)
+    except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
+        raise AccessDeniedError(duckdb_message(e)) from None
+    except duckdb.InterruptException:
+        if cancel.requested():  # a client's cancel request (ivm/cancel.py), not the timer
+            raise StatementCancelledError(CANCELLED) from None
+        raise StatementTimeoutError(f"statement cancelled after the statement timeout of {timeout:g} s "
+                                    "(statement_timeout, ivm serve --statement-timeout); nothing changed") from None
+    except duckdb.CatalogException as e:
+        raise UnknownObjectError(duckdb_message(e)) from None
+    except (duckdb.BinderException, duckdb.ParserException) as e:
+        raise BindError(duckdb_message(e)) from None
+    except duckdb.Error as e:
+        raise ExecutionError(duckdb_message(e)) from None
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def failed_view_error(name: str, failed: str) -> ExecutionError:
@@ -293,42 +319,13 @@ class Reader:
                     lease.registered[name] = rows
             table = self._point_read(lease, point, expression, values) if point is not None else None
             if table is None:
-                table = self._run(lease.cursor, sql() if callable(sql) else sql, timeout)
+                table = run_query(lease.cursor, sql() if callable(sql) else sql, timeout)
                 if point is not None:
                     self._remember_schema(lease, point, expression, table.schema)
         metadata = dict(table.schema.metadata or {})
         metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
         return table.replace_schema_metadata(metadata)
 
-
-    @staticmethod
-    def _run(cursor: duckdb.DuckDBPyConnection, sql: str, timeout: float | None = None) -> pa.Table:
-        # A stray interrupt that fires after the query ended is harmless: DuckDB clears it when the next query starts.
-        timer = threading.Timer(timeout, cursor.interrupt) if timeout else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        try:
-            with cancel.running(cursor) as cancelled:
-                if cancelled:
-                    raise StatementCancelledError(CANCELLED)
-                return duck.arrow(cursor, sql)
-        except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
-            raise AccessDeniedError(duckdb_message(e)) from None
-        except duckdb.InterruptException:
-            if cancel.requested():  # a client's cancel request (ivm/cancel.py), not the timer
-                raise StatementCancelledError(CANCELLED) from None
-            raise StatementTimeoutError(f"statement cancelled after the statement timeout of {timeout:g} s "
-                                        "(statement_timeout, ivm serve --statement-timeout); nothing changed") from None
-        except duckdb.CatalogException as e:
-            raise UnknownObjectError(duckdb_message(e)) from None
-        except (duckdb.BinderException, duckdb.ParserException) as e:
-            raise BindError(duckdb_message(e)) from None
-        except duckdb.Error as e:
-            raise ExecutionError(duckdb_message(e)) from None
-        finally:
-            if timer is not None:
-                timer.cancel()
 
     def _input(self, lease: Lease, name: str) -> pa.Table | None:
         """The Arrow rows registered for ``name`` on this cursor (None: a DuckDB view over large state)."""

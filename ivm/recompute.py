@@ -41,6 +41,7 @@ from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 from ivm.binder import quote
+from ivm.executor import commit_row_changes, with_program_indexes
 from ivm.mirrors import eligible
 
 if TYPE_CHECKING:
@@ -112,10 +113,10 @@ def rebuild(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
         new = new.with_changes({view.name: None})  # its stale output: reads compute from state again
     sources = frozenset(view.sources)
     program = view.program(sources, sources, initial=True)  # every source at NEW: as at CREATE
-    new = engine._ensure_indexes(program, new, worker)
+    new = with_program_indexes(program, new, worker.coder)
     inputs = {delta_input(s): new[s].table() for s in sources}
     _, changes = worker.executor.run(program, inputs, new, label=f"view {view.name} (rebuild)")
-    new = new.with_changes(engine._commit(changes, new, worker))
+    new = new.with_changes(commit_row_changes(changes, new, worker.coder))
     relations: dict[str, Relation | None] = {}
     for spec in view.states:  # keep the indexes the incremental programs built on the old state
         relation = new[spec.name]
@@ -139,7 +140,7 @@ def _new_sources(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pendin
     upstream = {s for s in view.sources if s in engine.catalog.views}
     if not upstream:
         return snapshot
-    new = snapshot.with_changes(engine._commit([c for c in pending if c.relation in upstream], snapshot, worker))
+    new = snapshot.with_changes(commit_row_changes([c for c in pending if c.relation in upstream], snapshot, worker.coder))
     return new.with_changes({n: r for n, r in replaced.items() if n in upstream})
 
 

@@ -419,6 +419,16 @@ class Relation:
                    for run in self.runs if run.spilled)
 
     # --- reads -------------------------------------------------------------
+    def cached(self, key: object) -> object | None:
+        """What ``remember`` kept with this version under ``key`` (None: nothing)."""
+        with self._cache_lock:
+            return self._cache.get(key)
+
+    def remember(self, key: object, value: object) -> None:
+        """Keep ``value`` with this version (rows derived from it, e.g. a reader's): it goes with the version."""
+        with self._cache_lock:
+            self._cache[key] = value
+
     def table(self) -> pa.Table:
         """All live rows (with the weight column); cached per version."""
         with self._cache_lock:

@@ -369,7 +369,7 @@ def test_batches_converted_together_keep_their_own_outcomes(tmp_path):
         Ticket("orders", orders([3], op="c"), None, "src", 7),  # same (source, seq): next unit, deduplicated
     ]
     for ticket in tickets:
-        engine._pending.add(ticket)
+        engine.pending.add(ticket)
     last = db.apply_changes("orders", orders([5], op="c"))  # converts everything pending first
     assert [t.offset for t in tickets] == [1, 2, 0, 3, 4, 3]
     assert "duplicate key" in str(tickets[2].error) and all(t.error is None for t in tickets if t is not tickets[2])

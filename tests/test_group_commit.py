@@ -74,7 +74,7 @@ def test_queued_batches_are_maintained_once_and_keep_their_own_outcomes(monkeypa
         Ticket("orders", orders([3], op="c"), None, "src", 7),  # same (source, seq): next unit, deduplicated
     ]
     for ticket in tickets:
-        db._engine._pending.add(ticket)
+        db._engine.pending.add(ticket)
     last = db.apply_changes("orders", orders([5], op="c"))  # commits everything pending first
     assert [t.offset for t in tickets] == [2, 3, 0, 4, 5, 4]
     assert "duplicate key" in str(tickets[2].error) and all(t.error is None for t in tickets if t is not tickets[2])
@@ -103,7 +103,7 @@ def test_a_subscriber_gets_a_units_changes_once():
     db.execute("INSERT INTO orders VALUES (9, 1, 50.0, '1')")  # offset 1
     at_1 = rows(db, "SELECT * FROM totals")
     for i, amount in enumerate([10.0, 11.0, 12.0]):
-        db._engine._pending.add(Ticket("orders", orders([i], cust=i, amount=amount), None, None, None))
+        db._engine.pending.add(Ticket("orders", orders([i], cust=i, amount=amount), None, None, None))
     assert db.apply_changes("orders", orders([9], cust=1, amount=1.0, op="u")) == 5  # offsets 2..5, one unit
     now = sorted((r["cust"], r["total"], r["n"]) for r in rows(db, "SELECT * FROM totals"))
     assert now == [(0, 10.0, 1), (1, 12.0, 2), (2, 12.0, 1)]
@@ -124,7 +124,7 @@ def test_a_view_failing_on_one_batch_of_a_unit_fails_that_batch_alone(monkeypatc
                Ticket("orders", orders([2], code="not a number"), None, None, None),
                Ticket("orders", orders([3]), None, None, None)]
     for ticket in tickets:
-        db._engine._pending.add(ticket)
+        db._engine.pending.add(ticket)
     assert db.apply_changes("orders", orders([4])) == 3
     assert [t.offset for t in tickets] == [1, 0, 2]
     assert isinstance(tickets[1].error, ivm.IvmError) and "not a number" in str(tickets[1].error)
@@ -181,7 +181,7 @@ def test_a_bad_batch_among_queued_ones_changes_nothing(bad):
     table = "nope" if bad == "unknown" else "orders"
     data = orders([1]) if bad == "unknown" else pa.table({"id": ["x"], "cust": [1], "amount": [1.0], "code": ["1"]})
     ticket = Ticket(table, data, None, None, None)
-    db._engine._pending.add(ticket)
+    db._engine.pending.add(ticket)
     assert db.apply_changes("orders", orders([2])) == 1
     assert ticket.done and ticket.offset == 0 and isinstance(ticket.error, ivm.IvmError)
     assert rows(db, "SELECT id FROM orders") == [{"id": 2}] and before == []

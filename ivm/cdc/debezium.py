@@ -326,14 +326,14 @@ def read_chunks(stream: IO[bytes], lines: int = CHUNK_LINES) -> Iterator[tuple[p
 
 def last_position(db, source: str) -> int | None:
     """The last applied seq of a producer source (None when it has applied nothing)."""
-    found = db._engine.producers.last().get(source)
+    found = db.producer_position(source)
     return None if found is None else found[0]
 
 
 def ingest(db, table: str, chunks, source: str | None = None) -> Result:
     """Apply Debezium events (chunks of lines) to ``table``; return what happened."""
     table = table.lower()
-    definition = db._engine.catalog.table(table)
+    definition = db.table_definition(table)
     source = source or f"debezium:{table}"
     parser = Parser(table, definition.columns, definition.primary_key)
     total = Result()

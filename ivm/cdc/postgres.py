@@ -336,10 +336,10 @@ class Replicator:
         self.requests: queue.Queue[Refresh] = queue.Queue()
 
     # --- state ------------------------------------------------------------------------
-    def _save(self) -> None:
+    def save(self) -> None:
         _write_json(self.state_file, self.state, sync=True)
 
-    def _report(self, force: bool = False) -> None:
+    def report(self, force: bool = False) -> None:
         now = time.time()
         if force or now - self._last_progress >= 0.5:
             self.progress["updated"] = now
@@ -402,9 +402,9 @@ class Replicator:
             if self.state["phase"] != "streaming":
                 connection = self._snapshot()
             else:
-                connection = self._replication_connection()
+                connection = self.replication_connection()
             self.state.update(error=None, failed_since=None)
-            self._save()
+            self.save()
             return connection
         except Exception as e:
             if new:
@@ -436,10 +436,10 @@ class Replicator:
         if error is not None:
             self._fail(_message(error))
             if self.state_file.exists():
-                self._save()
+                self.save()
         self.progress["running"] = False
         if self.state_file.exists():  # a source that has no state has no progress either
-            self._report(force=True)
+            self.report(force=True)
 
     def abandon(self) -> SourceError:
         """Undo a CREATE SOURCE that a crash cut short in its snapshot (its state says ``creating``).
@@ -490,14 +490,14 @@ class Replicator:
             message += "; nothing else was kept, except: " + "; ".join(left)
         return SourceError(message)
 
-    def _connect(self):
+    def connect(self):
         import psycopg2
 
         connection = psycopg2.connect(self.config.dsn)
         connection.autocommit = True
         return connection
 
-    def _replication_connection(self):
+    def replication_connection(self):
         import psycopg2
         from psycopg2.extras import LogicalReplicationConnection
 
@@ -518,9 +518,9 @@ class Replicator:
             # A CREATE SOURCE that has not returned: a crash before the snapshot is consistent undoes it at
             # the next open (abandon), as its failure would have.
             self.state.update(creating=True, made_tables=list(self._made_tables))
-        self._save()
-        self._report(force=True)
-        replication = self._replication_connection()
+        self.save()
+        self.report(force=True)
+        replication = self.replication_connection()
         try:
             consistent, snapshot_name = self.create_slot(replication, self.config.slot)
             self._made_slot = True
@@ -539,12 +539,12 @@ class Replicator:
         for key in ("filling", "creating", "made_tables"):
             self.state.pop(key, None)
         self.progress["confirmed_lsn"] = self.state["consistent_lsn"]
-        self._save()
+        self.save()
         if self.say is not None:
             self.say(f"source {self.config.name}: snapshot done: {self.progress['rows']} rows at LSN "
                      f"{self.state['consistent_lsn']}; streaming")
             self._last_said = time.monotonic()  # the first streaming line comes say_every later
-        self._report(force=True)
+        self.report(force=True)
         return replication
 
     def create_slot(self, replication, slot: str, temporary: bool = False) -> tuple[int, str]:
@@ -564,7 +564,7 @@ class Replicator:
     @contextlib.contextmanager
     def reading(self, snapshot_name: str):
         """A cursor on a new connection reading in an exported snapshot (``create_slot``), read only."""
-        reader = self._connect()
+        reader = self.connect()
         try:
             reader.autocommit = False
             with reader.cursor() as cur:
@@ -587,7 +587,7 @@ class Replicator:
                 raise SourceError(f"upstream table {upstream}: {str(e).strip()}") from e
             loaded[table["table"]] += rows.num_rows
             self.progress["rows"] += rows.num_rows
-            self._report()
+            self.report()
 
     def copy_rows(self, cur, upstream: str, table: dict) -> Iterator[pa.Table]:
         """The rows of an upstream table as ``cur``'s snapshot sees them: Arrow tables of text columns (the
@@ -625,10 +625,10 @@ class Replicator:
 
         c = self.config
         try:
-            with contextlib.closing(self._connect()) as conn:
+            with contextlib.closing(self.connect()) as conn:
                 tables = describe(conn, c.publication)
                 check_upstream(conn, c.slot)
-            self._replication_connection().close()  # pg_hba.conf and the REPLICATION attribute
+            self.replication_connection().close()  # pg_hba.conf and the REPLICATION attribute
         except psycopg2.Error as e:
             raise SourceError(f"cannot reach PostgreSQL for source {c.name}: {str(e).strip()}") from None
         problems = []
@@ -659,12 +659,12 @@ class Replicator:
     def _local_problem(self, upstream: str, table: dict) -> str | None:
         """Why the local table of ``upstream`` cannot take its snapshot, or None (absent, or fit and empty)."""
         name = table["table"]
-        catalog = self.db._engine.catalog
-        if not catalog.exists(name):
+        kind = self.db.kind_of(name)
+        if kind is None:
             return None
-        if name in catalog.views:
+        if kind == "view":
             return f"{name} is a materialized view, which upstream {upstream} would replicate into"
-        existing = catalog.table(name)
+        existing = self.db.table_definition(name)
         mine = [(col.name, col.type) for col in existing.columns]
         theirs = [(col["name"], col["type"]) for col in table["columns"]]
         if mine != theirs:
@@ -685,7 +685,7 @@ class Replicator:
             columns = ", ".join(f"{quote(c['name'])} {c['type']}" + (" NOT NULL" if c["not_null"] else "")
                                 for c in table["columns"])
             key = f", PRIMARY KEY ({', '.join(quote(k) for k in table['key'])})" if table["key"] else ""
-            if not self.db._engine.catalog.exists(table["table"]):
+            if self.db.kind_of(table["table"]) is None:
                 self.db.execute(f"CREATE TABLE {quote(table['table'])} ({columns}{key})")
                 self._made_tables.append(table["table"])
 
@@ -714,7 +714,7 @@ class Replicator:
         import psycopg2.errors
 
         deadline = time.monotonic() + wait
-        with contextlib.closing(self._connect()) as conn, conn.cursor() as cur:
+        with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
             while True:
                 try:
                     cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "

@@ -90,7 +90,7 @@ class Stream:
         return f"pg:{self.r.config.name}:{table}"
 
     def _applied_seq(self, table: str) -> int:
-        found = self.r.db._engine.producers.last().get(self.source(table))
+        found = self.r.db.producer_position(self.source(table))
         return -1 if found is None else found[0]
 
     # --- the loop ----------------------------------------------------------------------
@@ -104,7 +104,7 @@ class Stream:
         finally:
             self._refuse_requests()
         self._flush()
-        self.r._report(force=True)
+        self.r.report(force=True)
         if self._catalog is not None:
             self._catalog.close()
 
@@ -132,7 +132,7 @@ class Stream:
                 continue
             self._flush()
             self._lag()
-            self.r._report()
+            self.r.report()
             select.select([self.connection], [], [], 0.2)
 
     def _serve(self, request: "Refresh") -> None:
@@ -228,7 +228,7 @@ class Stream:
     @contextlib.contextmanager
     def _catalog_cursor(self):
         if self._catalog is None:
-            self._catalog = self.r._connect()
+            self._catalog = self.r.connect()
         with self._catalog.cursor() as cur:
             yield cur
 
@@ -295,7 +295,7 @@ class Stream:
         progress["groups"] = progress.get("groups", 0) + 1
         progress["rows"] += sum(tx.rows for tx in group)
         self._lag()
-        self.r._report()
+        self.r.report()
 
     def _apply(self, table: str, columns: list[dict] | None, rows: list, seq: int) -> None:
         """Apply one part of a table's rows (decoded with ``columns``; None: a truncate), after the ALTER
@@ -375,7 +375,7 @@ class Stream:
             if known is definition:  # the stream decodes what it receives before L with the columns it knows
                 self.relations[oid] = {**definition}
         was_failed = table in self.failed
-        replication = self.r._replication_connection()
+        replication = self.r.replication_connection()
         try:
             consistent, snapshot = self.r.create_slot(replication, self._refresh_slot(), temporary=True)
             with self.r.reading(snapshot) as cur:
@@ -421,7 +421,7 @@ class Stream:
             self.r.db.recover_table(table)  # first: a crash before the state says so fails it again at the next open
             del self.failed[table]
             definition.pop("error", None)
-            self.r._save()
+            self.r.save()
         log.info("source %s: table %s loaded again from upstream at LSN %s (%d rows)", name, table,
                  self._text(consistent), batch.num_rows)
 
@@ -542,7 +542,7 @@ class Stream:
         for column in columns:  # a column kept keeps its number
             column.setdefault("attnum", numbers.get(column["name"]))
         definition["columns"] = columns
-        self.r._save()
+        self.r.save()
 
     def _added_facts(self, upstream: str, names: list[str]) -> dict[str, tuple[int, str | None, bool]]:
         """Per added column: its number, the value rows older than it have (PostgreSQL's "missing
@@ -563,7 +563,7 @@ class Stream:
         message = f"{why}; the table stopped replicating (the other tables of the source go on; once the cause " \
                   f"is fixed, ALTER SOURCE {self.r.config.name} REFRESH TABLE {table} loads it again)"
         self.failed[table] = definition["error"] = message
-        self.r._save()
+        self.r.save()
         self.r.db.fail_table(table, message)
         log.error("source %s: %s", self.r.config.name, message)
 
