@@ -1,4 +1,4 @@
-"""The errors ivm raises (defined in the frontend, the lowest layer)."""
+"""The errors ivm raises (defined in storage, the lowest layer)."""
 
-from sql_frontend.errors import *  # noqa: F401,F403
-from sql_frontend.errors import __doc__ as _doc  # noqa: F401
+from storage.errors import *  # noqa: F401,F403
+from storage.errors import __doc__ as _doc  # noqa: F401

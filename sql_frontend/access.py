@@ -18,7 +18,7 @@ this module refuses the same SQL earlier, by name, before anything runs:
 >>> check_tree(sqlglot.parse_one("SELECT * FROM read_csv('/etc/passwd')", dialect="duckdb"))
 Traceback (most recent call last):
   ...
-sql_frontend.errors.AccessDeniedError: table function read_csv is not allowed: SQL reads only this database's tables and views (reading files, URLs or DuckDB's own state is not available)
+storage.errors.AccessDeniedError: table function read_csv is not allowed: SQL reads only this database's tables and views (reading files, URLs or DuckDB's own state is not available)
 """
 
 from __future__ import annotations

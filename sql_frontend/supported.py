@@ -6,7 +6,7 @@ half-exists. The message names the construct as the user wrote it.
 >>> check_supported(sqlglot.parse_one("SELECT a FROM t GROUP BY ROLLUP (a)", dialect="duckdb"))
 Traceback (most recent call last):
 ...
-sql_frontend.errors.UnsupportedError: ROLLUP is not supported in a materialized view
+storage.errors.UnsupportedError: ROLLUP is not supported in a materialized view
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 
 from delta_operators.zset import WEIGHT
-from sql_frontend.errors import InternalError, IvmError
+from storage.errors import InternalError, IvmError
 from storage.hooks import hook
 from storage.relation import Difference, Relation, difference
 

@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sql_frontend.errors import IvmError
+from storage.errors import IvmError
 from storage.hooks import enabled, hook
 from storage.log_format import LogError, Reader, Record, frame_at, scan
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from sql_frontend.errors import IvmError
+from storage.errors import IvmError
 
 FRAME = struct.Struct("<II")
 META_LEN = struct.Struct("<I")

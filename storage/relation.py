@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from delta_operators.zset import POS, RUN, WEIGHT
-from sql_frontend.errors import InternalError
+from storage.errors import InternalError
 from storage.buffers import fixed_width_values, int64_values, one_array
 from storage.keys import KeyCoder, sorted_unique
 from storage.spill import Spill

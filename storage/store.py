@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from sql_frontend.errors import InternalError
+from storage.errors import InternalError
 from storage.relation import Relation
 
 

@@ -34,12 +34,12 @@ falls off the end if it is too slow.
 >>> log.read("v", 0)
 Traceback (most recent call last):
 ...
-sql_frontend.errors.OffsetError: changes of v after offset 0 are no longer retained (history starts after offset 1); read v again and subscribe from the offset of that read
+storage.errors.OffsetError: changes of v after offset 0 are no longer retained (history starts after offset 1); read v again and subscribe from the offset of that read
 >>> log.append(6, {"v": pa.table({"a": [5], "__weight": [1]})}, first=3)
 >>> log.read("v", 4)
 Traceback (most recent call last):
 ...
-sql_frontend.errors.OffsetError: offset 4 is inside changes of v folded together (offsets 3 to 6); read v again and subscribe from the offset of that read
+storage.errors.OffsetError: offset 4 is inside changes of v folded together (offsets 3 to 6); read v again and subscribe from the offset of that read
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from sql_frontend.errors import OffsetError, UnknownObjectError
+from storage.errors import OffsetError, UnknownObjectError
 
 DEFAULT_RETAIN_ROWS = 2_000_000
 
