@@ -50,7 +50,8 @@ from sql_frontend.plan_sql import alias, column, lit, quoted, table
 from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
 from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec, scan_name
-from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
+from delta_operators.zset import not_distinct
+from storage.zset import POS, RUN, WEIGHT
 
 COUNT = "__count"
 OLD_PREFIX = "__o_"

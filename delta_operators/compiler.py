@@ -28,7 +28,7 @@ from sql_frontend.plan import SPJ, Aggregate, Column, Distinct, Node, SemiJoin, 
 from sql_frontend.plan_sql import alias, column
 from delta_operators.program import Guard, IndexSpec, Program, Query, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
-from delta_operators.zset import WEIGHT, WEIGHT_TYPE
+from storage.zset import WEIGHT, WEIGHT_TYPE
 
 OLD = "old"
 NEW = "new"

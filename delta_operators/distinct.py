@@ -20,7 +20,7 @@ from sql_frontend.plan_sql import alias, column, quoted
 from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
 from delta_operators.merge import OLD_WEIGHT, merge
 from delta_operators.program import Lookup, StateSpec, scan_name
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 
 
 def presence(weight: exp.Expression) -> exp.Expression:

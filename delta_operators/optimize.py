@@ -42,7 +42,7 @@ from sqlglot.errors import OptimizeError
 from sqlglot.optimizer.pushdown_projections import pushdown_projections
 
 from delta_operators.program import Lookup, Loop, Program, Query, Stack, columns_read, readers
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 
 
 def optimize(program: Program) -> Program:

@@ -26,7 +26,7 @@ from sqlglot import exp
 from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
 from delta_operators.sqltext import columns, parse, q
-from delta_operators.zset import consolidate_sql
+from storage.zset import consolidate_sql
 
 KEEP = "__keep"  # column of the recomputation: True for the rows the state keeps
 ALL = "__all"  # probe column when the whole input is one partition

@@ -26,7 +26,7 @@ from typing import Callable
 
 from sqlglot import exp
 
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from sql_frontend.plan import Column
 
 

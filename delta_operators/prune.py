@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
-from delta_operators.zset import WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct, pairs_not_distinct
+from storage.zset import WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct, pairs_not_distinct
 
 
 def _quote(name: str) -> str:

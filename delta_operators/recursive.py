@@ -40,7 +40,7 @@ from delta_operators.merge import merge
 from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
 from delta_operators.sqltext import columns, parse, q, same
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 
 MAX_ROUNDS = 1000  # rounds of one loop before the recursion is declared divergent
 CNT = "__cnt"  # derivations of a fact (UNION)

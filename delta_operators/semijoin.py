@@ -40,7 +40,8 @@ from delta_operators.compiler import NEW, OLD, Context, select_columns, union_al
 from delta_operators.merge import merge
 from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
 from delta_operators.spj import can_lookup, old_is_empty
-from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
+from delta_operators.zset import not_distinct
+from storage.zset import POS, RUN, WEIGHT
 
 PAIRS = "__pairs"
 UP = "__up"

@@ -47,7 +47,7 @@ from sql_frontend.session_windows import gap_sql, islands_sql
 from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, parse, q, same
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
 
 

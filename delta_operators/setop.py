@@ -26,7 +26,8 @@ from sql_frontend.plan import Column, SetOp
 from sql_frontend.plan_sql import alias, column, lit, subquery, table
 from delta_operators.compiler import NEW, Context, cast, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
-from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
+from delta_operators.zset import not_distinct
+from storage.zset import POS, RUN, WEIGHT
 
 LEFT_COUNT = "__left"
 RIGHT_COUNT = "__right"

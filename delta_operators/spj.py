@@ -31,7 +31,7 @@ from sql_frontend.plan import INTEGER_TYPES, SPJ, Node, is_number_type
 from sql_frontend.plan_sql import alias, column, quoted, subquery, table
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
-from delta_operators.zset import WEIGHT, consolidate_sql
+from storage.zset import WEIGHT, consolidate_sql
 
 
 

@@ -30,7 +30,7 @@ from sql_frontend.plan import Column, Source, TopK
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
 from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 
 WOUT = "__wout"  # copies of the row in the output
 COMPLETE = "__complete"  # the buffer holds the whole input

@@ -15,7 +15,7 @@ from sql_frontend.plan import UnionAll
 from sql_frontend.plan_sql import alias, column, quoted, subquery
 from delta_operators.compiler import Context, cast, union_all
 from delta_operators.program import StateSpec
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 
 
 class UnionAllRule:

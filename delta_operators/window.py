@@ -24,7 +24,7 @@ from sql_frontend.plan import WINDOW_INPUT, Window
 from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, expand, parse, q, same
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 
 
 class WindowRule(PartitionedRowsReads):

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 from ivm.keyed_once import OP, SEQ, match_rows, same_rows
 from storage.keys import KeyCoder
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.reads import failed_view_error
 from sql_frontend.errors import OffsetError, UnknownObjectError

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 from ivm import bags, duck, keyed_once
 from ivm.binder import quote
 from ivm.catalog import TableDef

@@ -54,7 +54,7 @@ import sqlglot
 from sqlglot import exp
 
 from delta_operators.merge import output_key, output_state
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef
 from ivm.view_definition import define_view

@@ -35,7 +35,7 @@ from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateVi
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program, Query
 from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm import duck, keyed_once
 from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef

@@ -41,7 +41,7 @@ from sqlglot import exp
 from sql_frontend.errors import ExecutionError, InternalError
 from sql_frontend.plan_sql import quoted, render
 from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack, Step, scan_name
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 from ivm import duck
 from ivm.compiled.extremes import DeletedExtremes
 from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode, static_reason

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm import deferred
 from ivm.changes import as_table, missing_delete_policy, q
 from sql_frontend.errors import ChangeError, IvmError

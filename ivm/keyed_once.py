@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct
+from storage.zset import POS, RUN, WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct
 from storage.buffers import one_array
 from storage.keys import KeyCoder
 

@@ -59,7 +59,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.prune import cancelled_pairs
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.reads import run_query, visible
 from sql_frontend.errors import BindError

@@ -36,7 +36,7 @@ from sql_frontend.errors import (AccessDeniedError, BindError, ExecutionError, I
                                  StatementTimeoutError, UnknownObjectError)
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm import cancel, duck, point_reads
 from ivm.system_relations import SystemRelations, reads_system
 from ivm.executor import duckdb_message

@@ -39,7 +39,7 @@ from sqlglot import exp
 from delta_operators.compiler import delta_input
 from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.executor import commit_row_changes, with_program_indexes
 from ivm.mirrors import eligible

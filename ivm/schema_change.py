@@ -37,7 +37,7 @@ from dataclasses import replace
 import pyarrow as pa
 from sqlglot import exp
 
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef
 from ivm.checkpoints import describe_view, view_from_json

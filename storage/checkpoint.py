@@ -77,7 +77,7 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from storage.errors import InternalError, IvmError
 from storage.hooks import hook
 from storage.relation import Difference, Relation, difference

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 from storage.errors import InternalError
 from storage.buffers import fixed_width_values, int64_values, one_array
 from storage.keys import KeyCoder, sorted_unique

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import ivm
-from delta_operators.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT
 from ivm import bags
 from sql_frontend.errors import ChangeError
 from tests.oracle.compare import multiset_diff

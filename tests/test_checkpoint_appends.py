@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import ivm
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm import duck
 from sql_frontend.errors import InternalError
 from storage import checkpoint as checkpoint_module

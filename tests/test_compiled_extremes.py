@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ivm
 from delta_operators.program import Guard
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.compiled.extremes import DeletedExtremes
 from ivm.compiled.vectors import Fallback, Unsupported
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import ivm
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm import keyed_once
 from sql_frontend.errors import ChangeError
 from tests.oracle.compare import multiset_diff

@@ -10,7 +10,7 @@ from sqlglot import exp, parse_one
 
 from delta_operators.optimize import optimize
 from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace, Stack
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 
 
 def run(program: Program, d: pa.Table) -> list[tuple]:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from delta_operators.program import Guard
-from delta_operators.zset import WEIGHT
+from storage.zset import WEIGHT
 from ivm.compiled.vectors import Fallback, Unsupported
 from storage.buffers import fixed_width_values, one_array
 

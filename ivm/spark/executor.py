@@ -40,7 +40,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.program import Lookup, Query, readers, scan_name
-from delta_operators.zset import POS, RUN
+from storage.zset import POS, RUN
 from ivm.executor import StepRunner
 from ivm.spark.dialect import to_spark
 from ivm.spark.frames import Frames

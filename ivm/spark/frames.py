@@ -21,7 +21,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from delta_operators.zset import POS, RUN
+from storage.zset import POS, RUN
 from storage.relation import Relation, unpack_live
 
 # Runs and inputs at least this large are cached in Spark's memory (columnar);
