@@ -42,11 +42,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Node, Source, ViewPlan, walk
-from storage.zset import WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct, pairs_not_distinct
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+from storage.zset import WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct, pairs_not_distinct, prune
 
 
 def _spj_reads(node: SPJ, alias: str) -> set[str] | None:
@@ -99,10 +95,7 @@ def read_columns(plan: ViewPlan) -> dict[str, frozenset[str] | None]:
 
 def prune_template(columns: tuple[str, ...]) -> str:
     """Rows of ``{delta}`` outside the groups (by ``columns``) whose weights cancel."""
-    if not columns:  # the view reads no column (COUNT(*)): only the total weight matters
-        return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER () <> 0"
-    keys = ", ".join(_quote(c).replace("{", "{{").replace("}", "}}") for c in columns)
-    return f"SELECT * FROM {{delta}} QUALIFY SUM({WEIGHT}) OVER (PARTITION BY {keys}) <> 0"
+    return prune("delta", columns)  # no columns (COUNT(*)): only the total weight matters
 
 
 def cancelled_pairs(delta: pa.Table, codes: np.ndarray, key: tuple[str, ...], columns: tuple[str, ...]) -> pa.Table:

@@ -40,7 +40,7 @@ from delta_operators.merge import merge
 from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
 from delta_operators.sqltext import columns, parse, q, same
-from storage.zset import POS, RUN, WEIGHT
+from storage.zset import EVERY, POS, RUN, WEIGHT, consolidate
 
 MAX_ROUNDS = 1000  # rounds of one loop before the recursion is declared divergent
 CNT = "__cnt"  # derivations of a fact (UNION)
@@ -80,9 +80,7 @@ class RecursiveRule:
     def _sum(self, parts: list[str]) -> exp.Expression:
         """The consolidated sum of Z-set parts (rows with zero weight dropped)."""
         n = self.names
-        return parse(f"SELECT {columns(n, 'u')}, CAST(SUM(u.{q(WEIGHT)}) AS BIGINT) AS {q(WEIGHT)} "
-                     f"FROM ({' UNION ALL '.join(parts)}) AS u GROUP BY {columns(n, 'u')} "
-                     f"HAVING SUM(u.{q(WEIGHT)}) <> 0")
+        return parse(consolidate(f"({' UNION ALL '.join(parts)}) AS u", n, table="u"))
 
     def _changes(self, ctx: Context) -> tuple[list[tuple[str, tuple[str, ...]]], str | None]:
         """(change temps with their column names, consolidated δB + U)."""
@@ -195,9 +193,9 @@ class RecursiveRule:
 
     def _derivable_sql(self, touched: str, touched_old: str, total: str, derived: str, deleted: str) -> exp.Expression:
         n = self.names
+        sums = consolidate(f"{q(derived)} AS s", n, table="s", keep=EVERY, name="w", cast=False)
         return parse(f"""
-            WITH sd AS (SELECT {columns(n, 's')}, SUM(s.{q(WEIGHT)}) AS w FROM {q(derived)} AS s
-                        GROUP BY {columns(n, 's')})
+            WITH sd AS ({sums})
             SELECT {columns(n, 't')}, 1 AS {q(WEIGHT)}
             FROM {q(touched)} AS t
             LEFT JOIN {q(touched_old)} AS o ON {same(n, 't', 'o')}
@@ -218,8 +216,7 @@ class RecursiveRule:
         old = self._lookup_facts(ctx, st, everything, positions=True)
 
         def summed(t: str) -> str:
-            return (f"(SELECT {columns(n, 'x')}, SUM(x.{q(WEIGHT)}) AS w FROM {q(t)} AS x "
-                    f"GROUP BY {columns(n, 'x')})")
+            return f"({consolidate(f'{q(t)} AS x', n, table='x', keep=EVERY, name='w', cast=False)})"
 
         def member(t: str) -> str:
             return f"EXISTS (SELECT 1 FROM {q(t)} AS m WHERE {same(n, 'a', 'm')})"

@@ -47,7 +47,7 @@ from sql_frontend.session_windows import gap_sql, islands_sql
 from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, parse, q, same
-from storage.zset import POS, RUN, WEIGHT
+from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate, negate
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
 
 
@@ -73,11 +73,9 @@ class SessionRule(PartitionedRowsReads):
         gap = gap_sql(self.node.gap_us)
         touches = (f"EXISTS (SELECT 1 FROM {q(delta_in)} AS d WHERE {same(self.keys, 'd', 'o')} "
                    f"AND o.window_start < d.{t} + {gap} AND o.window_end > d.{t})")
-        rows = parse(f"""
-            SELECT {columns(inputs, 'u')}, CAST(SUM(u.{q(WEIGHT)}) AS BIGINT) AS {q(WEIGHT)}
-            FROM (SELECT {columns(inputs, 'o')}, o.{q(WEIGHT)} FROM o
-                  UNION ALL SELECT {columns(inputs, 'd')}, d.{q(WEIGHT)} FROM {q(delta_in)} AS d) AS u
-            GROUP BY {columns(inputs, 'u')} HAVING SUM(u.{q(WEIGHT)}) > 0""")
+        both = (f"(SELECT {columns(inputs, 'o')}, o.{q(WEIGHT)} FROM o "
+                f"UNION ALL SELECT {columns(inputs, 'd')}, d.{q(WEIGHT)} FROM {q(delta_in)} AS d) AS u")
+        rows = parse(consolidate(both, inputs, table="u", keep=PRESENT))
         sessions = islands_sql(rows, list(inputs) + [WEIGHT], self.keys, self.node.time, self.node.gap_us)
         return parse(f"""
             WITH o AS (SELECT o.* FROM {q(old)} AS o WHERE {touches}),
@@ -86,5 +84,5 @@ class SessionRule(PartitionedRowsReads):
                    CAST(NULL AS INTEGER) AS {q(RUN)}, CAST(NULL AS BIGINT) AS {q(POS)}
             FROM r
             UNION ALL
-            SELECT {columns(names, 'o')}, -o.{q(WEIGHT)}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
+            SELECT {columns(names, 'o')}, {negate('o')}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
         """)

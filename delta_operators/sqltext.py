@@ -17,6 +17,7 @@ import sqlglot
 from sqlglot import exp
 
 from sql_frontend.plan import SortKey
+from storage.zset import WEIGHT
 
 
 def q(name: str) -> str:
@@ -62,7 +63,7 @@ def same(names: Sequence[str], left: str, right: str) -> str:
     return " AND ".join(f"{q(left)}.{q(n)} IS NOT DISTINCT FROM {q(right)}.{q(n)}" for n in names)
 
 
-def expand(source: str, names: Sequence[str], weight: str = "__weight") -> str:
+def expand(source: str, names: Sequence[str], weight: str = WEIGHT) -> str:
     """FROM-less SELECT of ``names`` repeating each row of ``source`` ``weight`` times."""
     return (f"SELECT {columns(names, '__e')} FROM {q(source)} AS __e "
             f"CROSS JOIN UNNEST(GENERATE_SERIES(1, __e.{q(weight)})) AS __copies(__copy)")

@@ -30,7 +30,7 @@ from sql_frontend.plan import Column, Source, TopK
 from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import Lookup, Replace, StateSpec, scan_name
 from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
-from storage.zset import POS, RUN, WEIGHT
+from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate
 
 WOUT = "__wout"  # copies of the row in the output
 COMPLETE = "__complete"  # the buffer holds the whole input
@@ -138,8 +138,7 @@ class TopKRule:
         scan = ctx.rule(self.node.input).scan(ctx, NEW).sql("duckdb")
         stored = isinstance(self.node.input, Source) and self.node.input.kind == "table"
         rows = (f"SELECT * FROM ({scan}) AS x" if stored else  # a table's stored rows are consolidated
-                f"SELECT {columns(c, 'x')}, CAST(SUM(x.{q(WEIGHT)}) AS BIGINT) AS {q(WEIGHT)} FROM ({scan}) AS x "
-                f"GROUP BY {columns(c, 'x')} HAVING SUM(x.{q(WEIGHT)}) > 0")
+                consolidate(f"({scan}) AS x", c, table="x", keep=PRESENT))
         return parse(f"""
             WITH s AS ({rows}),
             top AS (SELECT * FROM s ORDER BY {order_by(self.keys, 's')} LIMIT {self.size}),

@@ -24,7 +24,7 @@ from sql_frontend.plan import WINDOW_INPUT, Window
 from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.sqltext import columns, expand, parse, q, same
-from storage.zset import POS, RUN, WEIGHT
+from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate, counted, negate
 
 
 class WindowRule(PartitionedRowsReads):
@@ -48,18 +48,16 @@ class WindowRule(PartitionedRowsReads):
         inputs, names = self.inputs, self.names
         calls = ", ".join(f"{call.sql('duckdb')} AS {q(name)}" for name, call in self.node.calls)
         in_touched = f"EXISTS (SELECT 1 FROM {q(touched)} AS t WHERE {same(self.partition, 't', 'o')})"
+        both = (f"(SELECT {columns(inputs, 'o')}, o.{q(WEIGHT)} FROM o "
+                f"UNION ALL SELECT {columns(inputs, 'd')}, d.{q(WEIGHT)} FROM {q(delta_in)} AS d) AS u")
         return parse(f"""
             WITH o AS (SELECT o.* FROM {q(old)} AS o WHERE {in_touched}),
-            n AS (
-                SELECT {columns(inputs, 'u')}, CAST(SUM(u.{q(WEIGHT)}) AS BIGINT) AS {q(WEIGHT)}
-                FROM (SELECT {columns(inputs, 'o')}, o.{q(WEIGHT)} FROM o
-                      UNION ALL SELECT {columns(inputs, 'd')}, d.{q(WEIGHT)} FROM {q(delta_in)} AS d) AS u
-                GROUP BY {columns(inputs, 'u') or 'ALL'} HAVING SUM(u.{q(WEIGHT)}) > 0),
+            n AS ({consolidate(both, inputs, table='u', keep=PRESENT)}),
             x AS ({expand('n', inputs)}),
             r AS (SELECT {columns(inputs, WINDOW_INPUT)}, {calls} FROM x AS {q(WINDOW_INPUT)})
-            SELECT {columns(names, 'r')}, COUNT(*) AS {q(WEIGHT)}, TRUE AS {q(KEEP)},
+            SELECT {columns(names, 'r')}, {counted()}, TRUE AS {q(KEEP)},
                    CAST(NULL AS INTEGER) AS {q(RUN)}, CAST(NULL AS BIGINT) AS {q(POS)}
             FROM r GROUP BY {columns(names, 'r')}
             UNION ALL
-            SELECT {columns(names, 'o')}, -o.{q(WEIGHT)}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
+            SELECT {columns(names, 'o')}, {negate('o')}, FALSE, o.{q(RUN)}, o.{q(POS)} FROM o
         """)

@@ -50,13 +50,14 @@ import pyarrow as pa
 
 import ivm
 from sql_frontend.errors import SqlSyntaxError, UnknownObjectError
+from storage.zset import WEIGHT
 
 _SUBSCRIBE = re.compile(
     r"SUBSCRIBE\s+(?:TO\s+)?(?P<view>\"(?:[^\"]|\"\")+\"|\w+)"
     r"(?:\s+AS\s+OF\s+(?P<offset>\d+))?(?:\s+WITH\s*\((?P<options>[^)]*)\))?\s*;?\s*$",
     re.IGNORECASE | re.DOTALL,
 )
-WEIGHT, OFFSET = "__weight", "__offset"
+OFFSET = "__offset"
 OFFSET_KEY = b"ivm.offset"
 CHUNK_ROWS = 65_536  # rows per record batch a door sends at most
 HEARTBEAT_SECONDS = 1.0  # a quiet subscription yields an empty step this often (departures show then)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from storage.zset import WEIGHT
+from storage.zset import WEIGHT, consolidate
 from ivm.binder import quote
 from ivm.reads import failed_view_error
 from sql_frontend.errors import OffsetError, UnknownObjectError
@@ -65,11 +65,7 @@ def read(engine: "Engine", view: str, since: int, wait: float = 0.0) -> ViewChan
         for offset, delta in found.entries
     ]
     stacked = pa.concat_tables(parts, promote_options="permissive")
-    columns = ", ".join(quote(n) for n in names + [OFFSET])
     grouped = engine.reader.run(
-        f"SELECT {columns}, SUM({quote(WEIGHT)})::BIGINT AS {quote(WEIGHT)} FROM {{rows}} "
-        f"GROUP BY ALL HAVING SUM({quote(WEIGHT)}) <> 0 ORDER BY {quote(OFFSET)}",
-        rows=stacked,
-    )
+        f"{consolidate('{rows}', names + [OFFSET], template=True)} ORDER BY {quote(OFFSET)}", rows=stacked)
     ordered = grouped.select([f.name for f in target]).cast(target)
     return ViewChanges(ordered, found.through)

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sql_frontend.errors import ChangeError
-from storage.zset import POS, RUN, WEIGHT
+from storage.zset import POS, RUN, WEIGHT, consolidate
 from ivm import bags, duck, keyed_once
 from ivm.binder import quote
 from ivm.catalog import TableDef
@@ -88,6 +88,10 @@ def _keys_text(table: pa.Table, columns: tuple[str, ...]) -> str:
         shown.append("(" + ", ".join(repr(row[c]) for c in columns) + ")")
     more = "" if table.num_rows <= SHOWN else f" and {table.num_rows - SHOWN} more"
     return ", ".join(shown) + more
+
+
+# A change row's weight: -1 for a delete ('d'), else +1.
+SIGNED = "CASE WHEN __op = 'd' THEN -1 ELSE 1 END"
 
 
 def q(name: str) -> str:
@@ -376,14 +380,10 @@ class ChangeApplier:
 
     def _bag(self, table: TableDef, batch: pa.Table, existing: pa.Table, policy: str) -> pa.Table:
         names = table.column_names
-        cols = ", ".join(q(c) for c in names)
         match = " AND ".join(f"d.{q(c)} IS NOT DISTINCT FROM e.{q(c)}" for c in names)
         merged = self.runner.run(
             f"""
-            WITH d AS (
-                SELECT {cols}, SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END)::BIGINT AS __d
-                FROM {{b}} GROUP BY {cols} HAVING SUM(CASE WHEN __op = 'd' THEN -1 ELSE 1 END) <> 0
-            )
+            WITH d AS ({consolidate("{b}", names, summed=SIGNED, name="__d", template=True)})
             SELECT {', '.join(f'd.{q(c)} AS {q(c)}' for c in names)}, d.__d,
                    COALESCE(e.{WEIGHT}, 0)::BIGINT AS __old, e.{RUN} AS {RUN}, e.{POS} AS {POS}
             FROM d LEFT JOIN {{e}} e ON {match}

@@ -35,7 +35,7 @@ from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateVi
 from delta_operators.compiler import delta_input
 from delta_operators.program import Program, Query
 from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
-from storage.zset import WEIGHT
+from storage.zset import EVERY, WEIGHT, consolidate, count_rows
 from ivm import duck, keyed_once
 from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef
@@ -56,7 +56,7 @@ from ivm.observations import Observations
 from ivm.reads import Reader
 from ivm.view_definition import define_view
 from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
-from ivm.schema_change import BrokenView, altered_definition, altered_rows, consolidate_sql, replanned
+from ivm.schema_change import BrokenView, altered_definition, altered_rows, replanned
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
 from storage.relation import Relation
@@ -460,20 +460,16 @@ class Engine:
         else:
             rows = self.reader.query(f"SELECT * FROM {quote(view.name)}",
                                      exp.Table(this=exp.to_identifier(view.name)), snapshot, internal=True)
-            names = ", ".join(quote(c) for c in view.column_names)
-            initial = self.large.runner.run(
-                f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
-            ) if rows.num_rows else rows.slice(0, 0)
+            initial = (self.large.runner.run(count_rows("rows", view.column_names), rows=rows) if rows.num_rows
+                       else rows.slice(0, 0))
         self.history.append(snapshot.offset, {view.name: initial})
 
     def _store_output(self, view: ViewDef, snapshot: Snapshot) -> Snapshot:
         """Give a view computed on read a stored output, filled with its rows now."""
         rows = self.reader.query(f"SELECT * FROM {quote(view.name)}", exp.Table(this=exp.to_identifier(view.name)),
                                  snapshot, internal=True)
-        names = ", ".join(quote(c) for c in view.column_names)
-        counted = self.large.runner.run(
-            f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows
-        ) if rows.num_rows else rows.append_column(WEIGHT, pa.array([], pa.int64()))
+        counted = (self.large.runner.run(count_rows("rows", view.column_names), rows=rows) if rows.num_rows
+                   else rows.append_column(WEIGHT, pa.array([], pa.int64())))
         view.store_output()
         spec = view.states[0]
         relation = self.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
@@ -570,8 +566,9 @@ class Engine:
                           default: pa.Scalar | None, relation: Relation, planned: dict[str, ViewDef]) -> Snapshot:
         """The snapshot with the altered table's rows, and the views whose state changed shape computed again."""
         names = list(new.column_names)
+        summed = consolidate("{rows}", names, keep=EVERY, template=True)  # a bag's equal rows as one
         rows = altered_rows(relation.table(), old, new, stmt, default, self.arrow_schema(new.columns),
-                            lambda bag: self.large.runner.run(consolidate_sql(names), rows=bag))
+                            lambda bag: self.large.runner.run(summed, rows=bag))
         # Indexes views asked for stay, but for those of a dropped column (and a bag's old identity: its rows).
         indexes = tuple(k for k in relation.index_keys if k != old.identity and set(k) <= set(names))
         updated = self.empty_relation(new.name, new.columns, new.identity, (new.identity, *indexes))

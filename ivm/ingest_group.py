@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.zset import WEIGHT
+from storage.zset import WEIGHT, consolidate
 from ivm import deferred
-from ivm.changes import as_table, missing_delete_policy, q
+from ivm.changes import as_table, missing_delete_policy
 from sql_frontend.errors import ChangeError, IvmError
 
 if TYPE_CHECKING:
@@ -230,11 +230,7 @@ def zset_sum(tables: list[pa.Table], worker: "Worker", key: str | None = None) -
 
 def _grouped_sum(combined: pa.Table, worker: "Worker") -> pa.Table:
     names = [n for n in combined.column_names if n != WEIGHT]
-    cols = ", ".join(q(n) for n in names)
-    return worker.runner.run(
-        f"SELECT {cols}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM {{d}} GROUP BY ALL HAVING SUM({WEIGHT}) <> 0",
-        d=combined,
-    )
+    return worker.runner.run(consolidate("{d}", names, template=True), d=combined)
 
 
 def _in_several(tables: list[pa.Table], key: str) -> np.ndarray:

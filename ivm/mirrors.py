@@ -59,7 +59,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from delta_operators.prune import cancelled_pairs
-from storage.zset import WEIGHT
+from storage.zset import EVERY, WEIGHT, consolidate
 from ivm.binder import quote
 from ivm.reads import run_query, visible
 from sql_frontend.errors import BindError
@@ -257,7 +257,7 @@ class Mirrors:
             self.cancelled += 1
             return
         listed = ", ".join(quote(n) for n in names)
-        net = f"(SELECT {listed}, SUM({WEIGHT}) AS __net FROM __mirror_delta GROUP BY ALL)"
+        net = f"({consolidate('__mirror_delta', names, keep=EVERY, name='__net', cast=False)})"
         match = " AND ".join(f"m.{quote(k)} = n.{quote(k)}" for k in key)
         weights = delta.column(WEIGHT).to_numpy()
         con.register("__mirror_delta", delta)

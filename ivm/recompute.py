@@ -39,7 +39,7 @@ from sqlglot import exp
 from delta_operators.compiler import delta_input
 from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
-from storage.zset import WEIGHT
+from storage.zset import WEIGHT, count_rows, difference
 from ivm.binder import quote
 from ivm.executor import commit_row_changes, with_program_indexes
 from ivm.mirrors import eligible
@@ -156,8 +156,7 @@ def _counted(view: "ViewDef", rows: pa.Table, worker: "Worker") -> pa.Table:
     """Rows with their multiplicity in the weight column."""
     if not rows.num_rows:
         return rows.append_column(WEIGHT, pa.array([], pa.int64()))
-    names = ", ".join(quote(c) for c in view.column_names)
-    return worker.runner.run(f"SELECT {names}, COUNT(*)::BIGINT AS {WEIGHT} FROM {{rows}} GROUP BY ALL", rows=rows)
+    return worker.runner.run(count_rows("rows", view.column_names), rows=rows)
 
 
 def _output(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", worker: "Worker") -> pa.Table:
@@ -170,13 +169,7 @@ def _output(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", worker: "Wo
 
 
 def _difference(view: "ViewDef", old: pa.Table, new: pa.Table, worker: "Worker") -> pa.Table:
-    names = ", ".join(quote(c) for c in view.column_names)
-    return worker.runner.run(
-        f"""SELECT {names}, SUM({WEIGHT})::BIGINT AS {WEIGHT} FROM (
-                SELECT {names}, -{WEIGHT} AS {WEIGHT} FROM {{old}}
-                UNION ALL SELECT {names}, {WEIGHT} FROM {{new}})
-            GROUP BY ALL HAVING SUM({WEIGHT}) <> 0""",
-        old=old, new=new)
+    return worker.runner.run(difference("old", "new", view.column_names), old=old, new=new)
 
 
 def time_select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> float:

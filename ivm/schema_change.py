@@ -37,8 +37,6 @@ from dataclasses import replace
 import pyarrow as pa
 from sqlglot import exp
 
-from storage.zset import WEIGHT
-from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef
 from ivm.checkpoints import describe_view, view_from_json
 from sql_frontend.errors import BindError, CatalogError, IvmError, UnknownObjectError, UnsupportedError
@@ -196,9 +194,3 @@ def _carried(view: ViewDef, again: ViewDef) -> ViewDef:
     """The new plan with what the engine learned of the view (its costs: it computes the same)."""
     again.cost = view.cost
     return again
-
-
-def consolidate_sql(names: list[str]) -> str:
-    """Equal rows of a bag as one, their weights summed (a runner template over ``{rows}``)."""
-    columns = ", ".join(quote(n) for n in names)
-    return f"SELECT {columns}, SUM({quote(WEIGHT)})::BIGINT AS {quote(WEIGHT)} FROM {{rows}} GROUP BY ALL"

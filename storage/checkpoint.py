@@ -77,6 +77,7 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 
+from storage import zset
 from storage.zset import WEIGHT
 from storage.errors import InternalError, IvmError
 from storage.hooks import hook
@@ -356,8 +357,8 @@ def consolidate(table: pa.Table, where: str = "") -> pa.Table:
     con = duckdb.connect()
     try:
         con.register("t", table)
-        summed = con.sql(f"SELECT * EXCLUDE ({WEIGHT}), SUM({WEIGHT})::BIGINT AS {WEIGHT} "
-                         f"FROM t GROUP BY ALL").to_arrow_table()
+        names = [n for n in table.column_names if n != WEIGHT]
+        summed = con.sql(zset.consolidate("t", names, keep=zset.EVERY)).to_arrow_table()
     finally:
         con.close()
     weights = summed.column(WEIGHT)

@@ -104,6 +104,15 @@ def consolidate_sql(source: str, columns: Sequence[str]) -> exp.Select:
                              dialect="duckdb")
 
 
+def counted() -> str:
+    """Count a group's rows into its weight (a select item, beside GROUP BY the row's columns).
+
+    >>> counted()
+    'CAST(COUNT(*) AS BIGINT) AS "__weight"'
+    """
+    return f"CAST(COUNT(*) AS {WEIGHT_TYPE}) AS {quote(WEIGHT)}"
+
+
 def count_rows(source: str, columns: Sequence[str]) -> str:
     """Count equal rows of the runner input ``source`` into their weight (a bag as a Z-set; a template).
 
@@ -111,7 +120,7 @@ def count_rows(source: str, columns: Sequence[str]) -> str:
     'SELECT "a", "b", CAST(COUNT(*) AS BIGINT) AS "__weight" FROM {rows} GROUP BY "a", "b"'
     """
     items = listed(columns, template=True)
-    sql = f"SELECT {items + ', ' if items else ''}CAST(COUNT(*) AS {WEIGHT_TYPE}) AS {quote(WEIGHT)} FROM {{{source}}}"
+    sql = f"SELECT {items + ', ' if items else ''}{counted()} FROM {{{source}}}"
     return f"{sql} GROUP BY {items}" if columns else sql
 
 
