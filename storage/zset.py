@@ -158,7 +158,11 @@ def prune(source: str, columns: Sequence[str]) -> str:
 
 
 def arrow_not_distinct(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Compare one column of two Arrow arrays per row, NULL-safe: NULL equals NULL, and NaN equals NaN."""
+    """Compare one column of two Arrow arrays per row, NULL-safe: NULL equals NULL, and NaN equals NaN.
+
+    >>> arrow_not_distinct(pa.array([1.0, None, float("nan"), 2.0]), pa.array([1.0, None, float("nan"), None])).to_pylist()
+    [True, True, True, False]
+    """
     equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
     if pa.types.is_floating(a.type):
         equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
@@ -168,7 +172,13 @@ def arrow_not_distinct(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedAr
 def numpy_not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray, zero_signs: bool = False) -> np.ndarray | None:
     """``arrow_not_distinct`` in numpy for two number (or date/time) columns of one type without NULLs,
     else None. NaN equals NaN; -0.0 equals 0.0 unless ``zero_signs``. One numpy pass instead of
-    several Arrow calls: these comparisons run per column per batch on a few thousand rows."""
+    several Arrow calls: these comparisons run per column per batch on a few thousand rows.
+
+    >>> numpy_not_distinct(pa.chunked_array([[0.0, 1.0]]), pa.chunked_array([[-0.0, 2.0]])).tolist()
+    [True, False]
+    >>> numpy_not_distinct(pa.chunked_array([[1, None]]), pa.chunked_array([[1, 2]])) is None
+    True
+    """
     t = a.type
     if a.null_count or b.null_count or t != b.type:
         return None
@@ -188,7 +198,11 @@ def numpy_not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray, zero_signs: bool 
 
 def number_values(column: pa.ChunkedArray) -> np.ndarray | None:
     """An integer or floating point column without NULLs as numpy values (a view of a one-chunk column's
-    buffer), else None: pairs of its rows then compare by two numpy gathers instead of two Arrow takes."""
+    buffer), else None: pairs of its rows then compare by two numpy gathers instead of two Arrow takes.
+
+    >>> number_values(pa.chunked_array([[3, 4]])).tolist(), number_values(pa.chunked_array([["a"]]))
+    ([3, 4], None)
+    """
     t = column.type
     if column.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
         return None
@@ -196,7 +210,11 @@ def number_values(column: pa.ChunkedArray) -> np.ndarray | None:
 
 
 def pairs_not_distinct(values: np.ndarray, first: np.ndarray, second: np.ndarray, zero_signs: bool = False) -> np.ndarray:
-    """``numpy_not_distinct`` of rows ``first`` and ``second`` of ``number_values`` (gathered in place)."""
+    """``numpy_not_distinct`` of rows ``first`` and ``second`` of ``number_values`` (gathered in place).
+
+    >>> pairs_not_distinct(np.array([1.0, np.nan, 1.0, np.nan]), np.array([0, 1]), np.array([2, 3])).tolist()
+    [True, True]
+    """
     x, y = values[first], values[second]
     equal = x == y
     if values.dtype.kind == "f":
