@@ -160,7 +160,8 @@ def prune(source: str, columns: Sequence[str]) -> str:
 def arrow_not_distinct(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Compare one column of two Arrow arrays per row, NULL-safe: NULL equals NULL, and NaN equals NaN.
 
-    >>> arrow_not_distinct(pa.array([1.0, None, float("nan"), 2.0]), pa.array([1.0, None, float("nan"), None])).to_pylist()
+    >>> nan = float("nan")
+    >>> arrow_not_distinct(pa.array([1.0, None, nan, 2.0]), pa.array([1.0, None, nan, None])).to_pylist()
     [True, True, True, False]
     """
     equal = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
@@ -209,7 +210,8 @@ def number_values(column: pa.ChunkedArray) -> np.ndarray | None:
     return fixed_width_values(one_array(column))
 
 
-def pairs_not_distinct(values: np.ndarray, first: np.ndarray, second: np.ndarray, zero_signs: bool = False) -> np.ndarray:
+def pairs_not_distinct(values: np.ndarray, first: np.ndarray, second: np.ndarray,
+                       zero_signs: bool = False) -> np.ndarray:
     """``numpy_not_distinct`` of rows ``first`` and ``second`` of ``number_values`` (gathered in place).
 
     >>> pairs_not_distinct(np.array([1.0, np.nan, 1.0, np.nan]), np.array([0, 1]), np.array([2, 3])).tolist()
