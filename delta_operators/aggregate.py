@@ -47,11 +47,11 @@ from sqlglot import exp
 from sql_frontend.errors import UnsupportedError
 from sql_frontend.plan import FLOAT_TYPES, SPJ, AggCall, Aggregate, Column, Source
 from sql_frontend.plan_sql import alias, column, lit, quoted, table
+from delta_operators.distinct import presence
+from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec
 from delta_operators.rule import NEW, Context, rule_for
 from delta_operators.sqltree import cast, union_all
 from delta_operators.state_reads import StateRule
-from delta_operators.distinct import presence
-from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
 
 COUNT = "__count"

@@ -17,11 +17,11 @@ from sqlglot import exp
 
 from sql_frontend.plan import Distinct
 from sql_frontend.plan_sql import alias, column, quoted
+from delta_operators.merge import OLD_WEIGHT, merge
+from delta_operators.program import StateSpec
 from delta_operators.rule import Context, rule_for
 from delta_operators.sqltree import select_columns
 from delta_operators.state_reads import StateRule
-from delta_operators.merge import OLD_WEIGHT, merge
-from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 
 

@@ -35,12 +35,12 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Column, Recursive, RecursiveRef
-from delta_operators.rule import NEW, Context, rule_for
-from delta_operators.state_reads import StateRule
 from delta_operators.merge import merge
-from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step
 from delta_operators.optimize import optimize
+from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step
+from delta_operators.rule import NEW, Context, rule_for
 from delta_operators.sqltext import columns, parse, q, same
+from delta_operators.state_reads import StateRule
 from delta_operators.zset import POS, RUN, WEIGHT
 
 MAX_ROUNDS = 1000  # rounds of one loop before the recursion is declared divergent
@@ -257,7 +257,7 @@ class RecursiveRule(StateRule):
 
 @rule_for(RecursiveRef)
 class RecursiveRefRule(StateRule):
-    """The recursive CTE read inside its own step: R_old, the fixpoint before this change.
+    """The recursive CTE read inside its own step: reads give R_old; δ(ref) = 0, or the round's frontier.
 
     Its delta is None where U is computed (R held at R_old); inside the
     rounds the compiler supplies the round's frontier as its delta, which

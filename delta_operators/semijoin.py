@@ -36,10 +36,10 @@ from sqlglot import exp
 
 from sql_frontend.plan import LEFT, RIGHT, SPJ, Column, SemiJoin
 from sql_frontend.plan_sql import alias, column, lit, match_condition, subquery, table
-from delta_operators.rule import OLD, Context, rule_for
-from delta_operators.sqltree import select_columns, union_all
 from delta_operators.merge import merge
 from delta_operators.program import Lookup, Replace, Stack, StateSpec
+from delta_operators.rule import OLD, Context, rule_for
+from delta_operators.sqltree import select_columns, union_all
 from delta_operators.state_reads import StateRule
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
 

@@ -44,8 +44,8 @@ from sqlglot import exp
 
 from sql_frontend.plan import Session
 from sql_frontend.session_windows import gap_sql, islands_sql
-from delta_operators.rule import Context, rule_for
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
+from delta_operators.rule import Context, rule_for
 from delta_operators.sqltext import columns, parse, q, same
 from delta_operators.zset import POS, RUN, WEIGHT
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)

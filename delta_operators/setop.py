@@ -24,10 +24,10 @@ from sqlglot import exp
 
 from sql_frontend.plan import Column, SetOp
 from sql_frontend.plan_sql import alias, column, lit, subquery, table
+from delta_operators.program import Lookup, Replace, StateSpec
 from delta_operators.rule import Context, rule_for
 from delta_operators.sqltree import cast, select_columns, union_all
 from delta_operators.state_reads import StateRule
-from delta_operators.program import Lookup, Replace, StateSpec
 from delta_operators.zset import POS, RUN, WEIGHT, not_distinct
 
 LEFT_COUNT = "__left"

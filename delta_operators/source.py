@@ -14,9 +14,9 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import Source
+from delta_operators.program import Lookup, StateSpec, scan_name
 from delta_operators.rule import NEW, OLD, Context, Rule, delta_input, rule_for
 from delta_operators.sqltree import empty_select, negate_weight, select_columns, union_all
-from delta_operators.program import Lookup, StateSpec, scan_name
 
 
 @rule_for(Source)

@@ -29,9 +29,9 @@ from sqlglot import exp
 
 from sql_frontend.plan import INTEGER_TYPES, SPJ, Node, is_number_type
 from sql_frontend.plan_sql import alias, column, quoted, subquery, table
+from delta_operators.program import StateSpec
 from delta_operators.rule import NEW, OLD, Context, Rule, rule_for
 from delta_operators.sqltree import empty_select, select_columns, union_all
-from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT, consolidate_sql
 
 

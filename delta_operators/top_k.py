@@ -27,11 +27,11 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import Column, Source, TopK
+from delta_operators.program import Lookup, Replace, StateSpec
 from delta_operators.rule import NEW, OLD, Context, rule_for
+from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
 from delta_operators.sqltree import select_columns, union_all
 from delta_operators.state_reads import StateRule
-from delta_operators.program import Lookup, Replace, StateSpec
-from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
 from delta_operators.zset import POS, RUN, WEIGHT
 
 WOUT = "__wout"  # copies of the row in the output

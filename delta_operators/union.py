@@ -13,9 +13,9 @@ from sqlglot import exp
 
 from sql_frontend.plan import UnionAll
 from sql_frontend.plan_sql import alias, column, quoted, subquery
+from delta_operators.program import StateSpec
 from delta_operators.rule import Context, Rule, rule_for
 from delta_operators.sqltree import cast, union_all
-from delta_operators.program import StateSpec
 from delta_operators.zset import WEIGHT
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import WINDOW_INPUT, Window
-from delta_operators.rule import Context, rule_for
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
+from delta_operators.rule import Context, rule_for
 from delta_operators.sqltext import columns, expand, parse, q, same
 from delta_operators.zset import POS, RUN, WEIGHT
 
