@@ -104,7 +104,7 @@ def float_literal(text: str) -> exp.Expression:
 
 @rule_for(Aggregate)
 class AggregateRule(StateRule):
-    """δ(γ_g X)(g) = finalize(S_old(g) + Σ_{r ∈ δX, g(r)=g} component(r)) − finalize(S_old(g)), touched groups only."""
+    """δ(γ X)(g) = row(S_old(g) + δS(g)) − row(S_old(g)) for each group g of δX (δS: δX's components)."""
 
     looked_up, rows_note = "groups", "aggregate rows"
 

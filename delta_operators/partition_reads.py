@@ -93,7 +93,10 @@ class PartitionedRowsReads(StateRule):
         """By columns that include the whole partition key (the state's index)."""
         return bool(self.partition) and set(self.partition) <= set(columns_)
 
-    def lookup_index(self, columns_: tuple[str, ...], probe_columns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    def lookup_index(
+        self, columns_: tuple[str, ...], probe_columns: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The partition key's index, probed by the probe columns that match it."""
         by = dict(zip(columns_, probe_columns))
         return self.partition, tuple(by[c] for c in self.partition)
 

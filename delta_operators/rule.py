@@ -118,7 +118,11 @@ def rule_for(*node_types: type[Node]) -> Callable[[type[Rule]], type[Rule]]:
 
 def make_rule(node: Node) -> Rule:
     """The rule of ``node``'s type, for ``node``."""
-    return RULES[type(node)](node)
+    rule = RULES.get(type(node))
+    if rule is None:
+        raise LookupError(f"no delta rule registered for {type(node).__name__} "
+                          "(delta_operators.compiler imports every rule module)")
+    return rule(node)
 
 
 def plan_node_types() -> list[type[Node]]:

@@ -140,7 +140,7 @@ class Range:
 
 @rule_for(SPJ)
 class SPJRule(Rule):
-    """δ(σπ(X1 × … × Xn)) = Σ_i σπ(X1' × … × X(i-1)' × δXi × X(i+1) × … × Xn)  (X' = NEW, X = OLD)."""
+    """δ(σπ(X1 × … × Xn)) = Σ_i σπ(X1' × … × X(i-1)' × δXi × X(i+1) × … × Xn), X' = NEW, X = OLD."""
 
     def __init__(self, node: SPJ):
         self.node = node

@@ -49,7 +49,9 @@ class StateRule(Rule):
         """The node's rows (with weights) from ``source``: the state, or rows of it looked up."""
         return select_columns(source, self.node.columns)
 
-    def lookup_index(self, columns: tuple[str, ...], probe_columns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    def lookup_index(
+        self, columns: tuple[str, ...], probe_columns: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(index, probe columns) of the state lookup that finds the rows matching ``columns``."""
         return columns, probe_columns
 
