@@ -105,13 +105,10 @@ class RecursiveRule(StateRule):
 
     def _round(self, ctx: Context, frontier: str) -> tuple[list[Step], str]:
         """Steps computing step'(frontier): heads with derivation counts."""
-        sub = Context(view=ctx.view, plan=ctx.plan, options=ctx.options, _counter=ctx._counter)
-        sub._rules = ctx._rules
-        sub._deltas = dict(ctx._deltas)
-        sub._deltas[id(self.node.ref)] = frontier
+        sub = ctx.with_delta(self.node.ref, frontier)
         at = next(i for i, (_, child) in enumerate(self.step.inputs) if child is self.node.ref)
         modes = {a: NEW for j, (a, _) in enumerate(self.step.inputs) if j != at}
-        term = ctx.rule(self.step)._term(sub, at, modes)
+        term = ctx.rule(self.step).term(sub, at, modes)
         heads = sub.query("rheads", self._sum([self._cast(term, self.step.column_names)]), drivers=(term,),
                           transparent=True, pinned=True, note="facts derived in one step, with derivation counts")
         ctx.program.indexes |= sub.program.indexes

@@ -185,6 +185,14 @@ class Context:
         for i, node in enumerate(walk(self.plan.root)):
             self._index[id(node)] = i
 
+    def with_delta(self, node: Node, delta: str) -> "Context":
+        """A context for a computation inside this one (a recursive view's round): the same rules,
+        deltas and temp names, except that ``node``'s delta is ``delta``; its program is its own."""
+        sub = Context(view=self.view, plan=self.plan, options=self.options, _counter=self._counter)
+        sub._rules = self._rules
+        sub._deltas = {**self._deltas, id(node): delta}
+        return sub
+
     # --- naming -----------------------------------------------------------
     def temp(self, prefix: str) -> str:
         return f"{prefix}{next(self._counter)}"

@@ -170,7 +170,7 @@ class SPJRule(Rule):
                 modes[a] == OLD and ctx.rule(child).old_is_empty(ctx) for a, child in inputs if a in modes
             ):
                 continue  # a factor is empty: the whole term is
-            terms.append(self._term(ctx, i, modes))
+            terms.append(self.term(ctx, i, modes))
         if not terms:
             return None
         if len(terms) == 1:
@@ -180,7 +180,9 @@ class SPJRule(Rule):
             "spj", union_all(parts), drivers=tuple(terms), note="sum of product-rule terms", skip="all"
         )
 
-    def _term(self, ctx: Context, i: int, modes: dict[str, str]) -> str:
+    def term(self, ctx: Context, i: int, modes: dict[str, str]) -> str:
+        """The product rule's term for input ``i``: its delta joined with every other input in ``modes``
+        (OLD or NEW per alias). A recursive view's round reads it with the recursive input's delta."""
         start_alias, start_node = self.node.inputs[i]
         start = ctx.delta(start_node)
         assert start is not None
