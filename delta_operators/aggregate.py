@@ -47,9 +47,11 @@ from sqlglot import exp
 from sql_frontend.errors import UnsupportedError
 from sql_frontend.plan import FLOAT_TYPES, SPJ, AggCall, Aggregate, Column, Source
 from sql_frontend.plan_sql import alias, column, lit, quoted, table
-from delta_operators.compiler import NEW, Context, cast, empty_select, select_columns, union_all
 from delta_operators.distinct import presence
-from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec, scan_name
+from delta_operators.program import Guard, Lookup, Replace, Stack, StateSpec
+from delta_operators.rule import NEW, Context, rule_for
+from delta_operators.sqltree import cast, union_all
+from delta_operators.state_reads import StateRule
 from delta_operators.zset import not_distinct
 from storage.zset import POS, RUN, WEIGHT
 
@@ -101,7 +103,12 @@ def float_literal(text: str) -> exp.Expression:
     return exp.cast(exp.Literal.string(text), exp.DataType.build("DOUBLE"))
 
 
-class AggregateRule:
+@rule_for(Aggregate)
+class AggregateRule(StateRule):
+    """δ(γ X)(g) = row(S_old(g) + δS(g)) − row(S_old(g)) for each group g of δX (δS: δX's components)."""
+
+    looked_up, rows_note = "groups", "aggregate rows"
+
     def __init__(self, node: Aggregate):
         self.node = node
         self.keys = node.keys
@@ -523,38 +530,13 @@ class AggregateRule:
             alias(exp.and_(keep, exp.Not(this=unchanged.copy())), EMIT_NEW),
         ).from_(exp.Subquery(this=with_new, alias=exp.TableAlias(this=quoted("w"))))
 
-    # --- state reads --------------------------------------------------------
-    def _rows(self, source: str) -> exp.Select:
+    # --- state reads: OLD = the finalized state rows (state_reads.py) ----------
+    def rows(self, ctx: Context, source: str) -> exp.Select:
         return exp.select(*self.finalize("s"), alias(lit(1), WEIGHT)).from_(table(source, "s"))
 
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = self._rows(scan_name(self.state(ctx)))
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns: tuple[str, ...]) -> bool:
+    def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        """By group key columns (the state's rows are per group)."""
         return bool(columns) and set(columns) <= set(self.keys)
 
     def unique(self, columns: tuple[str, ...]) -> bool:
         return set(self.keys) <= set(columns)  # one row per group
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=columns, probe=probe,
-                        probe_columns=probe_columns, note=f"groups by ({', '.join(columns)})"))
-        ctx.need_index(self.state(ctx), columns)
-        parts: list[exp.Expression] = [self._rows(found)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note="aggregate rows")
-

@@ -17,9 +17,11 @@ from sqlglot import exp
 
 from sql_frontend.plan import Distinct
 from sql_frontend.plan_sql import alias, column, quoted
-from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
 from delta_operators.merge import OLD_WEIGHT, merge
-from delta_operators.program import Lookup, StateSpec, scan_name
+from delta_operators.program import StateSpec
+from delta_operators.rule import Context, rule_for
+from delta_operators.sqltree import select_columns
+from delta_operators.state_reads import StateRule
 from storage.zset import WEIGHT
 
 
@@ -30,7 +32,12 @@ def presence(weight: exp.Expression) -> exp.Expression:
     )
 
 
-class DistinctRule:
+@rule_for(Distinct)
+class DistinctRule(StateRule):
+    """δ(distinct X)(r) = [M(r) + δX(r) > 0] − [M(r) > 0], for the rows r that δX touches."""
+
+    looked_up, rows_note = "distinct rows", "distinct rows"
+
     def __init__(self, node: Distinct):
         self.node = node
         self.names = tuple(c.name for c in node.columns)
@@ -55,35 +62,8 @@ class DistinctRule:
         )
         return ctx.query("distinct", sql, drivers=(merged,), note="rows whose presence changed")
 
-    def _present(self, source: str) -> exp.Select:
+    def rows(self, ctx: Context, source: str) -> exp.Select:
+        """The present rows (positive multiplicity), once each."""
         return select_columns(source, self.node.columns, exp.Literal.number(1)).where(
             exp.GT(this=column(WEIGHT, source), expression=exp.Literal.number(0))
         )
-
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = self._present(scan_name(self.state(ctx)))
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns: tuple[str, ...]) -> bool:
-        return bool(columns)
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=columns, probe=probe,
-                        probe_columns=probe_columns, note=f"distinct rows by ({', '.join(columns)})"))
-        ctx.need_index(self.state(ctx), columns)
-        parts: list[exp.Expression] = [self._present(found)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note="distinct rows")

@@ -24,8 +24,8 @@ from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Column, Node, Source
 from sql_frontend.plan_sql import alias, column, quoted
-from delta_operators.compiler import Context
 from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.rule import Context
 from delta_operators.zset import not_distinct
 from storage.zset import POS, RUN, WEIGHT, consolidate_sql
 

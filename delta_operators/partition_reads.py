@@ -13,19 +13,22 @@ stored rows, a recomputation that retracts those rows and inserts the new
 ones, the state's rows replaced by it, and the consolidated difference as the
 node's delta.
 
-Subclasses set ``node``, ``partition``, ``names``, ``steps``, ``role`` and
-``whole``, and define ``state(ctx)`` and ``_recompute_sql``.
+Subclasses set ``node``, ``partition``, ``names``, ``steps``, ``role``,
+``whole`` and the names of looked-up rows (``looked_up``, ``rows_note``),
+and define ``state(ctx)`` and ``_recompute_sql``.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 
 from sqlglot import exp
 
-from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.rule import Context
 from delta_operators.sqltext import columns, parse, q
+from delta_operators.state_reads import StateRule
 from storage.zset import consolidate_sql
 
 KEEP = "__keep"  # column of the recomputation: True for the rows the state keeps
@@ -46,21 +49,19 @@ class Steps:
     delta_note: str
 
 
-class PartitionedRowsReads:
-    node: object
+class PartitionedRowsReads(StateRule):
+    """δ(op X) = op(rows(T) + δX) − rows(T), T = the stored rows of the partitions δX touches."""
+
     partition: tuple[str, ...]
     names: tuple[str, ...]  # the node's output columns
     steps: Steps
     role: str  # what the state holds (EXPLAIN) ...
     whole: str  # ... and what is added when there is no partition key
-    what = "rows"  # how lookups name the rows in programs and EXPLAIN
+    index_on_demand = False  # the state declares its partition index
 
-    def state(self, ctx: Context) -> str:
-        raise NotImplementedError
-
+    @abstractmethod
     def _recompute_sql(self, delta_in: str, touched: str, old: str) -> exp.Expression:
         """The stored rows ``old`` of the touched partitions, retracted (KEEP false), and their recomputation."""
-        raise NotImplementedError
 
     def states(self, ctx: Context) -> list[StateSpec]:
         role = self.role + ("" if self.partition else self.whole)
@@ -87,31 +88,17 @@ class PartitionedRowsReads:
         ctx.replace(Replace(relation=self.state(ctx), deletes=wide, inserts=wide, keep=KEEP))
         return ctx.query(steps.delta, consolidate_sql(wide, self.names), drivers=(wide,), note=steps.delta_note)
 
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = select_columns(scan_name(self.state(ctx)), self.node.columns)
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
+    # --- reads: OLD = the stored rows (state_reads.py), by the partition index ----
+    def can_lookup(self, ctx: Context, columns_: tuple[str, ...]) -> bool:
+        """By columns that include the whole partition key (the state's index)."""
         return bool(self.partition) and set(self.partition) <= set(columns_)
 
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
+    def lookup_index(
+        self, columns_: tuple[str, ...], probe_columns: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The partition key's index, probed by the probe columns that match it."""
         by = dict(zip(columns_, probe_columns))
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=self.partition, probe=probe,
-                        probe_columns=tuple(by[c] for c in self.partition),
-                        note=f"{self.what} by partition ({', '.join(self.partition)})"))
-        parts: list[exp.Expression] = [select_columns(found, self.node.columns)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note=self.what)
+        return self.partition, tuple(by[c] for c in self.partition)
+
+    def lookup_note(self, index: tuple[str, ...]) -> str:
+        return f"{self.looked_up} by partition ({', '.join(index)})"

@@ -35,11 +35,12 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import SPJ, Column, Recursive, RecursiveRef
-from delta_operators.compiler import NEW, Context, empty_select, select_columns, union_all
 from delta_operators.merge import merge
-from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step, scan_name
 from delta_operators.optimize import optimize
+from delta_operators.program import Lookup, Loop, Program, Replace, StateSpec, Step
+from delta_operators.rule import NEW, Context, rule_for
 from delta_operators.sqltext import columns, parse, q, same
+from delta_operators.state_reads import StateRule
 from storage.zset import EVERY, POS, RUN, WEIGHT, consolidate
 
 MAX_ROUNDS = 1000  # rounds of one loop before the recursion is declared divergent
@@ -52,7 +53,12 @@ def state_name(ctx: Context, ref: RecursiveRef) -> str:
     return ctx.state_name(ref, "rec")
 
 
-class RecursiveRule:
+@rule_for(Recursive)
+class RecursiveRule(StateRule):
+    """Semi-naive: δR = W + step'(W) + step'(step'(W)) + …, W = δB + U (UNION ALL); DRed with counts (UNION)."""
+
+    looked_up, rows_note = "fixpoint rows", "fixpoint rows"
+
     def __init__(self, node: Recursive):
         self.node = node
         self.names = node.column_names
@@ -97,13 +103,10 @@ class RecursiveRule:
 
     def _round(self, ctx: Context, frontier: str) -> tuple[list[Step], str]:
         """Steps computing step'(frontier): heads with derivation counts."""
-        sub = Context(view=ctx.view, plan=ctx.plan, options=ctx.options, _counter=ctx._counter)
-        sub._rules = ctx._rules
-        sub._deltas = dict(ctx._deltas)
-        sub._deltas[id(self.node.ref)] = frontier
+        sub = ctx.with_delta(self.node.ref, frontier)
         at = next(i for i, (_, child) in enumerate(self.step.inputs) if child is self.node.ref)
         modes = {a: NEW for j, (a, _) in enumerate(self.step.inputs) if j != at}
-        term = ctx.rule(self.step)._term(sub, at, modes)
+        term = ctx.rule(self.step).term(sub, at, modes)
         heads = sub.query("rheads", self._sum([self._cast(term, self.step.column_names)]), drivers=(term,),
                           transparent=True, pinned=True, note="facts derived in one step, with derivation counts")
         ctx.program.indexes |= sub.program.indexes
@@ -241,47 +244,22 @@ class RecursiveRule:
                                          f"FROM {q(new)} AS x WHERE x.{q(CHANGE)} <> 0"),
                          drivers=(new,), note="facts that appeared or vanished")
 
-    # --- reads ------------------------------------------------------------
-    def _stored(self, ctx: Context, source: str) -> exp.Select:
-        return select_columns(source, self.node.columns)
-
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            st = state_name(ctx, self.node.ref)
-            ctx.scan_relation(st)
-            old = select_columns(scan_name(st), self.node.columns)
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
-        return bool(columns_)
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
-        st = state_name(ctx, self.node.ref)
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=st, index=columns_, probe=probe, probe_columns=probe_columns,
-                        note=f"fixpoint rows by ({', '.join(columns_)})"))
-        ctx.need_index(st, columns_)
-        parts: list[exp.Expression] = [select_columns(found, self.node.columns)]
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            parts.append(select_columns(delta, self.node.columns))
-        return ctx.query("look", union_all(parts), drivers=(), note="fixpoint rows")
+    # --- reads: OLD = the stored fixpoint (state_reads.py) -------------------------
+    def state(self, ctx: Context) -> str:
+        return state_name(ctx, self.node.ref)
 
 
-class RecursiveRefRule:
-    """The recursive CTE read inside its own step: R_old, the fixpoint before this change.
+@rule_for(RecursiveRef)
+class RecursiveRefRule(StateRule):
+    """The recursive CTE read inside its own step: reads give R_old; δ(ref) = 0, or the round's frontier.
 
     Its delta is None where U is computed (R held at R_old); inside the
-    rounds the compiler supplies the round's frontier as its delta.
+    rounds the compiler supplies the round's frontier as its delta, which
+    reads of R_old do not add (``adds_delta``).
     """
+
+    looked_up, rows_note = "R_old", "R_old rows"
+    adds_delta = False
 
     def __init__(self, node: RecursiveRef):
         self.node = node
@@ -292,23 +270,5 @@ class RecursiveRefRule:
     def states(self, ctx: Context) -> list[StateSpec]:
         return []
 
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            return empty_select(self.node.columns)
-        st = state_name(ctx, self.node)
-        ctx.scan_relation(st)
-        return select_columns(scan_name(st), self.node.columns)
-
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
-        return bool(columns_)
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial
-
-    def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
-        st = state_name(ctx, self.node)
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=st, index=columns_, probe=probe, probe_columns=probe_columns,
-                        note=f"R_old by ({', '.join(columns_)})"))
-        ctx.need_index(st, columns_)
-        return ctx.query("look", select_columns(found, self.node.columns), drivers=(), note="R_old rows")
+    def state(self, ctx: Context) -> str:
+        return state_name(ctx, self.node)

@@ -36,10 +36,11 @@ from sqlglot import exp
 
 from sql_frontend.plan import LEFT, RIGHT, SPJ, Column, SemiJoin
 from sql_frontend.plan_sql import alias, column, lit, match_condition, subquery, table
-from delta_operators.compiler import NEW, OLD, Context, select_columns, union_all
 from delta_operators.merge import merge
-from delta_operators.program import Lookup, Replace, Stack, StateSpec, scan_name
-from delta_operators.spj import can_lookup, old_is_empty
+from delta_operators.program import Lookup, Replace, Stack, StateSpec
+from delta_operators.rule import OLD, Context, rule_for
+from delta_operators.sqltree import select_columns, union_all
+from delta_operators.state_reads import StateRule
 from delta_operators.zset import not_distinct
 from storage.zset import POS, RUN, WEIGHT
 
@@ -50,7 +51,14 @@ KEEP = "__keep"
 OUT = "__out"
 
 
-class SemiJoinRule:
+@rule_for(SemiJoin)
+class SemiJoinRule(StateRule):
+    """δ(L ⋉ R) = δL · f_new + L_old · (f_new − f_old), f(l) = [C(key(l)) > 0] (anti: = 0); by rows:
+    δOut(v) = n_new(v)·[p_new(v) > 0] − n_old(v)·[p_old(v) > 0]."""
+
+    looked_up, rows_note = "left rows", "semi-join rows"
+    empty_at_first = False  # scans read the (empty) state on a first computation too
+
     def __init__(self, node: SemiJoin):
         self.node = node
         self.left_keys = tuple(lk for lk, _ in node.keys)
@@ -146,10 +154,10 @@ class SemiJoinRule:
     def _flip_term(self, ctx: Context, flips: str) -> str | None:
         """L_old · (f_new − f_old): the left rows of keys that gained or lost their last match."""
         left = self.node.left
-        if ctx.options.initial and old_is_empty(ctx, left):
+        if ctx.options.initial and ctx.rule(left).old_is_empty(ctx):
             return None
         drivers: tuple[str, ...] = (flips,)
-        if self.left_keys and can_lookup(ctx, left, self.left_keys):
+        if self.left_keys and ctx.rule(left).can_lookup(ctx, self.left_keys):
             rows = ctx.rule(left).lookup(ctx, self.left_keys, flips, self.left_keys, OLD)
             source: exp.Expression = table(rows, "l")
             drivers = (flips, rows)
@@ -243,15 +251,18 @@ class SemiJoinRule:
     def _flag(self, pairs: exp.Expression) -> exp.Expression:
         return exp.Case(ifs=[exp.If(this=self._test(pairs), true=lit(1))], default=lit(0))
 
-    # --- reads ------------------------------------------------------------------------
-    def _rows_from_state(self, source: str) -> exp.Select:
-        return (
-            exp.select(*[alias(column(c, "s"), c) for c in self.names], alias(column(WEIGHT, "s"), WEIGHT))
-            .from_(table(source, "s"))
-            .where(self._test(column(PAIRS, "s")))
-        )
+    # --- reads: OLD from the state (state_reads.py) ---------------------------------------
+    def rows(self, ctx: Context, source: str) -> exp.Select:
+        """By rows: the stored left rows that pass. By keys: the left rows (OLD) whose count in ``source`` passes."""
+        if self.by_rows:
+            return (
+                exp.select(*[alias(column(c, "s"), c) for c in self.names], alias(column(WEIGHT, "s"), WEIGHT))
+                .from_(table(source, "s"))
+                .where(self._test(column(PAIRS, "s")))
+            )
+        return self._filtered(subquery(ctx.rule(self.node.left).scan(ctx, OLD), "l"), table(source, "c"))
 
-    def _filtered(self, ctx: Context, rows: exp.Expression, counts: exp.Expression) -> exp.Select:
+    def _filtered(self, rows: exp.Expression, counts: exp.Expression) -> exp.Select:
         """Left rows joined with their key's stored count, kept when they pass."""
         count = exp.Coalesce(this=column(WEIGHT, "c"), expressions=[lit(0)])
         return (
@@ -261,42 +272,23 @@ class SemiJoinRule:
             .where(self._test(count))
         )
 
-    def _with_delta(self, ctx: Context, old: exp.Expression, mode: str) -> exp.Expression:
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        ctx.scan_relation(self.state(ctx))
-        if self.by_rows:
-            old: exp.Expression = self._rows_from_state(scan_name(self.state(ctx)))
-        else:
-            rows = subquery(ctx.rule(self.node.left).scan(ctx, OLD), "l")
-            old = self._filtered(ctx, rows, table(scan_name(self.state(ctx)), "c"))
-        return self._with_delta(ctx, old, mode)
-
-    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+    def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        """By rows: any columns (of the state). By keys: as the left input can be looked up."""
         if self.by_rows:
             return bool(columns)
-        return can_lookup(ctx, self.node.left, columns)
+        return ctx.rule(self.node.left).can_lookup(ctx, columns)
 
     def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
         if self.by_rows:
-            found = ctx.temp("look")
-            ctx.emit(Lookup(out=found, relation=self.state(ctx), index=columns, probe=probe,
-                            probe_columns=probe_columns, note=f"left rows by ({', '.join(columns)})"))
-            ctx.need_index(self.state(ctx), columns)
-            old: exp.Expression = self._rows_from_state(found)
-        else:
-            rows = ctx.rule(self.node.left).lookup(ctx, columns, probe, probe_columns, OLD)
-            if rows is None:
-                return None
-            counts = ctx.temp("semilook")
-            ctx.emit(Lookup(out=counts, relation=self.state(ctx), index=self.key_names, probe=rows,
-                            probe_columns=self.left_keys, note="match counts of looked-up rows"))
-            old = self._filtered(ctx, table(rows, "l"), table(counts, "c"))
-        return ctx.query("look", self._with_delta(ctx, old, mode), drivers=(), note="semi-join rows")
+            return super().lookup(ctx, columns, probe, probe_columns, mode)
+        rows = ctx.rule(self.node.left).lookup(ctx, columns, probe, probe_columns, OLD)
+        if rows is None:
+            return None
+        counts = ctx.temp("semilook")
+        ctx.emit(Lookup(out=counts, relation=self.state(ctx), index=self.key_names, probe=rows,
+                        probe_columns=self.left_keys, note="match counts of looked-up rows"))
+        old = self._filtered(table(rows, "l"), table(counts, "c"))
+        return ctx.query("look", self.with_delta(ctx, old, mode), drivers=(), note=self.rows_note)
 
     def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial and (self.by_rows or old_is_empty(ctx, self.node.left))
+        return ctx.options.initial and (self.by_rows or ctx.rule(self.node.left).old_is_empty(ctx))

@@ -44,15 +44,18 @@ from sqlglot import exp
 
 from sql_frontend.plan import Session
 from sql_frontend.session_windows import gap_sql, islands_sql
-from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
+from delta_operators.rule import Context, rule_for
 from delta_operators.sqltext import columns, parse, q, same
 from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate, negate
 STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
 
 
+@rule_for(Session)
 class SessionRule(PartitionedRowsReads):
-    what = "session rows"
+    """δ(session X) = session(rows(T) + δX) − T, T = the stored sessions that meet a row of δX."""
+
+    looked_up = rows_note = "session rows"
     role, whole = "input rows with their session bounds", " (one sequence)"
     steps = Steps("skeys", "session keys the change touches", "sold", "stored rows of the changed keys' sessions",
                   "session", "touched sessions: old rows out, recomputed rows in",

@@ -24,8 +24,10 @@ from sqlglot import exp
 
 from sql_frontend.plan import Column, SetOp
 from sql_frontend.plan_sql import alias, column, lit, subquery, table
-from delta_operators.compiler import NEW, Context, cast, select_columns, union_all
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.rule import Context, rule_for
+from delta_operators.sqltree import cast, select_columns, union_all
+from delta_operators.state_reads import StateRule
 from delta_operators.zset import not_distinct
 from storage.zset import POS, RUN, WEIGHT
 
@@ -35,7 +37,13 @@ OLD_OUT = "__old"
 KEEP = "__keep"
 
 
-class SetOpRule:
+@rule_for(SetOp)
+class SetOpRule(StateRule):
+    """S_new(v) = S_old(v) + (δL(v), δR(v)),  δ(L op R)(v) = g(S_new(v)) − g(S_old(v)), for touched rows v."""
+
+    looked_up, rows_note = "rows", "set operation rows"
+    empty_at_first = False  # scans read the (empty) state on a first computation too
+
     def __init__(self, node: SetOp):
         self.node = node
         self.names = node.column_names
@@ -118,31 +126,8 @@ class SetOpRule:
         )
         return ctx.query("setop", out_sql, drivers=(merged,), note="rows whose output multiplicity changed")
 
-    # --- reads ----------------------------------------------------------------------
-    def _present(self, source: str) -> exp.Select:
+    # --- reads: OLD = the stored rows with output multiplicity > 0 (state_reads.py) ---
+    def rows(self, ctx: Context, source: str) -> exp.Select:
         return select_columns(source, self.node.columns).where(
             exp.GT(this=column(WEIGHT, source), expression=lit(0))
         )
-
-    def _with_delta(self, ctx: Context, old: exp.Expression, mode: str) -> exp.Expression:
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
-
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        ctx.scan_relation(self.state(ctx))
-        return self._with_delta(ctx, self._present(scan_name(self.state(ctx))), mode)
-
-    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
-        return bool(columns)
-
-    def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
-        found = ctx.temp("look")
-        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=columns, probe=probe,
-                        probe_columns=probe_columns, note=f"rows by ({', '.join(columns)})"))
-        ctx.need_index(self.state(ctx), columns)
-        return ctx.query("look", self._with_delta(ctx, self._present(found), mode), drivers=(), note="set operation rows")
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial

@@ -14,22 +14,14 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import Source
-from delta_operators.compiler import (
-    NEW,
-    OLD,
-    Context,
-    delta_input,
-    empty_select,
-    negate_weight,
-    select_columns,
-    union_all,
-)
 from delta_operators.program import Lookup, StateSpec, scan_name
+from delta_operators.rule import NEW, OLD, Context, Rule, delta_input, rule_for
+from delta_operators.sqltree import empty_select, negate_weight, select_columns, union_all
 
 
-class SourceRule:
-    def __init__(self, node: Source):
-        self.node = node
+@rule_for(Source)
+class SourceRule(Rule):
+    """δR = ΔR (given);  R_new = R_old + ΔR."""
 
     def delta(self, ctx: Context) -> str | None:
         return delta_input(self.node.relation) if ctx.changed(self.node.relation) else None
@@ -57,7 +49,7 @@ class SourceRule:
         correction = self._correction(ctx, mode)
         return stored if correction is None else union_all([stored, correction])
 
-    def can_lookup(self, columns: tuple[str, ...]) -> bool:
+    def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
         return bool(columns)  # any columns of a stored relation can be indexed
 
     def unique(self, columns: tuple[str, ...]) -> bool:

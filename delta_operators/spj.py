@@ -29,8 +29,9 @@ from sqlglot import exp
 
 from sql_frontend.plan import INTEGER_TYPES, SPJ, Node, is_number_type
 from sql_frontend.plan_sql import alias, column, quoted, subquery, table
-from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
 from delta_operators.program import StateSpec
+from delta_operators.rule import NEW, OLD, Context, Rule, rule_for
+from delta_operators.sqltree import empty_select, select_columns, union_all
 from storage.zset import WEIGHT, consolidate_sql
 
 
@@ -137,7 +138,10 @@ class Range:
     column: str | None = None
 
 
-class SPJRule:
+@rule_for(SPJ)
+class SPJRule(Rule):
+    """δ(σπ(X1 × … × Xn)) = Σ_i σπ(X1' × … × X(i-1)' × δXi × X(i+1) × … × Xn), X' = NEW, X = OLD."""
+
     def __init__(self, node: SPJ):
         self.node = node
         self.conjuncts = [Conjunct(c, aliases_of(c)) for c in split_conjuncts(node.predicate)]
@@ -163,10 +167,10 @@ class SPJRule:
                 if j != i
             }
             if ctx.options.initial and any(
-                modes[a] == OLD and old_is_empty(ctx, child) for a, child in inputs if a in modes
+                modes[a] == OLD and ctx.rule(child).old_is_empty(ctx) for a, child in inputs if a in modes
             ):
                 continue  # a factor is empty: the whole term is
-            terms.append(self._term(ctx, i, modes))
+            terms.append(self.term(ctx, i, modes))
         if not terms:
             return None
         if len(terms) == 1:
@@ -176,7 +180,9 @@ class SPJRule:
             "spj", union_all(parts), drivers=tuple(terms), note="sum of product-rule terms", skip="all"
         )
 
-    def _term(self, ctx: Context, i: int, modes: dict[str, str]) -> str:
+    def term(self, ctx: Context, i: int, modes: dict[str, str]) -> str:
+        """The product rule's term for input ``i``: its delta joined with every other input in ``modes``
+        (OLD or NEW per alias). A recursive view's round reads it with the recursive input's delta."""
         start_alias, start_node = self.node.inputs[i]
         start = ctx.delta(start_node)
         assert start is not None
@@ -207,7 +213,7 @@ class SPJRule:
         (``SourceRule.between``): TPC-H q22 compares 14 of 150,000 customers
         per refresh at SF 1, where the scan read every one.
         """
-        if not is_global_aggregate(ctx, start_node):
+        if not ctx.rule(start_node).is_global:
             return None
         if any(start_alias in aliases_of(e) for _, e in self.node.outputs):
             return None
@@ -274,7 +280,7 @@ class SPJRule:
             # A lookup that may fan out (several rows per probe) first drops the
             # rows the joined inputs' own conditions reject: one more query, but
             # the lookup and every later step then see only rows that survive.
-            fans_out = bool(keys) and not is_unique(ctx, child_j, tuple(k for k, _ in keys))
+            fans_out = bool(keys) and not rule_j.unique(tuple(k for k, _ in keys))
             if fans_out and self._applicable(bound, applied):
                 direct = None
             if direct is not None:
@@ -308,7 +314,7 @@ class SPJRule:
                     drivers.append(in_range)
                 else:
                     segment.add(a_j, subquery(rule_j.scan(ctx, modes[a_j]), a_j))
-                    scanned = scanned or not is_global_aggregate(ctx, child_j)
+                    scanned = scanned or not rule_j.is_global
             bound.add(a_j)
         conjuncts = self._take_conjuncts(bound, applied) + list(extra)
         projections = [alias(segment.map(e), n) for n, e in self.node.outputs]
@@ -330,11 +336,10 @@ class SPJRule:
         """
         if ranged is None or ranged.alias != a_j or ranged.column is None:
             return None
-        between = getattr(ctx.rule(child_j), "between", None)
         column_type = {c.name: c.type for c in child_j.columns}.get(ranged.column, "")
-        if between is None or not (is_number_type(column_type) and is_number_type(ranged.value_type)):
+        if not (is_number_type(column_type) and is_number_type(ranged.value_type)):
             return None
-        return between(ctx, ranged.column, start, ranged.value, mode)
+        return ctx.rule(child_j).between(ctx, ranged.column, start, ranged.value, mode)
 
     @staticmethod
     def _direct_probe(
@@ -420,11 +425,12 @@ class SPJRule:
                         keys.append((side_j.name, side_b))
             # Look up by the equalities the input has an index for (an aggregate by
             # its group keys, not by an aggregate value): the rest are re-checked.
-            keys = [(k, e) for k, e in keys if can_lookup(ctx, child_j, (k,))]
+            rule_j = ctx.rule(child_j)
+            keys = [(k, e) for k, e in keys if rule_j.can_lookup(ctx, (k,))]
             columns = tuple(k for k, _ in keys)
-            if keys and can_lookup(ctx, child_j, columns):
+            if keys and rule_j.can_lookup(ctx, columns):
                 filtered = any(c.aliases == {a_j} for c in self.conjuncts)
-                score = (is_unique(ctx, child_j, columns), filtered)
+                score = (rule_j.unique(columns), filtered)
                 if best_score is None or score > best_score:
                     best, best_score = ((a_j, child_j), keys), score
         if best is not None:
@@ -451,7 +457,7 @@ class SPJRule:
                 if isinstance(outputs[c], exp.Column) and outputs[c].table == a
             ]
             picked = list(dict((name, i) for name, i in picked).items())
-            if picked and can_lookup(ctx, child, tuple(n for n, _ in picked)):
+            if picked and ctx.rule(child).can_lookup(ctx, tuple(n for n, _ in picked)):
                 if best is None or len(picked) > len(best[1]):
                     best = (a, picked)
         return best
@@ -461,7 +467,8 @@ class SPJRule:
         outputs = dict(self.node.outputs)
         return any(is_null_constant(outputs[c]) for c in columns)
 
-    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+    def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        """When some input can be looked up by the columns it provides (or a column is NULL padding)."""
         return bool(columns) and (self._null_column(columns) or self._lookup_plan(ctx, columns) is not None)
 
     def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
@@ -481,7 +488,7 @@ class SPJRule:
         return self._pipeline(ctx, start_alias, start, modes, note)
 
     def old_is_empty(self, ctx: Context) -> bool:
-        return any(old_is_empty(ctx, child) for _, child in self.node.inputs)
+        return any(ctx.rule(child).old_is_empty(ctx) for _, child in self.node.inputs)
 
     def states(self, ctx: Context) -> list[StateSpec]:
         return []
@@ -491,30 +498,3 @@ def is_null_constant(expression: exp.Expression) -> bool:
     while isinstance(expression, (exp.Cast, exp.Paren)):
         expression = expression.this
     return isinstance(expression, exp.Null)
-
-
-def is_unique(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
-    """Whether a lookup of ``node`` by ``columns`` finds at most one row per probe."""
-    check = getattr(ctx.rule(node), "unique", None)
-    return bool(check and check(columns))
-
-
-def is_global_aggregate(ctx: Context, node: Node) -> bool:
-    """Whether ``node`` is an aggregate without GROUP BY: exactly one row, a change of it -old +new."""
-    return bool(getattr(ctx.rule(node), "is_global", False))
-
-
-def can_lookup(ctx: Context, node: Node, columns: tuple[str, ...]) -> bool:
-    """Whether ``node``'s rows can be fetched by ``columns`` without a scan."""
-    rule = ctx.rule(node)
-    possible = getattr(rule, "lookup_possible", None)
-    if possible is not None:
-        return bool(possible(ctx, columns))
-    check = getattr(rule, "can_lookup", None)
-    return bool(check and check(columns))
-
-
-def old_is_empty(ctx: Context, node: Node) -> bool:
-    """Statically known to be empty before this step (first computation only)."""
-    check = getattr(ctx.rule(node), "old_is_empty", None)
-    return bool(check and check(ctx))

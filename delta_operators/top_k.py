@@ -27,9 +27,11 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import Column, Source, TopK
-from delta_operators.compiler import NEW, OLD, Context, empty_select, select_columns, union_all
-from delta_operators.program import Lookup, Replace, StateSpec, scan_name
+from delta_operators.program import Lookup, Replace, StateSpec
+from delta_operators.rule import NEW, OLD, Context, rule_for
 from delta_operators.sqltext import columns, order_by, parse, q, same, sorts_before_or_with
+from delta_operators.sqltree import select_columns, union_all
+from delta_operators.state_reads import StateRule
 from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate
 
 WOUT = "__wout"  # copies of the row in the output
@@ -47,7 +49,10 @@ def buffer_size(need: int) -> int:
     return need + (max(need, 100) if SLACK is None else SLACK)
 
 
-class TopKRule:
+@rule_for(TopK)
+class TopKRule(StateRule):
+    """B' = B + δX|key ≤ T (refilled or trimmed to M..2M rows),  δ(top X) = Σ_r (wout'(r) − wout(r)) · r."""
+
     def __init__(self, node: TopK):
         self.node = node
         self.names = node.input.column_names
@@ -195,33 +200,20 @@ class TopKRule:
             WHERE NOT EXISTS (SELECT 1 FROM nb WHERE {same(c, 'nb', 'x')})
         """)
 
-    # --- reads ------------------------------------------------------------
-    def _output(self, source: str) -> exp.Select:
-        """Output rows of the stored buffer (without LIMIT: the rows it holds back)."""
-        return select_columns(source, self.node.columns, exp.column(WOUT, source, quoted=True)).where(
-            exp.GT(this=exp.column(WOUT, source, quoted=True), expression=exp.Literal.number(0)))
+    # --- reads: OLD = the output copies of the stored buffer (state_reads.py) ------------
+    def rows(self, ctx: Context, source: str) -> exp.Expression:
+        """The buffer's output copies; without LIMIT, the input (OLD) minus them."""
+        def wout() -> exp.Column:
+            return exp.column(WOUT, source, quoted=True)
 
-    def scan(self, ctx: Context, mode: str) -> exp.Expression:
-        if ctx.options.initial:
-            old: exp.Expression = empty_select(self.node.columns)
-        else:
-            ctx.scan_relation(self.state(ctx))
-            old = self._output(scan_name(self.state(ctx)))
-            if self.complement:
-                rest = ctx.rule(self.node.input).scan(ctx, OLD)
-                held = select_columns(scan_name(self.state(ctx)), self.node.columns,
-                                      exp.Neg(this=exp.column(WOUT, scan_name(self.state(ctx)), quoted=True)))
-                old = union_all([rest, held])
-        delta = ctx.delta(self.node)
-        if mode == NEW and delta is not None:
-            return union_all([old, select_columns(delta, self.node.columns)])
-        return old
+        if self.complement:
+            rest = ctx.rule(self.node.input).scan(ctx, OLD)
+            return union_all([rest, select_columns(source, self.node.columns, exp.Neg(this=wout()))])
+        return select_columns(source, self.node.columns, wout()).where(
+            exp.GT(this=wout(), expression=exp.Literal.number(0)))
 
-    def can_lookup(self, columns_: tuple[str, ...]) -> bool:
+    def can_lookup(self, ctx: Context, columns_: tuple[str, ...]) -> bool:
         return False  # joins read the (small) output by scan
 
     def lookup(self, ctx, columns_, probe, probe_columns, mode):  # noqa: ANN001
         return None
-
-    def old_is_empty(self, ctx: Context) -> bool:
-        return ctx.options.initial

@@ -13,12 +13,16 @@ from sqlglot import exp
 
 from sql_frontend.plan import UnionAll
 from sql_frontend.plan_sql import alias, column, quoted, subquery
-from delta_operators.compiler import Context, cast, union_all
 from delta_operators.program import StateSpec
+from delta_operators.rule import Context, Rule, rule_for
+from delta_operators.sqltree import cast, union_all
 from storage.zset import WEIGHT
 
 
-class UnionAllRule:
+@rule_for(UnionAll)
+class UnionAllRule(Rule):
+    """δ(X1 ⊎ … ⊎ Xn) = δX1 ⊎ … ⊎ δXn."""
+
     def __init__(self, node: UnionAll):
         self.node = node
 
@@ -58,11 +62,10 @@ class UnionAllRule:
         position = {c: i for i, c in enumerate(self.node.column_names)}
         return tuple(child.column_names[position[c]] for c in columns)
 
-    def lookup_possible(self, ctx: Context, columns: tuple[str, ...]) -> bool:
-        from delta_operators.spj import can_lookup
-
+    def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
+        """When every branch can be looked up by the same columns."""
         return bool(columns) and all(
-            can_lookup(ctx, child, self._branch_columns(child, columns)) for child in self.node.inputs
+            ctx.rule(child).can_lookup(ctx, self._branch_columns(child, columns)) for child in self.node.inputs
         )
 
     def lookup(self, ctx, columns, probe, probe_columns, mode):  # noqa: ANN001
@@ -78,9 +81,7 @@ class UnionAllRule:
         return ctx.query("look", union_all(parts), drivers=tuple(found), note="union rows", skip="all")
 
     def old_is_empty(self, ctx: Context) -> bool:
-        from delta_operators.spj import old_is_empty
-
-        return all(old_is_empty(ctx, child) for child in self.node.inputs)
+        return all(ctx.rule(child).old_is_empty(ctx) for child in self.node.inputs)
 
     def states(self, ctx: Context) -> list[StateSpec]:
         return []

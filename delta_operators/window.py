@@ -21,14 +21,17 @@ from __future__ import annotations
 from sqlglot import exp
 
 from sql_frontend.plan import WINDOW_INPUT, Window
-from delta_operators.compiler import Context
 from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
+from delta_operators.rule import Context, rule_for
 from delta_operators.sqltext import columns, expand, parse, q, same
 from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate, counted, negate
 
 
+@rule_for(Window)
 class WindowRule(PartitionedRowsReads):
-    what = "window rows"
+    """δ(window X) = window(X_new|T) − W|T, T = the partitions δX touches, X_new|T = input part of W|T + δX."""
+
+    looked_up = rows_note = "window rows"
     role, whole = "input rows with their window values", " (one partition)"
     steps = Steps("wparts", "partitions the change touches", "wold", "stored rows of touched partitions",
                   "window", "touched partitions: old rows out, recomputed rows in",
