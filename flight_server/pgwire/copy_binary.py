@@ -74,9 +74,9 @@ def messages(table: pa.Table) -> Iterator[bytes | memoryview]:
     first = True
     for data in rows.chunks(table, [1] * table.num_columns, b"d"):
         if first:
-            length = int.from_bytes(data[1:5], "big") + len(HEADER)
+            length = int.from_bytes(bytes(data[1:5]), "big") + len(HEADER)
             yield b"d" + length.to_bytes(4, "big") + HEADER
-            data, first = memoryview(data)[5:], False
+            data, first = data[5:], False
         yield data
     yield wire.copy_data(HEADER + TRAILER if first else TRAILER)
 
