@@ -37,6 +37,13 @@ b'd\\x00\\x00\\x00\\x06\\xff\\xff'
 >>> stream = b"".join(data[at + 5:at + 1 + int.from_bytes(data[at + 1:at + 5], "big")] for at in _frames(data))
 >>> [c.to_pylist() for c in read(stream, table.schema)]
 [[1, None], ['x', 'yz']]
+>>> numbers = pa.table({"a": pa.array([1, 2], pa.int16()), "b": [0.5, -1.0]})  # one layout: split at once
+>>> data = b"".join(bytes(part) for part in messages(numbers))
+>>> stream = b"".join(data[at + 5:at + 1 + int.from_bytes(data[at + 1:at + 5], "big")] for at in _frames(data))
+>>> [c.to_pylist() for c in read(stream, numbers.schema)]
+[[1, 2], [0.5, -1.0]]
+>>> [a.tolist() for a in _uniform(stream, 19, len(stream) - 2, 2)] == [a.tolist() for a in _walk(stream, 19, 2)]
+True
 """
 
 from __future__ import annotations
@@ -148,7 +155,7 @@ def _uniform(data: bytes, start: int, end: int, count: int) -> tuple[np.ndarray,
     tuples = np.frombuffer(data, np.dtype(layout), (end - start) // size, start)
     if (tuples["count"] != count).any() or any((tuples[f"n{k}"] != w).any() for k, w in enumerate(widths)):
         return None
-    offsets = np.cumsum([6 + w for w in widths]) - np.asarray(widths)  # each value's place in a tuple
+    offsets = 2 + np.cumsum([4 + w for w in widths]) - np.asarray(widths)  # each value's place in a tuple
     starts = start + np.arange(len(tuples), dtype=np.int64)[:, None] * size + offsets[None, :]
     return starts, np.broadcast_to(np.asarray(widths, np.int32), starts.shape)
 
@@ -177,8 +184,11 @@ def _walk(data: bytes, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
                 raise PgError(BAD_FORMAT, f"unexpected EOF in COPY data, tuple {tuples}; nothing was applied")
             length = int32(data, at)[0]
             at += 4
-            if length < -1 or at + length > size:
+            if length < -1:
                 raise PgError(BAD_FORMAT, f"invalid field size {length} in tuple {tuples}; nothing was applied")
+            if at + length > size:
+                raise PgError(BAD_FORMAT, f"unexpected EOF in COPY data: a field of {length} bytes in tuple "
+                                          f"{tuples} ends past the data; nothing was applied")
             starts.append(at)
             lengths.append(length)
             at += max(length, 0)
