@@ -85,6 +85,30 @@ TYPES += tuple(PgType(array, "_" + t.name, t.sql_name + "[]", -1, "A", t.oid)
 TYPE_BY_OID = {t.oid: t for t in TYPES}
 NUMERIC = 1700
 
+# pg_type's regproc columns: each type's I/O functions by PostgreSQL's names (ADBC's PostgreSQL driver maps
+# types by typreceive, so these must be the real ones). ivm has no pg_proc rows to point at, so the columns
+# hold the names as regproc prints them, and '-' (regproc 0) where PostgreSQL's type has no such function;
+# sql_frontend/system_queries.py reads ``typreceive != 0`` as ``typreceive != '-'``.
+_IO_STEMS = {16: "bool", 17: "bytea", 20: "int8", 21: "int2", 23: "int4", 25: "text", 26: "oid", 700: "float4",
+             701: "float8", 1082: "date_", 1083: "time_", 1114: "timestamp_", 1184: "timestamptz_",
+             1186: "interval_", 1700: "numeric_"}
+_TYPMOD = {1083: "time", 1114: "timestamp", 1184: "timestamptz", 1186: "interval", 1700: "numeric"}
+
+
+def io_functions(t: PgType) -> dict[str, str]:
+    """pg_type's typinput ... typanalyze of ``t``, as PostgreSQL 15's catalog has them.
+
+    >>> io_functions(TYPE_BY_OID[23])["typreceive"], io_functions(TYPE_BY_OID[1231])["typmodin"]
+    ('int4recv', 'numerictypmodin')
+    """
+    element = t.element or t.oid
+    stem = "array_" if t.element else _IO_STEMS[t.oid]
+    typmod = _TYPMOD.get(element)
+    return {"typinput": stem + "in", "typoutput": stem + "out", "typreceive": stem + "recv", "typsend": stem + "send",
+            "typmodin": f"{typmod}typmodin" if typmod else "-", "typmodout": f"{typmod}typmodout" if typmod else "-",
+            "typanalyze": "array_typanalyze" if t.element else "-",
+            "typsubscript": "array_subscript_handler" if t.element else "-"}
+
 # DuckDB type SQL (as the catalog stores it) -> PostgreSQL type OID; anything else is text (see the docstring).
 _DUCKDB_TYPES = {
     "BOOLEAN": 16, "BLOB": 17, "TINYINT": 21, "SMALLINT": 21, "UTINYINT": 21, "INTEGER": 23, "USMALLINT": 23,
@@ -338,7 +362,7 @@ class _Builder:
                      typarray=ARRAY_TYPES.get(t.oid, 0),
                      typalign="d" if t.length in (8, 16) else "i", typstorage="p" if t.length > 0 else "x",
                      typnotnull=False, typbasetype=0, typtypmod=-1, typndims=0,
-                     typcollation=100 if t.oid == 25 else 0)
+                     typcollation=100 if t.oid == 25 else 0, **io_functions(t))
             self.add("ivm", "definitions", oid=t.oid, definition=t.sql_name)  # format_type's text
         self.add("pg_catalog", "pg_am", oid=HEAP, amname="heap", amhandler="heap_tableam_handler", amtype="t")
         self.add("pg_catalog", "pg_am", oid=BTREE, amname="btree", amhandler="bthandler", amtype="i")

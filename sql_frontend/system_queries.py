@@ -24,7 +24,10 @@ query into one DuckDB runs over ivm's relations (ivm/system_relations.py):
   DuckDB's);
 * casts to PostgreSQL's OID alias types (``regclass``, ``regtype``) look the
   name or OID up in ivm's ``pg_class`` / ``pg_type``; ``oid`` is UINTEGER (unsigned
-  4 bytes, as PostgreSQL's).
+  4 bytes, as PostgreSQL's);
+* a ``regproc`` column (``REGPROC_COLUMNS``, held as the function's name)
+  compared with OID 0 is compared with ``'-'``, which is how PostgreSQL
+  prints regproc 0, "no function" (ADBC's ``typreceive != 0``).
 
 Plain queries over user relations are left as they are (``needs_rewrite``
 is False and the user's own text runs).
@@ -35,10 +38,14 @@ is False and the user's own text runs).
 >>> names = {("pg_catalog", "pg_class"): "__pg_class"}
 >>> rewrite(tree, names, "__defs", lambda name: False)[0].sql("duckdb")
 "SELECT relname FROM __pg_class AS c WHERE REGEXP_MATCHES(c.relname, '^(big)$')"
+>>> tree = sqlglot.parse_one("SELECT oid FROM pg_catalog.pg_type WHERE typreceive != 0 OR 0 = typsend", read="postgres")
+>>> rewrite(tree, {("pg_catalog", "pg_type"): "__pg_type"}, "__defs", lambda name: False)[0].sql("duckdb")
+"SELECT oid FROM __pg_type AS pg_type WHERE typreceive <> '-' OR typsend = '-'"
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping
 
 from sqlglot import exp
@@ -83,6 +90,9 @@ _TYPES = {"oid": "UINT", "text": "TEXT", "name": "TEXT", "char": "TEXT", '"char"
           "regrole": "TEXT", "int2vector": "SMALLINT[]", "oidvector": "UINT[]", "pg_node_tree": "TEXT"}
 _LOOKUPS = {"regclass": ("pg_class", "relname"), "regtype": ("pg_type", "typname"),
             "regnamespace": ("pg_namespace", "nspname")}
+# Catalog columns of type regproc (a function's OID, printed as its name): ivm holds their text.
+REGPROC_COLUMNS = frozenset({"typinput", "typoutput", "typreceive", "typsend", "typmodin", "typmodout",
+                             "typanalyze", "typsubscript", "amhandler", "prosupport", "rngcanonical", "rngsubdiff"})
 
 
 def _null_text(_: list[exp.Expression], __: "_Rewriter") -> exp.Expression:
@@ -273,6 +283,8 @@ class _Rewriter:
             return node
         if isinstance(node, exp.Operator):
             return self._operator(node)
+        if isinstance(node, (exp.EQ, exp.NEQ)) and _regproc_and_zero(node) is not None:
+            return type(node)(this=self.run(_regproc_and_zero(node)), expression=exp.Literal.string("-"))
         if isinstance(node, (exp.Like, exp.ILike)) and not isinstance(node.parent, exp.Escape) \
                 and isinstance(node.expression, exp.Literal) and "\\" in node.expression.name:
             # PostgreSQL's LIKE escapes with a backslash unless told otherwise, DuckDB's with nothing: dbt's
@@ -356,11 +368,33 @@ class _Rewriter:
                 return exp.Literal.number(CATALOG_OIDS[name])
         source = self.registered("pg_catalog", relation)
         if by_name:
-            name = value.name.split(".")[-1].strip('"') if isinstance(value, exp.Literal) else value
+            name = _last_name(value.name) if isinstance(value, exp.Literal) else value
             found = exp.select("oid").from_(source).where(exp.column(column).eq(name))
         else:
             found = exp.select(column).from_(source).where(exp.column("oid").eq(value))
         return exp.Subquery(this=found.limit(1))
+
+
+def _last_name(text: str) -> str:
+    """The relation's own name in a qualified one: ``t`` of ``public.t`` and of ``"public" . "t"`` (ADBC's).
+
+    >>> _last_name('"public" . "a""b"'), _last_name("public.t"), _last_name("t")
+    ('a"b', 't', 't')
+    """
+    parts = re.findall(r'"((?:[^"]|"")*)"|([^\s."]+)', text)
+    if not parts:
+        return text
+    quoted, bare = parts[-1]
+    return bare or quoted.replace('""', '"')
+
+
+def _regproc_and_zero(node: exp.Binary) -> exp.Column | None:
+    """The regproc column of ``column = 0`` or ``0 <> column``, else None."""
+    for column, other in ((node.this, node.expression), (node.expression, node.this)):
+        if isinstance(column, exp.Column) and column.name.lower() in REGPROC_COLUMNS \
+                and isinstance(other, exp.Literal) and not other.is_string and other.name == "0":
+            return column
+    return None
 
 
 def _output_name(node: exp.Expression) -> str:

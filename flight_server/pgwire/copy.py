@@ -13,7 +13,12 @@ Formats (PostgreSQL's "COPY" reference page):
   an unquoted empty field is NULL, a quoted one the empty string; HEADER
   skips (in) or writes (out) a line of column names.
 
-``binary`` format is refused with 0A000.
+* binary: PostgreSQL's binary COPY format (copy_binary.py); the options
+  of the text formats (DELIMITER, NULL, QUOTE, HEADER) are refused with it,
+  as PostgreSQL does.
+
+A table may be named with its schema (``public.t``, or ``"public" . "t"``
+as ADBC's bulk ingest writes it): ivm's tables are in schema public.
 
 >>> spec = parse("COPY t (a, b) FROM STDIN WITH (FORMAT csv, HEADER true)")
 >>> spec.table, spec.columns, spec.inbound, spec.csv, spec.header
@@ -22,6 +27,9 @@ Formats (PostgreSQL's "COPY" reference page):
 [['1', 'x,y'], ['2', None], ['3', '']]
 >>> rows(b"1\\tit\\\\ts\\n2\\t\\\\N\\n\\\\.\\n", parse("COPY t FROM STDIN"))
 [['1', 'it\\ts'], ['2', None]]
+>>> spec = parse('COPY "public" . "T" ("a") FROM STDIN WITH (FORMAT binary)')
+>>> spec.table, spec.columns, spec.binary
+('T', ['a'], True)
 """
 
 from __future__ import annotations
@@ -29,13 +37,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sql_frontend.errors import SqlSyntaxError, UnsupportedError
+from sql_frontend.errors import SqlSyntaxError, UnknownObjectError, UnsupportedError
 from sql_frontend.statements import unknown_option
 
 COPY_OPTIONS = ("format", "header", "delimiter", "null", "quote", "encoding")
 
 _COPY = re.compile(
-    r"COPY\s+(?:(?P<query>\(.*\))|(?P<table>[\w\"$]+(?:\.[\w\"$]+)?)\s*(?P<columns>\([^()]*\))?)"
+    r"COPY\s+(?:(?P<query>\(.*\))|(?P<table>[\w\"$]+(?:\s*\.\s*[\w\"$]+){0,2})\s*(?P<columns>\([^()]*\))?)"
     r"\s+(?P<direction>FROM\s+STDIN|TO\s+STDOUT)\b(?P<options>.*)$",
     re.IGNORECASE | re.DOTALL,
 )
@@ -48,6 +56,7 @@ class CopySpec:
     columns: list[str] | None = None
     query: str | None = None  # COPY (query) TO STDOUT
     csv: bool = False
+    binary: bool = False
     header: bool = False
     delimiter: str = "\t"
     null: str = "\\N"
@@ -59,6 +68,14 @@ def _name(text: str) -> str:
     if text.startswith('"') and text.endswith('"'):
         return text[1:-1].replace('""', '"')
     return text.lower()
+
+
+def _table(text: str) -> str:
+    """The table of ``t``, ``public.t`` or ``ivm.public.t`` (quoted or not); another schema is unknown."""
+    parts = [_name(p) for p in re.findall(r'"(?:[^"]|"")*"|[^\s."]+', text)]
+    if parts[:-1] not in ([], ["public"], ["main"], ["ivm", "public"]):
+        raise UnknownObjectError(f"relation {text.strip()} does not exist: ivm's tables are in schema public")
+    return parts[-1]
 
 
 def _options(text: str) -> list[tuple[str, str]]:
@@ -111,17 +128,15 @@ def parse(sql: str) -> CopySpec | None:
             raise SqlSyntaxError("COPY (query) works only with TO STDOUT")
         spec.query = match["query"][1:-1]
     else:
-        spec.table = _name(match["table"])
+        spec.table = _table(match["table"])
         if match["columns"]:
             spec.columns = [_name(c) for c in match["columns"][1:-1].split(",") if c.strip()]
     for name, value in _options(match["options"]):
         value = _string(value)
         if name == "format":
-            if value.lower() == "binary":
-                raise UnsupportedError("COPY in binary format is not supported; use FORMAT text or csv")
-            if value.lower() not in ("text", "csv"):
+            if value.lower() not in ("text", "csv", "binary"):
                 raise SqlSyntaxError(f"COPY format {value!r} not recognized")
-            spec.csv = value.lower() == "csv"
+            spec.csv, spec.binary = value.lower() == "csv", value.lower() == "binary"
         elif name == "header":
             spec.header = value.lower() not in ("false", "off", "0")
         elif name == "delimiter":
@@ -135,6 +150,11 @@ def parse(sql: str) -> CopySpec | None:
                 raise UnsupportedError(f"COPY encoding {value!r} is not supported (only UTF8)")
         else:
             raise unknown_option(name, "COPY", COPY_OPTIONS)
+    if spec.binary:
+        given = [name for name, _ in _options(match["options"]) if name in ("delimiter", "null", "quote", "header")]
+        if given:
+            raise SqlSyntaxError(f"cannot specify {given[0].upper()} in BINARY mode")
+        return spec
     if spec.csv and spec.null == "\\N":
         spec.null = ""
     if spec.csv and not any(name == "delimiter" for name, _ in _options(match["options"])):

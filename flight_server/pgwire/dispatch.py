@@ -27,7 +27,7 @@ import duckdb
 import pyarrow as pa
 
 from flight_server import subscribe
-from flight_server.pgwire import commands, copy, messages, parameters, types
+from flight_server.pgwire import commands, copy, copy_binary, messages, parameters, types
 from flight_server.pgwire.errors import PROGRAM_LIMIT, QUERY_CANCELED, UNSUPPORTED, PgError
 from flight_server.pgwire.messages import ProtocolViolation
 from flight_server.statements import run_query, run_update
@@ -189,7 +189,7 @@ class Dispatcher:
         unknown = [n for n in names if n not in schema.names and n != "__op"]
         if unknown:
             raise PgError("42703", f"table {spec.table} has no column {', '.join(unknown)}")
-        self.send(messages.copy_response(b"G", len(names)))
+        self.send(messages.copy_response(b"G", len(names), int(spec.binary)))
         self.flush()
         chunks, failed, received = [], None, 0
         while True:
@@ -211,23 +211,30 @@ class Dispatcher:
                 raise ProtocolViolation(f"unexpected message type {kind!r} during COPY from stdin")
         if failed is not None:
             raise PgError(QUERY_CANCELED, f"COPY from stdin failed: {failed}")
-        data = copy.rows(b"".join(chunks), spec)
-        for number, row in enumerate(data, start=1):
-            if len(row) != len(names):
-                raise PgError("22P04", f"COPY {spec.table}, line {number}: expected {len(names)} columns, "
-                                       f"got {len(row)}; nothing was applied")
-        columns = [[row[i] for row in data] for i in range(len(names))]
-        arrays = [types.from_text(values, pa.string() if name == "__op" else schema.field(name).type)
-                  for name, values in zip(names, columns)]
+        fields = [pa.field(n, pa.string() if n == "__op" else schema.field(n).type) for n in names]
+        arrays = copy_binary.read(b"".join(chunks), pa.schema(fields)) if spec.binary \
+            else self._text_columns(b"".join(chunks), spec, fields)
+        count = len(arrays[0]) if arrays else 0
         if "__op" not in names:  # inserts: the columns not listed are NULL (an __op batch says what it means)
             for f in schema:
                 if f.name not in names:
-                    names, arrays = names + [f.name], arrays + [pa.nulls(len(data), f.type)]
+                    names, arrays = names + [f.name], arrays + [pa.nulls(count, f.type)]
         offset = self.db.apply_changes(spec.table, pa.table(arrays, names=names))
-        return Outcome(f"COPY {len(data)}", offset=offset)
+        return Outcome(f"COPY {count}", offset=offset)
+
+    @staticmethod
+    def _text_columns(data: bytes, spec: copy.CopySpec, fields: list[pa.Field]) -> list[pa.Array]:
+        lines = copy.rows(data, spec)
+        for number, row in enumerate(lines, start=1):
+            if len(row) != len(fields):
+                raise PgError("22P04", f"COPY {spec.table}, line {number}: expected {len(fields)} columns, "
+                                       f"got {len(row)}; nothing was applied")
+        return [types.from_text([row[i] for row in lines], f.type) for i, f in enumerate(fields)]
 
     def copy_out(self, spec: copy.CopySpec) -> Outcome:
         subscription = subscribe.parse(spec.query) if spec.query is not None else None
+        if subscription is not None and spec.binary:
+            raise PgError(UNSUPPORTED, "COPY (SUBSCRIBE ...) TO STDOUT streams in text or csv format, not binary")
         if subscription is not None:  # COPY (SUBSCRIBE ...) TO STDOUT: CopyData until cancelled
             feed, target = self.subscription(subscription)
             self.send(messages.copy_response(b"H", len(target)))
@@ -241,13 +248,16 @@ class Dispatcher:
             columns = ", ".join(_quote(c) for c in spec.columns) if spec.columns else "*"
             query = f"SELECT {columns} FROM {_quote(spec.table)}"
         table = self.db.sql(query)
-        self.send(messages.copy_response(b"H", table.num_columns))
+        self.send(messages.copy_response(b"H", table.num_columns, int(spec.binary)))
+        if spec.binary:
+            self.send_chunks(copy_binary.messages(table))
+            self.send(messages.copy_done())
+            return Outcome(f"COPY {table.num_rows}", offset=_offset(table))
         if spec.header:
             self.send(messages.copy_data(copy.line(table.column_names, spec).encode()))
         self._copy_lines(table, spec)
         self.send(messages.copy_done())
         return Outcome(f"COPY {table.num_rows}", offset=_offset(table))
-
 
     def _copy_lines(self, table: pa.Table, spec: copy.CopySpec, flush: bool = False) -> None:
         columns = [types.text_values(table.column(i)) for i in range(table.num_columns)]

@@ -263,9 +263,10 @@ def error_response(severity: str, code: str, text: str, *, notice: bool = False,
     return message(b"N" if notice else b"E", body + b"\x00")
 
 
-def copy_response(kind: bytes, columns: int) -> bytes:
-    """CopyInResponse (``G``) or CopyOutResponse (``H``): overall text format, every column text."""
-    return message(kind, b"\x00" + _I16.pack(columns) + _I16.pack(0) * columns)
+def copy_response(kind: bytes, columns: int, fmt: int = 0) -> bytes:
+    """CopyInResponse (``G``) or CopyOutResponse (``H``): overall format ``fmt`` (0 text, 1 binary), every
+    column the same."""
+    return message(kind, bytes([fmt]) + _I16.pack(columns) + _I16.pack(fmt) * columns)
 
 
 def copy_data(data: bytes) -> bytes:

@@ -8,6 +8,11 @@ bytes, per-row starts and lengths), the message offsets of every row come
 from one cumulative sum, and the bytes are scattered into one buffer with
 fancy indexing: the cost is a few numpy passes over the output bytes.
 
+A binary COPY tuple (``Int16(columns)`` then each field's ``Int32(length)``
+and bytes) is a DataRow's body, and PostgreSQL sends one tuple per CopyData
+message (``'d' Int32(length)`` then the tuple), so ``COPY ... TO STDOUT
+(FORMAT binary)`` is these same bytes with ``kind`` ``b"d"`` (copy_binary.py).
+
 >>> import pyarrow as pa
 >>> from flight_server.pgwire import messages
 >>> table = pa.table({"a": pa.array([1, None], pa.int32()), "b": ["x", "yz"]})
@@ -27,9 +32,10 @@ from flight_server.pgwire.types import Cells, encode_column
 CHUNK_ROWS = 8192  # rows per buffer: bounds the temporary arrays; the client parses one while the next is built
 
 
-def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
+def _fixed_rows(columns: list[Cells], n: int, kind: bytes) -> np.ndarray | None:
     """Rows whose every value has one width (binary numbers, dates, timestamps without NULLs): one
-    packed structured array, filled a column at a time. None when some column varies."""
+    packed structured array, the constant parts (type, lengths, count) copied from one template row,
+    then the values a column at a time. None when some column varies."""
     widths = []
     for cells in columns:
         if not len(cells.lengths):
@@ -41,27 +47,33 @@ def _fixed_rows(columns: list[Cells], n: int) -> bytes | None:
     layout = [("kind", "u1"), ("length", ">i4"), ("count", ">i2")]
     for k, width in enumerate(widths):
         layout += [(f"n{k}", ">i4"), (f"v{k}", f"V{width}")]
-    out = np.empty(n, np.dtype(layout))
-    out["kind"] = ord("D")
-    out["length"] = out.dtype.itemsize - 1
-    out["count"] = len(columns)
+    template = np.zeros(1, np.dtype(layout))
+    template["kind"] = kind[0]
+    template["length"] = template.dtype.itemsize - 1
+    template["count"] = len(columns)
+    for k, width in enumerate(widths):
+        template[f"n{k}"] = width
+    out = np.repeat(template, n)  # (one pass; a field at a time over n rows was most of the cost)
     for k, (cells, width) in enumerate(zip(columns, widths)):
-        out[f"n{k}"] = width
         out[f"v{k}"] = cells.data.view(f"V{width}")
-    return out.tobytes()
+    return out.view(np.uint8)
 
 
-def _assemble(columns: list[Cells], n: int) -> bytes:
-    fixed = _fixed_rows(columns, n)
-    if fixed is not None:
-        return fixed
+def _assemble(columns: list[Cells], n: int, kind: bytes) -> memoryview:
+    """The messages of ``n`` rows: a view of the array built (sent as it is, not copied into a ``bytes``
+    first, which cost as much as building it; a view, for ``bytearray += array`` would add numbers)."""
+    fixed = _fixed_rows(columns, n, kind)
+    return memoryview(fixed if fixed is not None else _gathered(columns, n, kind))
+
+
+def _gathered(columns: list[Cells], n: int, kind: bytes) -> np.ndarray:
     # Every row is 1 + 2 * columns segments: its header, then each column's length field and bytes.
     # All of them are copied by one gather from one source buffer holding the headers, the length
     # fields and every column's bytes.
     present = [np.maximum(c.lengths, 0).astype(np.int64) for c in columns]
     body = 4 + 2 + 4 * len(columns) + (np.sum(present, axis=0) if columns else np.zeros(n, np.int64))
     header = np.empty((n, 7), np.uint8)
-    header[:, 0] = ord("D")
+    header[:, 0] = kind[0]
     header[:, 1:5] = body.astype(">i4").view(np.uint8).reshape(n, 4)
     header[:, 5:7] = np.frombuffer(np.array(len(columns), ">i2").tobytes(), np.uint8)
     sources = [header.reshape(-1)]
@@ -82,15 +94,19 @@ def _assemble(columns: list[Cells], n: int) -> bytes:
     segment_length = np.stack(lengths, axis=1).reshape(-1)
     out_start = np.cumsum(segment_length) - segment_length
     shift = np.repeat(segment_start - out_start, segment_length)
-    return source[np.arange(len(shift), dtype=np.int64) + shift].tobytes()
+    return source[np.arange(len(shift), dtype=np.int64) + shift]
 
 
-def chunks(table: pa.Table | pa.RecordBatch, formats: list[int]) -> Iterator[bytes]:
-    """The DataRow messages of ``table`` in pieces of CHUNK_ROWS rows (sent while the next is encoded)."""
+def chunks(table: pa.Table | pa.RecordBatch, formats: list[int], kind: bytes = b"D") -> Iterator[memoryview]:
+    """The DataRow messages of ``table`` in pieces of CHUNK_ROWS rows (sent while the next is encoded).
+
+    ``kind`` is the messages' type byte: ``b"d"`` makes each row a CopyData
+    message holding its binary COPY tuple (with every format 1).
+    """
     for start in range(0, table.num_rows, CHUNK_ROWS):
         chunk = table.slice(start, CHUNK_ROWS)
         columns = [encode_column(chunk.column(i), fmt) for i, fmt in enumerate(formats)]
-        yield _assemble(columns, chunk.num_rows)
+        yield _assemble(columns, chunk.num_rows, kind)
 
 
 def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:

@@ -35,7 +35,7 @@ import logging
 import socket
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import pyarrow as pa
 
@@ -301,7 +301,11 @@ class Session(Dispatcher):
         self.flush()
 
     def send_rows(self, table: pa.Table, formats: list[int]) -> None:
-        for data in rows.chunks(table, formats):
+        self.send_chunks(rows.chunks(table, formats))
+
+    def send_chunks(self, chunks: Iterable[bytes | memoryview]) -> None:
+        """Send pieces of a result as they are made: small ones with the messages around them."""
+        for data in chunks:
             if len(data) < 1 << 16:
                 self.send(data)  # small results go out with the messages around them, in one write
             else:
