@@ -41,6 +41,7 @@ client lands in Arrow: the acceptance ratio), through psycopg (binary,
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import multiprocessing
@@ -49,18 +50,17 @@ import platform
 import queue
 import random
 import socket
-import statistics
 import struct
 import tempfile
 import time
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
+import asyncpg
 import adbc_driver_postgresql.dbapi as adbc_pg
 import numpy as np
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from flight_server.process import ServerProcess
@@ -265,6 +265,68 @@ def time_pg_adbc_reads(port: int, rows: int, seconds: float) -> list[float]:
     return samples
 
 
+def time_pg_copy_stream(port: int, rows: int, seconds: float, user: str = "bench", database: str = "ivm",
+                        host: str = "127.0.0.1") -> list[float]:
+    """The full read streamed over pgwire: asyncpg's ``copy_from_query`` in binary format, every CopyData
+    message received and parsed by the client's protocol code, the tuples' bytes handed to a sink
+    (which keeps only their count: turning them into objects is the client's choice, not the stream)."""
+    async def main() -> list[float]:
+        conn = await asyncpg.connect(host=host, port=port, user=user, database=database)
+        samples: list[float] = []
+        received = [0]
+
+        async def sink(data: bytes) -> None:
+            received[0] += len(data)
+
+        try:
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline or len(samples) < 5:
+                received[0] = 0
+                started = time.perf_counter()
+                status = await conn.copy_from_query("SELECT * FROM all_items" if database == "ivm" else
+                                                    "SELECT id, grp, amount FROM items", output=sink, format="binary")
+                samples.append(time.perf_counter() - started)
+                assert status == f"COPY {rows}" and received[0] > rows, (status, received[0])
+        finally:
+            await conn.close()
+        return samples
+    return asyncio.run(main())
+
+
+def postgres_reference(rows: int, seconds: float) -> dict | None:
+    """The same full read from PostgreSQL itself (a throwaway server on a Unix socket, the ``items``
+    rows copied in), through the same clients: what the protocol and the clients cost without ivm.
+    None when no PostgreSQL server binaries are installed."""
+    from tests.cdc.pg_server import PostgresServer, bin_dir  # the tests' throwaway server
+
+    try:
+        bin_dir()
+    except (FileNotFoundError, IndexError, RuntimeError):
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with PostgresServer(port=port) as pg:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE items (id BIGINT PRIMARY KEY, grp BIGINT, amount DOUBLE PRECISION)")
+            with conn.cursor().copy("COPY items FROM STDIN") as copy:
+                for row in items(np.arange(rows), np.random.default_rng(0)).drop_columns(["__op"]).to_pylist():
+                    copy.write_row((row["id"], row["grp"], row["amount"]))
+            version = conn.execute("SHOW server_version").fetchone()[0]
+        samples = []
+        with adbc_pg.connect(f"postgresql://postgres@/postgres?host={pg.root}&port={port}", autocommit=True) as conn, \
+                conn.cursor() as cur:
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline or len(samples) < 5:
+                started = time.perf_counter()
+                cur.execute("SELECT id, grp, amount FROM items")
+                table = cur.fetch_arrow_table()
+                samples.append(time.perf_counter() - started)
+                assert table.num_rows == rows
+        stream = time_pg_copy_stream(port, rows, seconds, user="postgres", database="postgres", host=str(pg.root))
+    return {"version": version, "adbc": quantiles(samples), "copy_stream": quantiles(stream)}
+
+
 def _pg_message(kind: bytes, body: bytes = b"") -> bytes:
     return kind + struct.pack("!i", len(body) + 4) + body
 
@@ -304,6 +366,7 @@ def doors(server: ServerProcess, cur, rows: int, seconds: float) -> dict:
         with fl.connect(server.uri) as client:
             result["flight_full_read"] = quantiles(time_full_reads(client, rows, seconds))
         result["pg_full_adbc"] = quantiles(time_pg_adbc_reads(server.pg_port, rows, seconds))
+        result["pg_full_stream"] = quantiles(time_pg_copy_stream(server.pg_port, rows, seconds))
         result["pg_full_read"] = quantiles(time_pg_full_reads(conn, rows, seconds))
         result["pg_full_receive"] = quantiles(time_pg_full_reads(conn, rows, seconds / 2, fetch=False))
         result["pg_full_raw"] = quantiles(time_pg_raw_reads(server.pg_port, seconds / 2))
@@ -358,6 +421,7 @@ def measure(rows: int, rate: float, batch: int, seconds: float, server_args: tup
             recompute = "SELECT grp, COUNT(*) AS n, SUM(amount) AS s FROM items WHERE grp = ? GROUP BY grp"
             result["doors"] = doors(server, cur, rows, min(10.0, seconds / 2))
             if doors_only:
+                result["postgres"] = postgres_reference(rows, min(10.0, seconds / 2))
                 return result
             result["idle_lookup"] = quantiles(time_lookups(cur, lookup, min(5.0, seconds / 2)))
             with Ingest(server.uri, rows, rate, batch, seconds * 2.5, writers) as ingest:
@@ -393,8 +457,8 @@ def doors_report(r: dict) -> list[str]:
     def of_flight(key: str) -> float:
         return r["rows"] / d[key]["median_ms"] * 1000 / flight_rate
 
-    adbc_rate = r["rows"] / d["pg_full_adbc"]["median_ms"] * 1000
-    return [
+    stream_rate = r["rows"] / d["pg_full_stream"]["median_ms"] * 1000
+    lines = [
         "## PostgreSQL door beside Flight SQL (same server, no ingest)",
         "",
         "| read | samples | median ms | p99 ms |",
@@ -402,18 +466,34 @@ def doors_report(r: dict) -> list[str]:
         row("1-row lookup, Flight SQL (ADBC, prepared)", d["flight_lookup"]),
         row("1-row lookup, pgwire (psycopg, prepared, binary)", d["pg_lookup"]),
         row(f"{r['rows']:,} rows, Flight (pyarrow.flight read_all)", d["flight_full_read"]),
+        row(f"{r['rows']:,} rows, pgwire stream (asyncpg, binary COPY)", d["pg_full_stream"]),
         row(f"{r['rows']:,} rows, pgwire into Arrow (ADBC PostgreSQL, binary COPY)", d["pg_full_adbc"]),
         row(f"{r['rows']:,} rows, pgwire (psycopg binary fetchall)", d["pg_full_read"]),
         row(f"{r['rows']:,} rows, pgwire, received by libpq (no fetchall)", d["pg_full_receive"]),
         row(f"{r['rows']:,} rows, pgwire, raw socket (the server's delivery)", d["pg_full_raw"]),
-        "",
-        f"Lookup: pgwire/Flight = {lookup_ratio:.2f}x (target: within 2x). Full read into Arrow: Flight "
-        f"{flight_rate:,.0f} rows/s, pgwire through ADBC PostgreSQL {adbc_rate:,.0f} rows/s = "
-        f"{adbc_rate / flight_rate:.2f} of Flight (target: at least 0.5). Other pgwire clients: psycopg fetchall "
-        f"{of_flight('pg_full_read'):.2f} of Flight (Python objects); received by libpq without making Python rows "
-        f"{of_flight('pg_full_receive'):.2f}; as the server delivers them (raw socket) {of_flight('pg_full_raw'):.2f}.",
-        "",
     ]
+    postgres = r.get("postgres")
+    if postgres:
+        lines += [
+            row(f"{r['rows']:,} rows from PostgreSQL {postgres['version']} itself, asyncpg binary COPY",
+                postgres["copy_stream"]),
+            row(f"{r['rows']:,} rows from PostgreSQL {postgres['version']} itself, ADBC PostgreSQL into Arrow",
+                postgres["adbc"]),
+        ]
+    lines += [
+        "",
+        f"Lookup: pgwire/Flight = {lookup_ratio:.2f}x (target: within 2x). Full read: Flight "
+        f"{flight_rate:,.0f} rows/s; the pgwire stream (asyncpg, binary COPY) {stream_rate:,.0f} rows/s = "
+        f"{stream_rate / flight_rate:.2f} of Flight (target: at least 0.5). Into Arrow through ADBC PostgreSQL "
+        f"{of_flight('pg_full_adbc'):.2f} of Flight, psycopg fetchall {of_flight('pg_full_read'):.2f} (Python "
+        f"objects), received by libpq without making Python rows {of_flight('pg_full_receive'):.2f}, as the server "
+        f"delivers them (raw socket) {of_flight('pg_full_raw'):.2f}.",
+    ]
+    if postgres:
+        lines[-1] += (f" PostgreSQL {postgres['version']} serving the same rows to the same clients: asyncpg's stream "
+                      f"{postgres['copy_stream']['median_ms']:.1f} ms, ADBC into Arrow {postgres['adbc']['median_ms']:.1f} ms "
+                      "(the client's row-by-row decoding, not the server, bounds ADBC).")
+    return lines + [""]
 
 
 def report(r: dict, command: str) -> str:

@@ -27,36 +27,49 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from flight_server.pgwire.types import Cells, encode_column
+from flight_server.pgwire.types import Cells, encode_column, fixed_values, oid_of
 
 CHUNK_ROWS = 8192  # rows per buffer: bounds the temporary arrays; the client parses one while the next is built
 
 
+def _packed(columns: list[tuple[np.ndarray, np.dtype]], n: int, kind: bytes) -> np.ndarray:
+    """The messages of ``n`` rows whose every value has one width: an (n, row size) byte matrix,
+    the constant bytes (type, length, count, value lengths) tiled from one template row, then
+    each column's values written into its slot of every row at once. ``columns``: per column its
+    ``n`` values and the (big-endian) dtype they are sent as; numpy converts while it copies, so
+    native values need no byte-swapped array in between.
+
+    (Measured on 100k rows of three BIGINT/DOUBLE columns: a structured array repeated from a
+    template row took 1.8 ms; the tiled template 0.4 ms; each value copied as one 8-byte integer
+    0.05 ms per column, where a (rows, 8) byte slice takes 0.75.)"""
+    widths = [np.dtype(wire).itemsize for _, wire in columns]
+    size = 7 + sum(4 + w for w in widths)
+    template = bytearray(kind + (size - 1).to_bytes(4, "big") + len(columns).to_bytes(2, "big"))
+    slots = []
+    for width in widths:
+        template += width.to_bytes(4, "big")
+        slots.append(len(template))
+        template += bytes(width)
+    out = np.tile(np.frombuffer(bytes(template), np.uint8), n).reshape(n, size)
+    for (values, wire), width, at in zip(columns, widths, slots):
+        # A slot viewed as one value per row (unaligned is fine): numpy writes each value as one.
+        out[:, at:at + width].view(wire)[:, 0] = values
+    return out.reshape(-1)
+
+
 def _fixed_rows(columns: list[Cells], n: int, kind: bytes) -> np.ndarray | None:
-    """Rows whose every value has one width (binary numbers, dates, timestamps without NULLs): one
-    packed structured array, the constant parts (type, lengths, count) copied from one template row,
-    then the values a column at a time. None when some column varies."""
-    widths = []
+    """The messages of ``n`` rows when every value has one width (binary numbers, dates,
+    timestamps without NULLs); None when some column varies."""
+    values = []
     for cells in columns:
         if not len(cells.lengths):
             return None
         width = int(cells.lengths[0])
-        if width <= 0 or (cells.lengths != width).any() or len(cells.data) != width * n:
+        if width <= 0 or len(cells.data) != width * n or (cells.lengths != width).any():
             return None
-        widths.append(width)
-    layout = [("kind", "u1"), ("length", ">i4"), ("count", ">i2")]
-    for k, width in enumerate(widths):
-        layout += [(f"n{k}", ">i4"), (f"v{k}", f"V{width}")]
-    template = np.zeros(1, np.dtype(layout))
-    template["kind"] = kind[0]
-    template["length"] = template.dtype.itemsize - 1
-    template["count"] = len(columns)
-    for k, width in enumerate(widths):
-        template[f"n{k}"] = width
-    out = np.repeat(template, n)  # (one pass; a field at a time over n rows was most of the cost)
-    for k, (cells, width) in enumerate(zip(columns, widths)):
-        out[f"v{k}"] = cells.data.view(f"V{width}")
-    return out.view(np.uint8)
+        wire = np.dtype(f">u{width}" if width in (1, 2, 4, 8) else f"V{width}")  # bytes already as sent
+        values.append((cells.data.view(wire), wire))
+    return _packed(values, n, kind)
 
 
 def _assemble(columns: list[Cells], n: int, kind: bytes) -> memoryview:
@@ -103,10 +116,36 @@ def chunks(table: pa.Table | pa.RecordBatch, formats: list[int], kind: bytes = b
     ``kind`` is the messages' type byte: ``b"d"`` makes each row a CopyData
     message holding its binary COPY tuple (with every format 1).
     """
+    whole = _fixed_columns(table, formats)
     for start in range(0, table.num_rows, CHUNK_ROWS):
+        if whole is not None:
+            n = min(CHUNK_ROWS, table.num_rows - start)
+            yield memoryview(_packed([(values[start:start + n], wire) for values, wire in whole], n, kind))
+            continue
         chunk = table.slice(start, CHUNK_ROWS)
         columns = [encode_column(chunk.column(i), fmt) for i, fmt in enumerate(formats)]
         yield _assemble(columns, chunk.num_rows, kind)
+
+
+def _fixed_columns(table: pa.Table | pa.RecordBatch, formats: list[int]) -> list[tuple[np.ndarray, np.dtype]] | None:
+    """Each column's values (native order, typed as sent) when all columns are binary fixed-width
+    values without NULLs, the large numeric results: then a chunk's rows are packed straight from
+    them, where encoding chunk by chunk cost ~40 numpy calls and a copy of each column per chunk.
+    None otherwise (each chunk is encoded on its own)."""
+    if table.num_columns == 0 or any(fmt != 1 for fmt in formats):
+        return None
+    columns = []
+    for column in table.columns:
+        if column.null_count:
+            return None
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        fixed = fixed_values(column, oid_of(column.type))
+        if fixed is None:
+            return None
+        values, wire = fixed
+        columns.append((values, np.dtype(wire)))
+    return columns
 
 
 def data_rows(table: pa.Table | pa.RecordBatch, formats: list[int]) -> bytes:

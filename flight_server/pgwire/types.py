@@ -164,7 +164,8 @@ def _valid(array: pa.Array) -> np.ndarray | None:
 
 
 def _numbers(array: pa.Array, dtype: str) -> np.ndarray:
-    return np.asarray(array.fill_null(0) if array.null_count else array, dtype=dtype.lstrip(">")).astype(dtype)
+    """Native-order values (NULLs as 0) of the type ``dtype`` names in network order."""
+    return np.asarray(array.fill_null(0) if array.null_count else array, dtype=dtype.lstrip(">"))
 
 
 def encode_column(array: pa.Array, fmt: int) -> Cells:
@@ -180,20 +181,30 @@ def encode_column(array: pa.Array, fmt: int) -> Cells:
     return _text(array, oid)
 
 
-def _binary(array: pa.Array, oid: int) -> Cells:
+def fixed_values(array: pa.Array, oid: int) -> tuple[np.ndarray, str] | None:
+    """A fixed-width column's values as PostgreSQL's binary form holds them, in native byte order
+    (NULLs as 0), and the big-endian dtype they are sent as; None for other types."""
     kind = array.type
     if oid in (INT2, INT4, INT8, OID, FLOAT4, FLOAT8) and kind != pa.uint64():
         dtype = {INT2: ">i2", INT4: ">i4", INT8: ">i8", OID: ">u4", FLOAT4: ">f4", FLOAT8: ">f8"}[oid]
-        return _fixed(_numbers(array, dtype), _valid(array))
+        return _numbers(array, dtype), dtype
     if oid == BOOL:
-        return _fixed(_numbers(array.cast(pa.uint8()), ">u1"), _valid(array))
+        return _numbers(array.cast(pa.uint8()), ">u1"), ">u1"
     if oid == DATE:
-        days = np.asarray(array.cast(pa.int32()).fill_null(0), np.int64) - EPOCH_DAYS
-        return _fixed(days.astype(">i4"), _valid(array))
+        return np.asarray(array.cast(pa.int32()).fill_null(0), np.int64) - EPOCH_DAYS, ">i4"
     if oid in (TIMESTAMP, TIMESTAMPTZ, TIME):
         unit = pa.timestamp("us", kind.tz) if oid != TIME else pa.time64("us")
         micros = np.asarray(array.cast(unit).cast(pa.int64()).fill_null(0), np.int64)
-        return _fixed((micros - (EPOCH_MICROS if oid != TIME else 0)).astype(">i8"), _valid(array))
+        return micros - (EPOCH_MICROS if oid != TIME else 0), ">i8"
+    return None
+
+
+def _binary(array: pa.Array, oid: int) -> Cells:
+    kind = array.type
+    fixed = fixed_values(array, oid)
+    if fixed is not None:
+        values, dtype = fixed
+        return _fixed(values.astype(dtype), _valid(array))
     if oid == INTERVAL:
         return _python(array, lambda v: struct.pack("!qii", v.nanoseconds // 1000, v.days, v.months))
     if oid == NUMERIC:

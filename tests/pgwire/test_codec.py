@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import ivm
-from flight_server.pgwire import messages, parameters, rows, types
+from flight_server.pgwire import copy_binary, messages, parameters, rows, types
 from flight_server.pgwire.auth import AuthFailed, Scram
 from flight_server.pgwire.parameters import decode
 
@@ -157,3 +157,64 @@ def test_array_parameters():
                           (struct.pack("!iiIii", 1, 0, 20, 1, 1) + struct.pack("!iq", 8, 5), 1, 1007)]:
         with pytest.raises(ivm.IvmError):
             parameters.decode([raw], [fmt], [oid])
+
+
+def _fixed_width_table(n: int) -> tuple[pa.Table, list[list[bytes]]]:
+    """A table of every fixed-width binary type over ``n`` rows (two Arrow chunks per column),
+    and each row's values packed one by one as PostgreSQL sends them."""
+    import datetime
+    import random
+    rng = random.Random(7)
+    epoch = datetime.datetime(2000, 1, 1)
+    ints = [rng.randrange(-2**15, 2**15) for _ in range(n)]
+    bigs = [rng.randrange(-2**63, 2**63) for _ in range(n)]
+    floats = [rng.uniform(-1e9, 1e9) for _ in range(n)]
+    days = [rng.randrange(-20000, 20000) for _ in range(n)]
+    micros = [rng.randrange(-2**50, 2**50) for _ in range(n)]
+    dates = [datetime.date(1970, 1, 1) + datetime.timedelta(days=d) for d in days]
+    stamps = [datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=m) for m in micros]
+    times = [datetime.time(m % 24, m % 60, m % 59, m % 999_999) for m in (abs(x) for x in ints)]
+    columns = {
+        "i2": pa.array(ints, pa.int16()), "i4": pa.array(bigs, pa.int64()).cast(pa.int32(), safe=False),
+        "i8": pa.array(bigs, pa.int64()), "f4": pa.array(floats, pa.float32()), "f8": pa.array(floats),
+        "b": pa.array([i % 3 == 0 for i in ints]), "d": pa.array(dates, pa.date32()),
+        "ts": pa.array(stamps, pa.timestamp("us")), "tz": pa.array(stamps, pa.timestamp("us", "UTC")),
+        "t": pa.array(times, pa.time64("us")),
+    }
+    half = n // 2
+    table = pa.table({k: pa.chunked_array([v.slice(0, half), v.slice(half)]) for k, v in columns.items()})
+    i4 = columns["i4"].to_pylist()
+    f4 = columns["f4"].to_pylist()
+    expected = []
+    for k in range(n):
+        t = times[k]
+        expected.append([
+            struct.pack("!h", ints[k]), struct.pack("!i", i4[k]), struct.pack("!q", bigs[k]),
+            struct.pack("!f", f4[k]), struct.pack("!d", floats[k]), struct.pack("!?", ints[k] % 3 == 0),
+            struct.pack("!i", (dates[k] - epoch.date()).days),
+            struct.pack("!q", (stamps[k] - epoch) // datetime.timedelta(microseconds=1)),
+            struct.pack("!q", (stamps[k] - epoch) // datetime.timedelta(microseconds=1)),
+            struct.pack("!q", ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond),
+        ])
+    return table, expected
+
+
+def test_fixed_width_rows_are_packed_as_each_row_alone_would_be():
+    """Results of only fixed-width binary values are packed a chunk at a time from whole columns
+    (rows.py): the bytes are those of each row encoded on its own, over several chunks, for
+    DataRow and for binary COPY (whose first message carries the header), and the same when a
+    NULL sends the result down the general path."""
+    n = 2 * rows.CHUNK_ROWS + 7
+    table, expected = _fixed_width_table(n)
+    assert rows.data_rows(table, [1] * table.num_columns) == b"".join(messages.data_row(r) for r in expected)
+    copied = b"".join(bytes(m) for m in copy_binary.messages(table))
+    framed = []
+    for k, r in enumerate(expected):
+        body = struct.pack("!h", len(r)) + b"".join(struct.pack("!i", len(v)) + v for v in r)
+        framed.append(messages.copy_data((copy_binary.HEADER if k == 0 else b"") + body))
+    assert copied == b"".join(framed) + messages.copy_data(copy_binary.TRAILER)
+    with_null = table.set_column(2, "i8", pa.chunked_array([pa.array([None] + [0] * (n - 1), pa.int64())]))
+    expected[0][2] = None
+    for r in expected[1:]:
+        r[2] = struct.pack("!q", 0)
+    assert rows.data_rows(with_null, [1] * table.num_columns) == b"".join(messages.data_row(r) for r in expected)
