@@ -15,7 +15,7 @@ the server process's CPU (``/proc/<pid>/stat`` user + system) per lookup.
 sending 1,000-row batches; reports thread CPU per batch of each phase
 (normalize, convert, log append, wait for the sync, fold of the views,
 checkpoint), the CPU of the maintainer's two threads (folding, converting
-ahead: ivm/ahead.py) and the process's CPU per batch. Phases are timed by wrapping
+ahead: ivm/durable/ahead.py) and the process's CPU per batch. Phases are timed by wrapping
 the engine's methods in this process only (thread CPU time, so a phase
 waiting for a lock or the disk costs nothing).
 
@@ -23,7 +23,7 @@ waiting for a lock or the disk costs nothing).
 (100,000 rows), ``by_grp`` and ``all_items``; P producer threads upsert
 B-row batches as fast as they can (N batches in all). Reports the process's
 CPU per 1,000 ingested rows and how many maintenance runs the batches took
-(batches queued behind a commit are maintained together: ivm/group_commit.py),
+(batches queued behind a commit are maintained together: ivm/ingest/group_commit.py),
 for each P given, in one process.
 
 ``lookup-waits``: where a point read's time goes while the same process
@@ -84,7 +84,9 @@ def lookup(n: int) -> None:
 def ingest(initial: int, batches: int, producers: int, **options) -> None:
     import bench.ingest as bench
     import ivm
-    from ivm import changes, durable, engine, ingest_group, maintainer
+    from ivm import engine
+    from ivm.ingest import changes, ingest_group
+    from ivm.durable import durable, maintainer
     from storage import log
 
     cpu: dict[str, float] = collections.defaultdict(float)
@@ -109,7 +111,7 @@ def ingest(initial: int, batches: int, producers: int, **options) -> None:
     timed(log.ChangeLog, "wait_durable", "  wait for the sync")
     timed(maintainer.Maintainer, "fold", "fold of the views (maintainer thread)")
     timed(ingest_group, "zset_sum", "  sum of queued deltas")
-    from ivm import checkpoints
+    from ivm.durable import checkpoints
     timed(checkpoints.Checkpointer, "checkpoint", "checkpoint")
     with tempfile.TemporaryDirectory(prefix="ivm-bench-") as directory:
         db = ivm.connect(f"{directory}/db", **options)

@@ -137,7 +137,7 @@ def main() -> None:
     directory = Path(args.data or f"/tmp/ivm-bench-tpch-sf{args.scale:g}")
     generate(args.scale, directory)
     if args.join_lookups:
-        from ivm.spark import executor
+        from ivm.execute.spark import executor
 
         executor.JOIN_PROBES = 0
     conf = {"spark.master": args.master, "spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "4"}

@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from bench import tpch
 from bench.tpch_profile import load_views
 from bench.tpch_run import per_table, refresh_sizes
-from ivm import executor as ex
+from ivm.execute import executor as ex
 
 PATHS = ("compiled", "duckdb", "fallback")
 

@@ -19,7 +19,7 @@ from collections import defaultdict
 from bench import tpch
 from bench.tpch_run import ROOT, Memory, per_table, refresh_sizes, view_names
 from delta_operators.program import Lookup, Query, Stack, describe_steps, scan_name
-from ivm import executor as ex
+from ivm.execute import executor as ex
 
 
 def _describe(step) -> str:  # noqa: ANN001

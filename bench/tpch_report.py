@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ivm.maintenance import LEAVE_MARGIN, SWITCH_AFTER
+from ivm.maintain.maintenance import LEAVE_MARGIN, SWITCH_AFTER
 from bench.tpch_run import Memory, ScaleResult, ViewResult, default_data_dir, machine, run_scale, view_names
 
 SLOWER = "slower than DuckDB's recompute"
@@ -65,7 +65,7 @@ def runs_per_refresh(view: ViewResult) -> float:
 
 
 def switched(view: ViewResult, inc: float | None, rec: float | None) -> str:
-    """Why the engine's fallback recomputes a view: its estimates (ivm/maintenance.py)."""
+    """Why the engine's fallback recomputes a view: its estimates (ivm/maintain/maintenance.py)."""
     estimates = (f"incremental estimated {_ms(inc)} ms per call, recompute {_ms(rec)} ms"
                  if inc is not None and rec is not None else "by its estimates")
     runs = f"{view.paths.get('recompute', 0)} of {sum(view.paths.values())} runs recomputed"

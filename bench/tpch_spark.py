@@ -77,7 +77,7 @@ def spark_maintenance(db, con: duckdb.DuckDBPyConnection, refresh: tpch.Refresh,
 
 def spark_recompute(con: duckdb.DuckDBPyConnection, created: dict, result, progress) -> str:  # noqa: ANN001
     """Each view's SELECT on Spark over Parquet copies of the reference's final tables, ``RUNS`` times."""
-    from ivm.spark.session import session
+    from ivm.execute.spark.session import session
 
     # The process's one Spark session (ivm's, when the views were maintained on Spark), in a
     # session of its own for the temporary views; the Parquet copies are removed afterwards.

@@ -28,7 +28,7 @@ from collections import defaultdict
 from bench import tpch
 from bench.tpch_profile import load_views
 from bench.tpch_run import per_table, refresh_sizes
-from ivm import executor as ex
+from ivm.execute import executor as ex
 
 
 def trivial_statement_seconds(runs: int = 300) -> float:
@@ -36,7 +36,7 @@ def trivial_statement_seconds(runs: int = 300) -> float:
     import duckdb
     import pyarrow as pa
 
-    from ivm import duck
+    from ivm.execute import duck
 
     con = duckdb.connect(config={"threads": 1})
     con.register("h", duck.Holder(pa.table({"k": [1, 2, 3]})))

@@ -7,7 +7,7 @@ every view before it sends the next: its "sustained change throughput" is
 the inverse of one refresh's latency. A server under load does not wait
 like that: producers send change batches as fast as they are acknowledged
 (once on disk), and the maintainer folds whatever is queued into the views
-in one pass (ivm/maintainer.py), so the fixed cost of running 22 programs is
+in one pass (ivm/durable/maintainer.py), so the fixed cost of running 22 programs is
 shared by every batch of a fold. This measures that:
 
 1. the eight tables are loaded into a durable database (a temporary

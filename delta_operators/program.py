@@ -55,7 +55,7 @@ class Guard:
     keys: tuple[str, ...] = ()  # group key columns, named alike in probe and values
     # When set, the query's result is exactly the distinct ``keys`` of those probe rows (the
     # matching ones) and a TRUE column of this name: a driver-side operator may compute it
-    # (ivm/compiled/extremes.py) where the keys and values compare exactly.
+    # (ivm/execute/compiled/extremes.py) where the keys and values compare exactly.
     result: str | None = None
 
 

@@ -27,7 +27,7 @@ recomputed rows. Work: one index lookup of the changed keys' stored rows, and
 SQL over the touched sessions. With ``late = 'drop'`` over a watermarked
 stream, rows of sessions the watermark W has passed (``window_end <= W``:
 every later event has ``ts >= W``, so touches no such session) are dropped
-from W after each batch (ivm/event_time.py), so a key's stored rows are those
+from W after each batch (ivm/streams/event_time.py), so a key's stored rows are those
 of its open sessions, not its history.
 
 Cost: the rows of the touched sessions, not of the stream, but all of
@@ -48,7 +48,7 @@ from delta_operators.partition_reads import KEEP, PartitionedRowsReads, Steps
 from delta_operators.rule import Context, rule_for
 from delta_operators.sqltext import columns, parse, q, same
 from storage.zset import POS, PRESENT, RUN, WEIGHT, consolidate, negate
-STATE = "session"  # the state's role in its name (ivm/event_time.py finds it by this)
+STATE = "session"  # the state's role in its name (ivm/streams/event_time.py finds it by this)
 
 
 @rule_for(Session)

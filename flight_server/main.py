@@ -5,7 +5,7 @@ ready (``--port 0`` picks a free port; the line tells which), then how to
 connect: ``ivm sql --connect``, ``ivm status --connect`` and an ADBC snippet,
 with a query that works on this database (the demo's view only where the
 demo is loaded). With ``--data`` the address is recorded in the directory
-(ivm/serving.py) while the server runs, so ``ivm sql --data`` can name it. With ``--pg-port N`` it also serves PostgreSQL
+(ivm/cli/serving.py) while the server runs, so ``ivm sql --data`` can name it. With ``--pg-port N`` it also serves PostgreSQL
 clients (flight_server/pgwire/) and prints ``ivm: serving PostgreSQL on
 postgresql://HOST:PORT`` just before the Flight line; with ``--metrics-port N``
 it serves Prometheus metrics (flight_server/metrics.py) and prints ``ivm:
@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow.flight as fl
 
 import ivm
-from ivm import serving
+from ivm.cli import serving
 from flight_server.errors import quiet_tracebacks
 from flight_server.metrics import MetricsServer
 from flight_server.pgwire.server import PgServer
@@ -39,7 +39,7 @@ log = logging.getLogger("ivm.flight")
 def open_database(data: str | None, demo: bool, options: dict | None = None) -> ivm.Database:
     db = ivm.connect(data, **(options or {}))
     if demo:
-        from ivm.demo import setup
+        from ivm.cli.demo import setup
 
         try:
             setup(db, rows=200, rng=random.Random(7))
@@ -56,7 +56,7 @@ def tls_pair(cert: str | None, key: str | None) -> list[fl.CertKeyPair]:
     return [fl.CertKeyPair(cert=Path(cert).read_bytes(), key=Path(key).read_bytes())]
 
 
-DEMO_VIEW = "region_sales"  # ivm/demo.py's: suggested only where it exists
+DEMO_VIEW = "region_sales"  # ivm/cli/demo.py's: suggested only where it exists
 
 
 def first_query(db: ivm.Database) -> str:

@@ -2,7 +2,7 @@
 
 Every scrape reads ``db.status()`` (offsets, lags, sizes, counts as they are
 now) and ``db.observations()`` (the latency histograms and ingest counts the
-engine recorded where they happen, ivm/observations.py) and turns them into
+engine recorded where they happen, ivm/reads/observations.py) and turns them into
 metric families; nothing is copied or counted on the side, so a scrape
 shows exactly what ``SHOW STATUS`` would. Each server has its own registry
 (never prometheus_client's global one): two databases in one process do not

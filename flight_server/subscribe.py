@@ -1,7 +1,7 @@
 """SUBSCRIBE: a view's or table's changes, streamed while they commit, on both doors.
 
 One implementation for every way to subscribe: ``Feed`` follows a relation's
-change stream (ivm/changefeed.py) from an offset or from its current rows;
+change stream (ivm/reads/changefeed.py) from an offset or from its current rows;
 plain Flight's JSON-ticket subscriptions (subscriptions.py) send its steps as
 they are, and ``SUBSCRIBE`` in SQL sends them as Materialize-style rows
 (``sql_rows``) over pgwire (pgwire/dispatch.py) and over Flight SQL

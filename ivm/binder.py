@@ -15,7 +15,7 @@ from typing import Sequence
 import duckdb
 import pyarrow as pa
 
-from ivm import duck
+from ivm.execute import duck
 from sql_frontend.errors import AccessDeniedError, BindError, UnknownObjectError, UnsupportedError
 from sql_frontend.plan import Column
 
@@ -47,7 +47,7 @@ class Binder:
     def describe(self, sql: str) -> tuple[Column, ...]:
         try:
             rows = self._execute(f"DESCRIBE {sql}")
-        except duckdb.PermissionException as e:  # a file or URL (ivm/duck.py): sql_frontend/access.py missed it
+        except duckdb.PermissionException as e:  # a file or URL (ivm/execute/duck.py): sql_frontend/access.py missed it
             raise AccessDeniedError(_message(e)) from None
         except duckdb.CatalogException as e:
             message = _message(e)

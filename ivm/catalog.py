@@ -20,7 +20,7 @@ from delta_operators.compiler import Options, compile_view, read_sql, reads_only
 from delta_operators.program import Program, StateSpec
 from delta_operators.prune import read_columns
 from ivm.binder import Binder
-from ivm.maintenance import CostModel
+from ivm.maintain.maintenance import CostModel
 
 
 FIRST_OID = 16384  # PostgreSQL's first OID for user objects
@@ -35,14 +35,14 @@ class TableDef:
     not_null: frozenset[str] = frozenset()
     defaults: dict[str, exp.Expression] = field(default_factory=dict)
     kind: str = "table"
-    # Event streams (CREATE TABLE … WATERMARK FOR ts AS ts - INTERVAL … APPEND ONLY; ivm/event_time.py):
+    # Event streams (CREATE TABLE … WATERMARK FOR ts AS ts - INTERVAL … APPEND ONLY; ivm/streams/event_time.py):
     append_only: bool = False  # inserts only: updates and deletes are refused
     event_time: str | None = None  # the column the watermark is declared on
     lateness_us: int = 0  # watermark = largest event time seen - lateness
     retain_us: int | None = None  # RETAIN: rows below watermark - retain are dropped (None: kept)
     # Hidden twins of a watermarked table (its on-time rows, read by views with
     # late = 'drop'; its one-row watermark, read by views with emit = 'on_close';
-    # ivm/event_time.py): the name of the table they belong to.
+    # ivm/streams/event_time.py): the name of the table they belong to.
     shadow_of: str | None = None
 
     @property
@@ -73,9 +73,9 @@ class ViewDef:
     late: str | None = None  # stragglers of watermarked sources: "drop" (None: the default) or "correct"
     emit: str | None = None  # "on_close": rows of a window only once the watermark passed its end
     closed: object = None  # event_time.ClosedWindows: state that closed windows no longer need
-    interval: object = None  # interval_join.IntervalJoin: its streams' on-time rows expire (ivm/interval_join.py)
+    interval: object = None  # interval_join.IntervalJoin: its streams' on-time rows expire (ivm/streams/interval_join.py)
     stored: frozenset[str] | None = None  # relations whose stored rows it reads (computed once, by the engine)
-    # Moving estimates of incremental vs recompute cost (ivm/maintenance.py).
+    # Moving estimates of incremental vs recompute cost (ivm/maintain/maintenance.py).
     cost: CostModel = field(default_factory=CostModel)
     _reads: dict[str, frozenset[str] | None] | None = field(default=None, repr=False)
 
@@ -135,7 +135,7 @@ class ViewDef:
         query (TPC-H q02 at SF 1: 19.5 vs 38.7 ms CPU over the same tables).
         The plan's SQL stays where the text names a relation the plan does not
         read (a source the frontend folded away, a watermark table): a refresh
-        brings only the plan's sources to NEW (ivm/recompute.py).
+        brings only the plan's sources to NEW (ivm/maintain/recompute.py).
         """
         cached = self.programs.get(("select",))
         if cached is None:
@@ -164,7 +164,7 @@ class Catalog:
         self.tables: dict[str, TableDef] = {}
         self.views: dict[str, ViewDef] = {}
         self.version = 0  # counts changes of names and schemas (for caches of derived facts)
-        # Each relation's PostgreSQL OID (pg_class.oid; ivm/system_relations.py), assigned once when it is
+        # Each relation's PostgreSQL OID (pg_class.oid; ivm/reads/system_relations.py), assigned once when it is
         # created and kept (in the checkpoint manifest) for its life: across other relations' creation and
         # removal, ALTER TABLE and restarts, because drivers and BI tools cache OIDs. A relation dropped and
         # created again gets a new one, as in PostgreSQL. ``OID_STRIDE`` OIDs per relation: its own, its
@@ -233,7 +233,7 @@ class Catalog:
         return streams | {t.name for t in self.tables.values() if t.shadow_of in streams}
 
     def expiring(self) -> set[str]:
-        """On-time twins an interval join lets go of old rows of (ivm/interval_join.py)."""
+        """On-time twins an interval join lets go of old rows of (ivm/streams/interval_join.py)."""
         return {s for v in self.views.values() if v.interval is not None for s in v.sources}
 
     def reads_retained(self, view: "ViewDef") -> bool:

@@ -50,20 +50,20 @@ from sql_frontend.statements import (
     parse_one,
 )
 from sql_frontend.plan import Column
-from ivm import changefeed
+from ivm.reads import changefeed
 from ivm.binder import quote
-from ivm.changefeed import ViewChanges
+from ivm.reads.changefeed import ViewChanges
 from ivm.catalog import TableDef
-from ivm.changes import OP
+from ivm.ingest.changes import OP
 from ivm.engine import Engine, Settings
-from ivm.engine_choice import check_engine, describe as describe_engine
-from ivm.maintenance import check_mode
+from ivm.maintain.engine_choice import check_engine, describe as describe_engine
+from ivm.maintain.maintenance import check_mode
 from ivm.view_definition import define_view
-from ivm.reads import time_windows_in, visible
-from ivm.system_relations import reads_system
-from ivm.recompute import is_stale
-from ivm.explain import explain_view
-from ivm.status import engine_status, status_table
+from ivm.reads.reads import time_windows_in, visible
+from ivm.reads.system_relations import reads_system
+from ivm.maintain.recompute import is_stale
+from ivm.reads.explain import explain_view
+from ivm.reads.status import engine_status, status_table
 
 
 MESSAGE_CHARS = 2000  # longest error message a statement gets back (DuckDB's may repeat the whole text)
@@ -137,7 +137,7 @@ class Database:
             self._engine = Engine(settings)
             self._engine.start_committer()
         else:
-            from ivm.durable import DurableEngine
+            from ivm.durable.durable import DurableEngine
 
             self._engine = DurableEngine(path, settings)
         self._sources = None
@@ -220,14 +220,14 @@ class Database:
         of being parsed again on every execution. Anything but a single query
         takes the ordinary path. ``values`` (``$n`` is ``values[n - 1]``, the
         very values spliced into ``text``) let a point read
-        (``... WHERE key = $1``) be answered without DuckDB (ivm/point_reads.py);
+        (``... WHERE key = $1``) be answered without DuckDB (ivm/reads/point_reads.py);
         ``text`` may then be a function that renders it, called only if
         DuckDB runs it (rendering the literals was ~40% of a point read).
         """
         self._check_open()
         self._check_size(template)
         reads = _parsed_reads(template)
-        # TUMBLE/HOP expand the parsed tree, and a catalog query is rewritten (ivm/system_relations.py); the tree
+        # TUMBLE/HOP expand the parsed tree, and a catalog query is rewritten (ivm/reads/system_relations.py); the tree
         # holds $n, not the values: those take the ordinary path.
         if reads is None or len(reads) != 1 or time_windows_in(reads[0].expression) \
                 or reads_system(reads[0].expression):
@@ -396,7 +396,7 @@ class Database:
         return engine_status(self._engine)
 
     def observations(self) -> dict:
-        """Latencies and counts recorded since the database was opened (ivm/observations.py):
+        """Latencies and counts recorded since the database was opened (ivm/reads/observations.py):
         under "histograms" each histogram's ``HistogramCounts`` (batch, fold, visible,
         checkpoint seconds), under "ingested" per table (batches, rows) acknowledged."""
         self._check_open()
@@ -420,14 +420,14 @@ class Database:
         return self._durable("stored_files").checkpointer.files_of(name.lower())
 
     def _durable(self, what: str):
-        from ivm.durable import DurableEngine
+        from ivm.durable.durable import DurableEngine
 
         if not isinstance(self._engine, DurableEngine):
             raise UnsupportedError(f"{what} needs a durable database (ivm.connect(path)); this one is in memory")
         return self._engine
 
     def changes(self, view: str, since: int, *, wait: float = 0.0) -> ViewChanges:
-        """Changes of a materialized view or a table after offset ``since`` (see ivm/changefeed.py).
+        """Changes of a materialized view or a table after offset ``since`` (see ivm/reads/changefeed.py).
 
         Returns ``ViewChanges(rows, through)``: ``rows`` has its columns,
         ``__weight`` and ``__offset``; every change up to offset ``through`` is
@@ -747,7 +747,7 @@ def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     """Open a database: in memory when ``path`` is None, else durable in that directory.
 
     Options (see ``ivm.engine.Settings``): threads; engine ("duckdb",
-    "spark" or "auto", see ivm/engine_choice.py), spark_conf (Spark settings
+    "spark" or "auto", see ivm/maintain/engine_choice.py), spark_conf (Spark settings
     passed through, e.g. {"spark.master": "spark://127.0.0.1:7077"}), spark_rows
     (the "auto" threshold); ingest_nice (in memory, 0-19: batches applied
     on a thread of that OS niceness, so reads in the process get a core first); for durable databases

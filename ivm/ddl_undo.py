@@ -1,6 +1,6 @@
 """Undo a catalog change whose storage failed: the engine as it was before the statement.
 
-A durable DDL changes the catalog in memory, then checkpoints (ivm/durable.py).
+A durable DDL changes the catalog in memory, then checkpoints (ivm/durable/durable.py).
 When that checkpoint fails before its manifest is renamed, the stored database
 still holds the old catalog, so the one in memory must go back to it too -
 otherwise writes to an object that was never stored are acknowledged, and the
@@ -29,7 +29,7 @@ from ivm.catalog import TableDef, ViewDef
 from storage.store import Snapshot
 
 if TYPE_CHECKING:
-    from ivm.durable import DurableEngine
+    from ivm.durable.durable import DurableEngine
 
 
 @dataclass(frozen=True)

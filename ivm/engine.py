@@ -36,26 +36,27 @@ from delta_operators.compiler import delta_input
 from delta_operators.program import Program, Query
 from delta_operators.prune import key_pairs, prune_template, without_equal_pairs
 from storage.zset import EVERY, WEIGHT, consolidate, count_rows
-from ivm import duck, keyed_once
+from ivm.execute import duck
+from ivm.ingest import keyed_once
 from ivm.binder import Binder, quote
 from ivm.catalog import Catalog, TableDef, ViewDef
-from ivm.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
-from ivm.engine_choice import SPARK_ROWS, check_engine, choose
-from ivm.event_time import (Watermarks, check_retained_reads, check_stream_table, drop_closed_windows,
+from ivm.ingest.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
+from ivm.maintain.engine_choice import SPARK_ROWS, check_engine, choose
+from ivm.streams.event_time import (Watermarks, check_retained_reads, check_stream_table, drop_closed_windows,
                             expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
                             stored_watermark, watermark_batch, watermark_name)
-from ivm.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
+from ivm.streams.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
                                stored_reads)
-from ivm.executor import Executor, RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
-from ivm.group_commit import Committer, take_and_commit
-from ivm.ingest_group import Pending, Ticket
-from ivm.maintenance import check_mode, source_rows
-from ivm.producers import Producers, check_producer
-from ivm.mirrors import Mirrors
-from ivm.observations import Observations
-from ivm.reads import Reader
+from ivm.execute.executor import Executor, RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
+from ivm.ingest.group_commit import Committer, take_and_commit
+from ivm.ingest.ingest_group import Pending, Ticket
+from ivm.maintain.maintenance import check_mode, source_rows
+from ivm.ingest.producers import Producers, check_producer
+from ivm.maintain.mirrors import Mirrors
+from ivm.reads.observations import Observations
+from ivm.reads.reads import Reader
 from ivm.view_definition import define_view
-from ivm.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
+from ivm.maintain.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from ivm.schema_change import BrokenView, altered_definition, altered_rows, replanned
 from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
 from storage.keys import KeyCoder
@@ -68,11 +69,11 @@ from storage.store import Snapshot, Store
 class Settings:
     threads: int | None = None
     # How views are maintained per batch: "auto" (cost-based choice between
-    # incremental and recompute, see ivm/maintenance.py), "incremental", "recompute".
+    # incremental and recompute, see ivm/maintain/maintenance.py), "incremental", "recompute".
     maintenance: str = "auto"
     # Rows of view and table changes kept for subscribers (storage/view_history.py).
     retain_rows: int = DEFAULT_RETAIN_ROWS
-    # Durable databases only (see ivm/durable.py):
+    # Durable databases only (see ivm/durable/durable.py):
     fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
     # seconds the maintainer waits for more changes before folding (a waiting read ends the
     # wait at once): a fold's fixed cost (~20 ms CPU for bench/ingest.py's 3 views) is then
@@ -81,19 +82,19 @@ class Settings:
     # ~10% less process CPU per batch (bench/ingest.py, session 7)
     fold_delay: float = 0.1
     # queued upsert rows from which a second maintainer thread converts them while the
-    # fold runs the views (ivm/ahead.py); fewer: the fold converts them itself
+    # fold runs the views (ivm/durable/ahead.py); fewer: the fold converts them itself
     convert_ahead_rows: int = 20_000
     checkpoint_rows: int = 1_000_000  # changed rows that trigger a checkpoint ...
     checkpoint_seconds: float = 60.0  # ... or the age of the oldest change not stored
     log_retention_seconds: float | None = 0.0  # keep checkpointed log segments this long (None: forever)
     segment_bytes: int = 64 << 20  # change-log segment size
-    # Compute engine for maintenance (ivm/engine_choice.py): "duckdb", "spark" or "auto".
+    # Compute engine for maintenance (ivm/maintain/engine_choice.py): "duckdb", "spark" or "auto".
     engine: str = "duckdb"
-    # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/spark/session.py).
+    # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/execute/spark/session.py).
     spark_conf: dict | None = None
     spark_rows: int = SPARK_ROWS  # "auto" runs a step on Spark from this many rows of input
     # In memory, > 0: batches are applied by a thread of their own at this OS niceness (Linux),
-    # so reads in the same process get a core first (ivm/group_commit.py). Not for durable
+    # so reads in the same process get a core first (ivm/ingest/group_commit.py). Not for durable
     # databases: there reads wait for the maintainer's folds, which must not be slowed.
     ingest_nice: int = 0
     # DuckDB's memory_limit (e.g. "6GB") of the instances that run reads, large batches and
@@ -188,10 +189,10 @@ class Prepared:
     updated: Relation  # the table after the batch
     event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
     # ... and the batch's effect on the table's hidden twins: its on-time rows and
-    # its one-row watermark (ivm/event_time.py)
+    # its one-row watermark (ivm/streams/event_time.py)
     hidden: list["Prepared"] = field(default_factory=list)
     late: int = 0  # ... and how many of its events arrived below the watermark
-    expired: int = 0  # ... and how many on-time rows interval joins let go (ivm/interval_join.py)
+    expired: int = 0  # ... and how many on-time rows interval joins let go (ivm/streams/interval_join.py)
     change_table: str = ""  # the table the batch changed
 
     def counts(self) -> dict[str, int]:
@@ -228,8 +229,8 @@ class Worker:
 
     def spark(self, conf: dict | None) -> StepRunner:
         if self._spark is None:
-            from ivm.spark.executor import SparkExecutor
-            from ivm.spark.session import session
+            from ivm.execute.spark.executor import SparkExecutor
+            from ivm.execute.spark.session import session
 
             self._spark = SparkExecutor(session(conf), self.coder, driver=self.executor)
         return self._spark
@@ -244,14 +245,14 @@ class Engine:
         self.settings = settings or Settings()
         self.settings.engine = check_engine(self.settings.engine)
         if self.settings.spark_conf:
-            from ivm.spark.session import check_conf
+            from ivm.execute.spark.session import check_conf
 
             check_conf(self.settings.spark_conf)
         check_mode(self.settings.maintenance)
         self.spill = spill_of(self.settings, None)
         threads = self.settings.threads or None
         # Every DuckDB instance runs user SQL, so each is locked to what ivm registers
-        # on it (ivm/duck.py); each spills, if ever, to its own directory of the engine's.
+        # on it (ivm/execute/duck.py); each spills, if ever, to its own directory of the engine's.
         self.scratch = duck.Scratch()
         # Reads, first computations of views and large batches run in parallel;
         # the steady stream of small deltas runs single-threaded, where DuckDB
@@ -267,7 +268,7 @@ class Engine:
         self.catalog = Catalog(self.binder)
         self.store = Store()
         self.write_lock = OwnedLock()
-        # Group commit (ivm/group_commit.py): batches waiting for the write lock, and the
+        # Group commit (ivm/ingest/group_commit.py): batches waiting for the write lock, and the
         # tables' versions made by the unit being committed.
         self.pending = Pending()
         self.heads: dict[str, Relation] = {}
@@ -285,9 +286,9 @@ class Engine:
         # Views whose maintenance failed after their changes were acknowledged
         # (durable databases): name -> error message. Reads of them raise.
         self.failed: dict[str, str] = {}
-        # Largest event time per watermarked table (ivm/event_time.py).
+        # Largest event time per watermarked table (ivm/streams/event_time.py).
         self.watermarks = Watermarks()
-        # Latencies and counts recorded where they happen (ivm/observations.py).
+        # Latencies and counts recorded where they happen (ivm/reads/observations.py).
         self.observed = Observations()
 
     def wait_visible(self) -> None:
@@ -441,7 +442,7 @@ class Engine:
             return True
 
     def _measure_refresh(self, view: ViewDef, snapshot: Snapshot) -> None:
-        """First estimate of the view's refresh (ivm/maintenance.py), where auto mode may choose it."""
+        """First estimate of the view's refresh (ivm/maintain/maintenance.py), where auto mode may choose it."""
         if self.settings.maintenance != "auto" or view.cost.recompute is not None \
                 or self.catalog.reads_retained(view):
             return
@@ -653,7 +654,7 @@ class Engine:
 
     def executor_for(self, view: ViewDef, program: Program, delta_rows: int, snapshot: Snapshot,
                      worker: Worker) -> StepRunner:
-        """The executor that runs this step of ``view`` (see ivm/engine_choice.py)."""
+        """The executor that runs this step of ``view`` (see ivm/maintain/engine_choice.py)."""
         engine = choose(self.engine_setting(view), program, delta_rows, snapshot, self.settings.spark_rows)
         self.engine_used[view.name] = engine
         return worker.spark(self.settings.spark_conf) if engine == "spark" else worker.executor
@@ -701,7 +702,7 @@ class Engine:
 
         Batches that queue for the write lock meanwhile are committed together
         by whoever takes it, each with its own offset and outcome
-        (ivm/group_commit.py).
+        (ivm/ingest/group_commit.py).
         """
         check_producer(source, seq)
         started = time.perf_counter()
@@ -769,7 +770,7 @@ class Engine:
         The history first: a reader who sees the view at this offset may
         subscribe from it at once. Deltas of views computed on read are not
         consolidated here: subscribers consolidate what they read
-        (ivm/changefeed.py), which keeps that query off the write path.
+        (ivm/reads/changefeed.py), which keeps that query off the write path.
         """
         snapshot = self._maintain(deltas, snapshot, worker, isolate=isolate)
         if before_publish is not None:
@@ -794,7 +795,7 @@ class Engine:
         Each table's batch is converted against the table as published (the
         tables are distinct, so no batch sees another's rows); then every
         affected view is maintained once over all the tables' deltas, the way
-        a durable fold maintains several batches (ivm/maintainer.py). A bad
+        a durable fold maintains several batches (ivm/durable/maintainer.py). A bad
         batch fails the whole call before anything is published.
         """
         started = time.perf_counter()
@@ -874,7 +875,7 @@ class Engine:
         return prepared
 
     def _on_time_limit(self, definition: TableDef):
-        """What interval joins need of the stream's on-time rows (ivm/interval_join.py on_time_cutoff).
+        """What interval joins need of the stream's on-time rows (ivm/streams/interval_join.py on_time_cutoff).
 
         Watermarks come from the published snapshot: every batch maintained with
         this one (also in a fold of several) was on time against them or later ones.
@@ -977,7 +978,7 @@ class Engine:
     def _trial_refresh(self, view: ViewDef, snapshot: Snapshot, pending: list[RowChanges],
                        recomputed: dict[str, Relation | None], worker: Worker, deltas: dict[str, pa.Table],
                        sizes: int) -> None:
-        """Run the refresh path beside this batch's incremental one, keep only its time (ivm/maintenance.py).
+        """Run the refresh path beside this batch's incremental one, keep only its time (ivm/maintain/maintenance.py).
 
         Its results are discarded: the view's state and output come from the
         incremental program. A refresh that fails leaves the view incremental,
@@ -992,7 +993,7 @@ class Engine:
         view.cost.record_trial(elapsed(), sizes)
 
     def _keep_mirrors(self, snapshot: Snapshot, deltas: dict[str, pa.Table], worker: Worker) -> None:
-        """Drop the native mirrors no view on the refresh path reads (ivm/mirrors.py): they only hold memory;
+        """Drop the native mirrors no view on the refresh path reads (ivm/maintain/mirrors.py): they only hold memory;
         the others follow this batch's deltas. A copy a view that may still trial reads stays a few passes
         after its last use (``LINGER_PASSES``): the next view's trial finds it instead of copying again."""
         if not self.mirrors.tables:
@@ -1004,7 +1005,7 @@ class Engine:
         self.mirrors.follow(self.catalog, snapshot, self.store.snapshot, deltas, worker.coder)
 
     def _drop_closed_windows(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker) -> Snapshot:
-        """Views over a stream whose watermark moved lose the state of windows it closed (ivm/event_time.py)."""
+        """Views over a stream whose watermark moved lose the state of windows it closed (ivm/streams/event_time.py)."""
         moved = {t.shadow_of for t in self.catalog.tables.values()
                  if t.shadow_of and t.name in deltas and t.name == watermark_name(t.shadow_of)}
         dropped = {}

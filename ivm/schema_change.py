@@ -14,7 +14,7 @@ Semantics are PostgreSQL's where ivm can keep them:
   without loss; the same type is a no-op.
 
 Every view that reads the table is planned again from its SQL, exactly as a
-reopen plans it from the manifest (``ivm/checkpoints.py`` ``view_from_json``).
+reopen plans it from the manifest (``ivm/durable/checkpoints.py`` ``view_from_json``).
 A view whose plan is unchanged (the same output columns and the same
 relational SQL) keeps its operator state and output: no recompute. When
 its state's shape changed (say, a join state holding a widened column) it is
@@ -38,7 +38,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.catalog import Catalog, TableDef, ViewDef
-from ivm.checkpoints import describe_view, view_from_json
+from ivm.durable.checkpoints import describe_view, view_from_json
 from sql_frontend.errors import BindError, CatalogError, IvmError, UnknownObjectError, UnsupportedError
 from sql_frontend.plan import Column
 from sql_frontend.plan_sql import render, to_sql

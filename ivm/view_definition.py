@@ -25,8 +25,8 @@ from sqlglot import exp
 
 from sql_frontend.planner import plan_view
 from ivm.catalog import Catalog, ViewDef, make_view
-from ivm.event_time import closed_windows, view_query
-from ivm.interval_join import view_interval
+from ivm.streams.event_time import closed_windows, view_query
+from ivm.streams.interval_join import view_interval
 
 
 def define_view(name: str, sql: str, query: exp.Expression, catalog: Catalog, *,

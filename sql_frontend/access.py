@@ -5,7 +5,7 @@ UPDATE, DELETE, DEFAULT and views) on DuckDB, whose SQL can also read files
 and URLs (``read_csv``, ``read_text``, ``glob``), run SQL held in a string
 (``query``), inspect itself (``duckdb_settings``), and whose statements can
 attach databases, copy to files, load extensions and store secrets. Every
-DuckDB instance ivm opens is locked against all of that (``ivm.duck.connect``);
+DuckDB instance ivm opens is locked against all of that (``ivm.execute.duck.connect``);
 this module refuses the same SQL earlier, by name, before anything runs:
 
 * a statement of DuckDB's own (ATTACH, COPY, INSTALL, LOAD, PRAGMA, CREATE

@@ -16,7 +16,7 @@ lateness; it only moves forward. A watermark needs an append-only table
 (a stream whose past can be retracted has no meaningful watermark).
 ``APPEND ONLY RETAIN INTERVAL '1' MINUTE`` bounds what the table keeps:
 rows whose event time the watermark passed by more than that are dropped
-(ivm/event_time.py).
+(ivm/streams/event_time.py).
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ class ViewPlan:
     # The view's own SELECT after the frontend's rewrites that change meaning
     # (time windows, ASOF joins, late/emit options, ORDER BY without LIMIT
     # dropped), before resolution: the text DuckDB bound to type the view.
-    # A refresh evaluates it (ivm/recompute.py); None: use the plan's SQL.
+    # A refresh evaluates it (ivm/maintain/recompute.py); None: use the plan's SQL.
     query: exp.Expression | None = field(default=None, compare=False, repr=False)
 
 

@@ -7,7 +7,7 @@ pg_catalog.default``, ``pg_catalog.format_type(a.atttypid, a.atttypmod)``,
 ``information_schema``, but they describe DuckDB's state (every Arrow input
 and operator state registered on a cursor, none of ivm's tables), and it
 lacks some of PostgreSQL's functions and syntax. ``rewrite`` turns such a
-query into one DuckDB runs over ivm's relations (ivm/system_relations.py):
+query into one DuckDB runs over ivm's relations (ivm/reads/system_relations.py):
 
 * a table named ``pg_catalog.x`` or ``information_schema.x`` (or a bare
   ``pg_x`` that is no user relation, as PostgreSQL's search path finds it)

@@ -67,7 +67,7 @@ class StatementTimeoutError(IvmError, TimeoutError):
 
 
 class StatementCancelledError(StatementTimeoutError):
-    """A client asked to cancel its running statement (ivm/cancel.py); nothing changed."""
+    """A client asked to cancel its running statement (ivm/reads/cancel.py); nothing changed."""
 
 
 class InternalError(IvmError, RuntimeError):

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 from sqlglot import parse_one
 
-from ivm.compiled.step import CompiledStep, Fallback, Unsupported, same_rows
+from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, same_rows
 
 INT64 = (-(2**63), 2**63 - 1)
 INTS = st.one_of(st.integers(-5, 5), st.sampled_from([INT64[0], INT64[1], 2**31 - 1, -(2**31), 2**62, 0]),

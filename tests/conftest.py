@@ -4,7 +4,7 @@ Hypothesis profiles bound the randomized suites: ``ci`` (default) keeps the
 whole run well under CI's budget, ``thorough`` (HYPOTHESIS_PROFILE=thorough)
 explores much more for local soak runs.
 
-Every suite runs in shadow mode (IVM_SHADOW=1, ivm/executor.py): each
+Every suite runs in shadow mode (IVM_SHADOW=1, ivm/execute/executor.py): each
 compiled step also runs on DuckDB and any difference in rows or types fails
 the test, so the oracle suites check the compiled operators against DuckDB.
 IVM_SHADOW=0 in the environment turns it off.
@@ -38,7 +38,7 @@ os.environ.setdefault("IVM_SHADOW", "1")  # inherited by the subprocesses tests 
 @pytest.fixture
 def lookups_run(monkeypatch):
     """Every lookup step a maintenance run ran, with the rows it returned: [(Lookup, rows)]."""
-    from ivm import executor
+    from ivm.execute import executor
 
     seen: list = []
     lookup = executor.StepRunner._lookup
@@ -65,7 +65,7 @@ SPARK_TEST_CONF = {
 @pytest.fixture(scope="session")
 def spark_conf():
     """Settings for ``ivm.connect(engine="spark", spark_conf=...)``; starts the session once."""
-    from ivm.spark.session import session
+    from ivm.execute.spark.session import session
 
     session(SPARK_TEST_CONF)
     return dict(SPARK_TEST_CONF)

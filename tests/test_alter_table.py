@@ -20,7 +20,7 @@ import ivm
 from sql_frontend.statements import AlterTable, parse_one
 from tests.flight.server import ServerProcess
 from tests.oracle.compare import multiset_diff
-from tests.test_durable import run_child
+from tests.durable.test_durable import run_child
 
 SCHEMA = [
     "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust INTEGER, amount DOUBLE, qty INTEGER, note VARCHAR)",

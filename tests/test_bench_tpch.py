@@ -108,7 +108,7 @@ def test_statement_counts_are_per_view_and_inside_the_programs_time(monkeypatch)
 
     import ivm
     from bench import tpch_statements
-    from ivm import executor as ex
+    from ivm.execute import executor as ex
 
     monkeypatch.setattr(ex.Executor, "_execute", ex.Executor._execute)  # restored after the test
     monkeypatch.setattr(ex.StepRunner, "run", ex.StepRunner.run)
@@ -131,7 +131,7 @@ def test_compiled_census_counts_runs_by_view_path_and_reason(monkeypatch):
 
     import ivm
     from bench.tpch_compiled import Census, construct
-    from ivm import executor as ex
+    from ivm.execute import executor as ex
 
     monkeypatch.setattr(ex.Executor, "_query", ex.Executor._query)  # restored after the test
     monkeypatch.setattr(ex.StepRunner, "run", ex.StepRunner.run)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ivm import duck
+from ivm.execute import duck
 from storage.keys import BYTES_PER_PASS, KeyCoder, hash_columns, hashable
 
 INTS = st.one_of(st.integers(-3, 3), st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31) - 1]))

@@ -18,8 +18,8 @@ PACKAGES = ("ivm", "delta_operators", "sql_frontend", "storage", "flight_server"
 
 # (file, the attribute's source text): third-party internals with no public equivalent.
 ALLOWED = {
-    ("ivm/spark/executor.py", "frame._jdf"): "pyspark: unpersisting a cached plan needs the JVM DataFrame",
-    ("ivm/spark/session.py", "_session.sparkContext._jsc"): "pyspark: a stopped SparkContext has no public flag",
+    ("ivm/execute/spark/executor.py", "frame._jdf"): "pyspark: unpersisting a cached plan needs the JVM DataFrame",
+    ("ivm/execute/spark/session.py", "_session.sparkContext._jsc"): "pyspark: a stopped SparkContext has no public flag",
     ("flight_server/errors.py", "sys._getframe"): "CPython: the caller's frame, for the error's origin",
 }
 

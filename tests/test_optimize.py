@@ -71,7 +71,7 @@ WIDE = pa.table({
 
 def run_steps(program: Program) -> pa.Table:
     """The program's output over WIDE, Stacks on the driver and queries in DuckDB (ivm's executor)."""
-    from ivm.executor import Executor
+    from ivm.execute.executor import Executor
     from storage.keys import KeyCoder
 
     con = duckdb.connect()

@@ -8,7 +8,7 @@ import pytest
 from sqlglot import exp
 
 import ivm
-from ivm import executor
+from ivm.execute import executor
 from sql_frontend.plan_sql import render
 from tests.oracle.compare import multiset_diff
 from tests.oracle.reference import apply_cdc

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage.zset import POS, RUN, WEIGHT
-from ivm import duck
+from ivm.execute import duck
 from sql_frontend.errors import InternalError
 from storage import relation as relation_module
 from storage.keys import NULL_CODE, KeyCoder

@@ -8,7 +8,7 @@ applies the rows as one change batch (``Database.apply_changes``);
 through the entry points Flight uses (``flight_server.statements``).
 
 The Database's work runs inside the connection's ``Cancellation.scope``
-(ivm/cancel.py) with the connection's ``statement_timeout`` as a timer, so
+(ivm/reads/cancel.py) with the connection's ``statement_timeout`` as a timer, so
 a CancelRequest or the timeout interrupts it with 57014 and nothing changed.
 
 ``Dispatcher`` is the statement half of ``session.Session`` (which owns the
@@ -31,7 +31,7 @@ from flight_server.pgwire import commands, copy, copy_binary, messages, paramete
 from flight_server.pgwire.errors import PROGRAM_LIMIT, QUERY_CANCELED, UNSUPPORTED, PgError
 from flight_server.pgwire.messages import ProtocolViolation
 from flight_server.statements import run_query, run_update
-from ivm.reads import CANCELLED
+from ivm.reads.reads import CANCELLED
 from sql_frontend.errors import StatementCancelledError
 
 OFFSET_KEY = b"ivm.offset"

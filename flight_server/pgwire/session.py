@@ -45,7 +45,7 @@ from flight_server.pgwire.dispatch import Dispatcher, Outcome, Prepared
 from flight_server.pgwire.errors import (INVALID_PASSWORD, PROGRAM_LIMIT, PROTOCOL_VIOLATION, QUERY_CANCELED,
                                          UNSUPPORTED, PgError, describe)
 from flight_server.pgwire.messages import ProtocolViolation
-from ivm.cancel import Cancellation
+from ivm.reads.cancel import Cancellation
 from sql_frontend.errors import StatementCancelledError
 
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ EPOCH_MICROS = EPOCH_DAYS * 86_400_000_000
 
 # Lists of these element types are sent as PostgreSQL arrays (element OID -> array OID), so drivers return
 # lists (SQLAlchemy's reflection reads an array_agg of key column names). pg_type lists them
-# (ivm/system_relations.py): asyncpg decodes text[] by itself, but for the others it first runs its type
+# (ivm/reads/system_relations.py): asyncpg decodes text[] by itself, but for the others it first runs its type
 # introspection query over pg_type (typelem, typarray) and pg_range. Other lists (of lists, structs, maps)
 # are sent as text.
 ARRAYS = {BOOL: 1000, BYTEA: 1001, INT2: 1005, INT4: 1007, TEXT: 1009, INT8: 1016, OID: 1028, FLOAT4: 1021,
@@ -77,7 +77,7 @@ def oid_of(kind: pa.DataType) -> int:
     if kind in (pa.int32(), pa.uint8(), pa.uint16()):
         return INT4
     if kind == pa.uint32():
-        # PostgreSQL's unsigned 4-byte type: the catalog's OID columns are uint32 (ivm/system_relations.py), and
+        # PostgreSQL's unsigned 4-byte type: the catalog's OID columns are uint32 (ivm/reads/system_relations.py), and
         # asyncpg's type introspection needs its oid[] results typed as oid[] (it decodes that one without asking)
         return OID
     if kind == pa.int64():

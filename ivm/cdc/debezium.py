@@ -44,9 +44,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ivm import duck
+from ivm.execute import duck
 from ivm.binder import quote
-from ivm.changes import OP
+from ivm.ingest.changes import OP
 from sql_frontend.errors import ChangeError
 from sql_frontend.plan import Column
 

@@ -94,7 +94,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ivm.binder import quote
-from ivm.changes import OP
+from ivm.ingest.changes import OP
 from sql_frontend.errors import IvmError, UnsupportedError
 
 PART_BITS = 16  # seq = commit LSN << 16 | part (parts split a transaction at a TRUNCATE)

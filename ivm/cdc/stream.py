@@ -39,7 +39,7 @@ import pyarrow as pa
 from ivm.binder import quote
 from ivm.cdc import pgoutput
 from ivm.cdc.postgres import PART_BITS
-from ivm.changes import OP
+from ivm.ingest.changes import OP
 from ivm.schema_change import is_widening
 from sql_frontend.errors import ChangeError, InternalError, IvmError
 
@@ -577,7 +577,7 @@ _NOT_ABOUT_THE_DATA = (duckdb.OutOfMemoryException, duckdb.IOException, duckdb.I
 def about_the_data(error: BaseException) -> bool:
     """Whether ``apply_changes`` refused a batch for what it holds, so that only its table should fail.
 
-    Exactly a ChangeError (ivm/changes.py: a value that does not convert to
+    Exactly a ChangeError (ivm/ingest/changes.py: a value that does not convert to
     its column, a NULL in a NOT NULL or key column, a key inserted twice or
     deleted while missing, a column the table lacks), unless DuckDB failed
     under it for want of memory, disk or time. Every other error (a full

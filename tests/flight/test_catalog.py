@@ -2,7 +2,7 @@
 
 DuckDB's own information_schema listed every Arrow input a read registered
 (``__ivm_s37_rows``, ``__scan__…``) and none of ivm's tables; these are
-ivm's relations (ivm/system_relations.py), the same on both doors.
+ivm's relations (ivm/reads/system_relations.py), the same on both doors.
 """
 
 from __future__ import annotations

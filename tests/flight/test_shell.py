@@ -3,7 +3,7 @@
 One durable server for the module, with everything a client must get
 right at once: a token, TLS (clients trust its certificate with
 --tls-root-certs) and the PostgreSQL door. The CLI runs in this process
-(``ivm.cli.main``) where that is enough, and as a process where stdin or a
+(``ivm.cli.cli.main``) where that is enough, and as a process where stdin or a
 terminal matters (the shell).
 """
 
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ivm.cli import main
+from ivm.cli.cli import main
 from tests.flight.server import ROOT, ServerProcess
 from tests.flight.test_auth_tls import make_certificate
 

@@ -1,4 +1,4 @@
-"""An oracle for interval joins of two event streams (ivm/interval_join.py).
+"""An oracle for interval joins of two event streams (ivm/streams/interval_join.py).
 
 Two watermarked APPEND ONLY streams (searches, lateness 5 s; clicks,
 lateness 3 s) get batches in turn, with out-of-order events (within the

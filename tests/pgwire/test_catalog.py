@@ -3,7 +3,7 @@
 Both list exactly the user's tables and materialized views, with PostgreSQL
 type names and primary keys, and never one of ivm's own relations (operator
 state, hidden twins of watermarked tables, the Arrow inputs a read
-registers). The relations are ivm's (ivm/system_relations.py), read-only,
+registers). The relations are ivm's (ivm/reads/system_relations.py), read-only,
 and reading them reaches no file.
 """
 

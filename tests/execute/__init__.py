@@ -1,0 +1,1 @@
+"""Tests of ivm/execute/ (compiled steps, DuckDB, Spark)."""
