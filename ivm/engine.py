@@ -43,8 +43,9 @@ from ivm.catalog import Catalog, TableDef, ViewDef
 from ivm.ingest.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
 from ivm.maintain.engine_choice import SPARK_ROWS, check_engine, choose
 from ivm.streams.event_time import (Watermarks, check_retained_reads, check_stream_table, drop_closed_windows,
-                            expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch, on_time_name,
-                            stored_watermark, watermark_batch, watermark_name)
+                                    expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch,
+                                    stored_watermark, watermark_batch)
+from ivm.streams.names import on_time_name, watermark_name
 from ivm.streams.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
                                stored_reads)
 from ivm.execute.executor import Executor, RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
@@ -428,7 +429,7 @@ class Engine:
             try:
                 started = time.perf_counter()
                 snapshot = self._initialize(view, snapshot)
-                view.cost.record_rebuild(time.perf_counter() - started, source_rows(snapshot, view))
+                view.cost.record_rebuild(time.perf_counter() - started, source_rows(snapshot, view.sources))
                 self._measure_refresh(view, snapshot)
             except BaseException:
                 for upstream in converted:  # nothing was published: undo the switch
@@ -451,7 +452,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - a SELECT that fails here leaves the view incremental (no estimate)
             view.cost.refresh_failed = True
             return
-        view.cost.estimate_refresh(seconds, source_rows(snapshot, view))
+        view.cost.estimate_refresh(seconds, source_rows(snapshot, view.sources))
 
     def _record_creation(self, view: ViewDef, snapshot: Snapshot) -> None:
         """Start the view's change history with its contents: the delta from empty."""
@@ -924,7 +925,7 @@ class Engine:
                 # A view over a RETAIN stream is never recomputed: its sources no longer hold every row it counts.
                 mode = "incremental" if self.catalog.reads_retained(view) else self.settings.maintenance
                 was_stale = is_stale(snapshot, name)
-                sizes = source_rows(snapshot, view) if mode != "incremental" or was_stale else 0
+                sizes = source_rows(snapshot, view.sources) if mode != "incremental" or was_stale else 0
                 if mode == "auto" and view.cost.recompute is None and view.cost.incremental is not None \
                         and not view.cost.refresh_failed:
                     self._measure_refresh(view, snapshot)  # e.g. after a reopen: nothing measured yet

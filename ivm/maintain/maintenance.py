@@ -107,12 +107,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from sql_frontend.errors import CatalogError
 
 if TYPE_CHECKING:
-    from ivm.catalog import ViewDef
     from storage.store import Snapshot
 
 MODES = ("auto", "incremental", "recompute")
@@ -324,5 +323,6 @@ class CostModel:
                 f"({self.rebuilds} rebuilds){last}{state}")
 
 
-def source_rows(snapshot: "Snapshot", view: "ViewDef") -> int:
-    return sum(snapshot[s].num_rows for s in view.sources)
+def source_rows(snapshot: "Snapshot", sources: Iterable[str]) -> int:
+    """The rows of a view's sources (``ViewDef.sources``): the size its costs are scaled by."""
+    return sum(snapshot[s].num_rows for s in sources)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ivm.streams.event_time import ON_TIME_PREFIX, as_time
+from ivm.streams.event_time import as_time
+from ivm.streams.names import ON_TIME_PREFIX
 
 if TYPE_CHECKING:
     from ivm.catalog import ViewDef

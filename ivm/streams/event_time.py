@@ -34,6 +34,9 @@ from sqlglot import exp
 from sql_frontend.errors import CatalogError, ChangeError, UnsupportedError
 from sql_frontend.time_windows import expand_time_windows
 from ivm.catalog import TableDef
+from ivm.streams.interval_join import KEEP_ALL, UNREAD
+from ivm.streams.names import ON_TIME_PREFIX, on_time_name, watermark_name
+from ivm.streams.window_state import closable_streams, window_local
 from sql_frontend.plan import Column
 
 EPOCH = datetime(1970, 1, 1)
@@ -139,19 +142,7 @@ __all__ = ["Watermarks", "check_appends", "check_stream_table", "max_event_us", 
 # on-time events (for its initial computation, its deltas and its lookups
 # alike); a view with ``late = 'correct'`` reads T itself.
 
-ON_TIME_PREFIX = "__ontime_"
 LATE_POLICIES = ("drop", "correct")
-
-
-def on_time_name(table: str) -> str:
-    return ON_TIME_PREFIX + table
-
-
-WATERMARK_PREFIX = "__wm_"
-
-
-def watermark_name(table: str) -> str:
-    return WATERMARK_PREFIX + table
 
 
 def hidden_defs(table: TableDef) -> list[TableDef]:
@@ -257,7 +248,6 @@ def expire_retained(table: TableDef, prepared, watermarks: "Watermarks", coder, 
     ``on_time_limit``: the on-time rows interval joins still need (ivm/streams/interval_join.py
     on_time_cutoff: UNREAD, KEEP_ALL or an event time; None: UNREAD).
     """
-    from ivm.streams.interval_join import KEEP_ALL, UNREAD  # (it imports this module)
 
     top = max(v for v in (watermarks.max_us.get(table.name), prepared.event_max) if v is not None)
     cutoff = top - table.lateness_us - table.retain_us
@@ -341,7 +331,6 @@ def closed_windows(view, query, catalog, may_store: bool = True) -> ClosedWindow
     from sql_frontend.session_windows import session_tables
     from sql_frontend.time_windows import window_sizes
 
-    from ivm.streams.window_state import closable_streams, window_local
 
     if (view.late or "drop") != "drop":
         return None  # a 'correct' view takes late events into any window

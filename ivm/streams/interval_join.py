@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ivm.streams.event_time import ON_TIME_PREFIX
+from ivm.streams.names import ON_TIME_PREFIX
 from sql_frontend.errors import SqlSyntaxError, UnsupportedError
 from sql_frontend.event_time import interval_us
 

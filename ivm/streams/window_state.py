@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from ivm.streams.event_time import on_time_name
+from ivm.streams.names import on_time_name
 from sql_frontend.plan import SPJ, Aggregate, Distinct, Node, Source, UnionAll, walk
 
 START = "window_start"
