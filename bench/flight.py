@@ -250,15 +250,17 @@ def time_pg_full_reads(conn: psycopg.Connection, rows: int, seconds: float, fetc
     return samples
 
 
-def time_pg_adbc_reads(port: int, rows: int, seconds: float) -> list[float]:
-    """The full read over pgwire into Arrow: ADBC's PostgreSQL driver (binary COPY, parsed in C)."""
+def time_pg_adbc_reads(port: int, rows: int, seconds: float, uri: str | None = None,
+                       query: str = "SELECT * FROM all_items") -> list[float]:
+    """The full read over pgwire into Arrow: ADBC's PostgreSQL driver (binary COPY, parsed in C);
+    ``uri``: another server than ivm's on ``port`` (PostgreSQL itself, for reference)."""
     samples = []
-    with adbc_pg.connect(f"postgresql://bench@127.0.0.1:{port}/ivm", autocommit=True) as conn, \
+    with adbc_pg.connect(uri or f"postgresql://bench@127.0.0.1:{port}/ivm", autocommit=True) as conn, \
             conn.cursor() as cur:
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline or len(samples) < 5:
             started = time.perf_counter()
-            cur.execute("SELECT * FROM all_items")
+            cur.execute(query)
             table = cur.fetch_arrow_table()
             samples.append(time.perf_counter() - started)
             assert table.num_rows == rows
@@ -313,16 +315,8 @@ def postgres_reference(rows: int, seconds: float) -> dict | None:
                 for row in items(np.arange(rows), np.random.default_rng(0)).drop_columns(["__op"]).to_pylist():
                     copy.write_row((row["id"], row["grp"], row["amount"]))
             version = conn.execute("SHOW server_version").fetchone()[0]
-        samples = []
-        with adbc_pg.connect(f"postgresql://postgres@/postgres?host={pg.root}&port={port}", autocommit=True) as conn, \
-                conn.cursor() as cur:
-            deadline = time.perf_counter() + seconds
-            while time.perf_counter() < deadline or len(samples) < 5:
-                started = time.perf_counter()
-                cur.execute("SELECT id, grp, amount FROM items")
-                table = cur.fetch_arrow_table()
-                samples.append(time.perf_counter() - started)
-                assert table.num_rows == rows
+        samples = time_pg_adbc_reads(port, rows, seconds, uri=f"postgresql://postgres@/postgres?host={pg.root}&port={port}",
+                                     query="SELECT id, grp, amount FROM items")
         stream = time_pg_copy_stream(port, rows, seconds, user="postgres", database="postgres", host=str(pg.root))
     return {"version": version, "adbc": quantiles(samples), "copy_stream": quantiles(stream)}
 
