@@ -17,10 +17,11 @@ WITH RECURSIVE a Recursive node (recursion).
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Protocol
+from typing import Callable
 
 from sqlglot import exp
 
+from sql_frontend.building import CatalogReader
 from sql_frontend.correlation import conjuncts
 from sql_frontend.errors import BindError, UnsupportedError
 from sql_frontend.nulls import rejected_aliases
@@ -37,26 +38,6 @@ from sql_frontend.top_k import has_limit, plan_top_k
 from sql_frontend.windows import has_windows, plan_windows
 
 AGG_ALIAS = "__agg"
-
-
-class CatalogReader(Protocol):
-    """What the planner needs from the catalog."""
-
-    def relation_columns(self, name: str) -> tuple[Column, ...]: ...
-
-    def relation_kind(self, name: str) -> str: ...
-
-    def relation_key(self, name: str) -> tuple[str, ...]: ...
-
-    def relation_not_null(self, name: str) -> frozenset[str]: ...
-
-    def relation_complete(self, name: str) -> bool: ...
-
-    def schema(self) -> dict[str, dict[str, str]]: ...
-
-    def describe(self, sql: str) -> tuple[Column, ...]: ...
-
-    def aggregate_names(self) -> frozenset[str]: ...
 
 
 class Builder:

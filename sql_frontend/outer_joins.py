@@ -34,7 +34,7 @@ from sql_frontend.scope import FromClause, flat_name
 from sql_frontend.statements import DIALECT
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 SIDES = ("left", "right", "full")
 
@@ -47,7 +47,7 @@ def typed_null(type_sql: str) -> exp.Expression:
     return exp.cast(exp.null(), exp.DataType.build(type_sql, dialect=DIALECT))
 
 
-def outer_join(b: "Builder", fc: FromClause, alias: str, node: Node, on: exp.Expression | None, side: str) -> None:
+def outer_join(b: "Building", fc: FromClause, alias: str, node: Node, on: exp.Expression | None, side: str) -> None:
     """Join ``node`` (as ``alias``) to everything in ``fc`` with a ``side`` OUTER JOIN."""
     if on is not None and on.find(exp.Subquery, exp.Exists) is not None:
         raise UnsupportedError("a subquery in the ON condition of an OUTER JOIN is not supported in a materialized view")
@@ -108,7 +108,7 @@ def _key(cond: exp.EQ, preserved: set[str], other: set[str]) -> tuple[exp.Expres
     return None
 
 
-def unmatched(b: "Builder", preserved: FromClause, other: FromClause, conds: list[exp.Expression]) -> list[Node]:
+def unmatched(b: "Building", preserved: FromClause, other: FromClause, conds: list[exp.Expression]) -> list[Node]:
     """Nodes holding the rows of ``preserved`` that match no row of ``other``."""
     p_aliases, o_aliases = set(preserved.aliases), set(other.aliases)
     p_only, o_only, pairs, residual = split_on(conds, p_aliases, o_aliases)

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 from sqlglot import exp
 
-from sql_frontend.builder import Builder, CatalogReader, unique_name
+from sql_frontend.builder import Builder, unique_name
+from sql_frontend.building import CatalogReader
 from sql_frontend.correlation import conjuncts as conjuncts_of
 from sql_frontend.errors import BindError
 from sql_frontend.factor_or import factor_disjunctions

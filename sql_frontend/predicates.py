@@ -44,7 +44,7 @@ from sql_frontend.scope import FromClause, flat_name
 from sql_frontend.statements import DIALECT
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 RIGHT_INPUT = "__q"
 
@@ -69,14 +69,14 @@ def is_predicate(conjunct: exp.Expression) -> bool:
     return isinstance(e, exp.Exists) or (isinstance(e, exp.In) and e.args.get("query") is not None)
 
 
-def from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Predicate:
+def from_conjunct(b: "Building", conjunct: exp.Expression, outer: set[str]) -> Predicate:
     predicate = _from_conjunct(b, conjunct, outer)
     text = conjunct.sql("duckdb")
     predicate.origin = text if len(text) <= 100 else text[:97] + "..."
     return predicate
 
 
-def _from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> Predicate:
+def _from_conjunct(b: "Building", conjunct: exp.Expression, outer: set[str]) -> Predicate:
     e = conjunct.unnest()
     negated = isinstance(e, exp.Not)
     if negated:
@@ -88,7 +88,7 @@ def _from_conjunct(b: "Builder", conjunct: exp.Expression, outer: set[str]) -> P
     return _in(b, e.this, query, outer, negated)
 
 
-def from_join(b: "Builder", item: exp.Expression, on: exp.Expression | None, outer: set[str], anti: bool) -> Predicate:
+def from_join(b: "Building", item: exp.Expression, on: exp.Expression | None, outer: set[str], anti: bool) -> Predicate:
     """``FROM … SEMI|ANTI JOIN item ON on``: the same as [NOT] EXISTS (SELECT 1 FROM item WHERE on)."""
     body = exp.select(exp.Literal.number(1)).from_(item.copy())
     if on is not None:
@@ -98,7 +98,7 @@ def from_join(b: "Builder", item: exp.Expression, on: exp.Expression | None, out
     return predicate
 
 
-def _exists(b: "Builder", query: exp.Expression, outer: set[str], anti: bool) -> Predicate:
+def _exists(b: "Building", query: exp.Expression, outer: set[str], anti: bool) -> Predicate:
     what = "NOT EXISTS subquery" if anti else "EXISTS subquery"
     if not is_correlated(query):
         return Predicate(right=b.typed(b.query(query)), pairs=[], anti=anti)
@@ -107,7 +107,7 @@ def _exists(b: "Builder", query: exp.Expression, outer: set[str], anti: bool) ->
     return _decorrelated(b, select, corr, extra=[], anti=anti)
 
 
-def _in(b: "Builder", x: exp.Expression, query: exp.Expression, outer: set[str], negated: bool) -> Predicate:
+def _in(b: "Building", x: exp.Expression, query: exp.Expression, outer: set[str], negated: bool) -> Predicate:
     what = "NOT IN (subquery)" if negated else "IN (subquery)"
     if isinstance(x, exp.Tuple):
         raise UnsupportedError(f"{what} over several columns is not supported in a materialized view")
@@ -144,7 +144,7 @@ def _plain_select(query: exp.Expression, what: str) -> exp.Select:
     return query
 
 
-def _decorrelated(b: "Builder", select: exp.Select, corr, extra, anti: bool) -> Predicate:  # noqa: ANN001
+def _decorrelated(b: "Building", select: exp.Select, corr, extra, anti: bool) -> Predicate:  # noqa: ANN001
     """The subquery without its correlation, selecting the keys and what the residual reads."""
     local = local_aliases(select)
     outputs = [(f"__rk{i}", inner) for i, (inner, _) in enumerate(corr.pairs)] + list(extra)
@@ -178,7 +178,7 @@ class _Keys:
 
 
 def apply(
-    b: "Builder", fc: FromClause, where: list[exp.Expression], predicates: list[Predicate],
+    b: "Building", fc: FromClause, where: list[exp.Expression], predicates: list[Predicate],
     read_later: list[exp.Expression],
 ) -> None:
     """Filter everything in ``fc`` (and ``where``) by ``predicates``; ``fc`` becomes one input.
@@ -247,7 +247,7 @@ def _split(pairs: list[tuple[str, str, bool]]) -> _Keys:
     return out
 
 
-def _semi(b: "Builder", left: Node, right: Node, pairs, residual, anti: bool, origin: str) -> Node:  # noqa: ANN001
+def _semi(b: "Building", left: Node, right: Node, pairs, residual, anti: bool, origin: str) -> Node:  # noqa: ANN001
     k = _split(pairs)
     condition = residual + k.equalities
     return b.typed(SemiJoin(left, right, tuple(k.keys), exp.and_(*condition) if condition else None, anti,
@@ -261,7 +261,7 @@ def _filtered(node: Node, name: str, is_null: bool) -> SPJ:
     return SPJ((("__n", node),), test, tuple((c, column(c, "__n")) for c in node.column_names))
 
 
-def _not_in(b: "Builder", left: Node, right: Node, pairs, residual, origin: str) -> Node:  # noqa: ANN001
+def _not_in(b: "Building", left: Node, right: Node, pairs, residual, origin: str) -> Node:  # noqa: ANN001
     """x NOT IN (S) with SQL's NULL semantics, as anti joins (see the module docstring)."""
     *correlation, (x, y, _) = pairs
     x_never_null, y_never_null = never_null(left, x), never_null(right, y)

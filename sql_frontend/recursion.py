@@ -29,7 +29,7 @@ from sql_frontend.plan_sql import render
 from sql_frontend.statements import normalize_name
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 
 def is_recursive(q: exp.Expression) -> bool:
@@ -45,7 +45,7 @@ def _reads(query: exp.Expression, name: str) -> int:
 
 
 @contextlib.contextmanager
-def bound(builder: "Builder", name: str, node: Node) -> Iterator[None]:
+def bound(builder: "Building", name: str, node: Node) -> Iterator[None]:
     """Plan FROM references to ``name`` as ``node`` while inside the block."""
     saved = builder.bound.get(name)
     builder.bound[name] = node
@@ -58,7 +58,7 @@ def bound(builder: "Builder", name: str, node: Node) -> Iterator[None]:
             builder.bound[name] = saved
 
 
-def plan_recursive(builder: "Builder", q: exp.Select) -> Node:
+def plan_recursive(builder: "Building", q: exp.Select) -> Node:
     """The plan of ``WITH RECURSIVE r AS (...) SELECT … FROM r`` (see the module docstring)."""
     (cte,) = q.args["with_"].expressions
     name = normalize_name(cte.alias)
@@ -72,7 +72,7 @@ def plan_recursive(builder: "Builder", q: exp.Select) -> Node:
         return builder.query(outer)
 
 
-def _recursive_node(builder: "Builder", cte: exp.CTE, name: str) -> Recursive:
+def _recursive_node(builder: "Building", cte: exp.CTE, name: str) -> Recursive:
     body = cte.this
     if not isinstance(body, exp.Union):
         raise UnsupportedError(

@@ -31,7 +31,7 @@ from sql_frontend.plan import Node
 from sql_frontend.plan_sql import column
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 
 @dataclass
@@ -73,7 +73,7 @@ def inside_aggregate(sub: exp.Subquery) -> bool:
 
 
 def hoist(
-    b: "Builder",
+    b: "Building",
     expression: exp.Expression,
     outer: set[str],
     hoisted: list[Hoisted],
@@ -124,7 +124,7 @@ def _aggregate_select(query: exp.Expression) -> exp.Select:
     return query
 
 
-def _grouped(b: "Builder", select: exp.Select, outer: set[str], alias: str):  # noqa: ANN202
+def _grouped(b: "Building", select: exp.Select, outer: set[str], alias: str):  # noqa: ANN202
     """(the subquery's value over the grouped node, the node, join pairs)."""
     corr = split_correlation(select, outer, "scalar subquery")
     if corr.residual:

@@ -21,7 +21,7 @@ from sql_frontend.plan import SPJ, Node, SortKey, TopK
 from sql_frontend.plan_sql import column
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 TOP = "__top"
 
@@ -66,7 +66,7 @@ def output_names(q: exp.Expression) -> list[str]:
     return [p.alias_or_name for p in q.expressions]
 
 
-def plan_top_k(builder: "Builder", q: exp.Expression) -> Node:
+def plan_top_k(builder: "Building", q: exp.Expression) -> Node:
     """The plan of a query with LIMIT/OFFSET (see the module docstring)."""
     order = q.args.get("order")
     if order is None or not order.expressions:

@@ -28,7 +28,7 @@ from sql_frontend.plan import SPJ, WINDOW_INPUT, Distinct, Node, Window
 from sql_frontend.plan_sql import column
 
 if TYPE_CHECKING:
-    from sql_frontend.builder import Builder
+    from sql_frontend.building import Building
 
 WINDOWED = "__win"  # alias of the window node's output in the outer SPJ
 
@@ -78,7 +78,7 @@ NAMED_WINDOW = ("a named window (WINDOW clause) is not supported in a materializ
                 "write the window in OVER (...)")
 
 
-def plan_windows(builder: "Builder", sel: exp.Select) -> Node:
+def plan_windows(builder: "Building", sel: exp.Select) -> Node:
     """The plan of a SELECT with window functions (see the module docstring)."""
     if sel.args.get("windows"):
         raise UnsupportedError(NAMED_WINDOW)
