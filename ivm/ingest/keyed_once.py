@@ -91,7 +91,9 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     wanted = batch.schema
     if any(olds.schema.field(n).type != wanted.field(n).type for n in names):
         olds = olds.cast(pa.schema([wanted.field(n) for n in names] + [olds.schema.field(RUN), olds.schema.field(POS)]))
-    news = batch.select(names).take(inserted)
+    news = batch.select(names)
+    if len(inserted) < batch.num_rows:  # (all of them, in order: the usual upsert batch, no copy)
+        news = news.take(inserted)
     wrong = np.flatnonzero(bad)
     errors = batch.select(names + [OP, SEQ])
     errors = (errors.take(wrong) if len(wrong) else errors.slice(0, 0)).rename_columns(names + [ERROR, SEQ])
