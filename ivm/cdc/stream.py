@@ -31,20 +31,51 @@ import select
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import queue
+from typing import Any, ContextManager, Iterator, Protocol
 
 import duckdb
 import pyarrow as pa
 
 from ivm.binder import quote
 from ivm.cdc import pgoutput
-from ivm.cdc.postgres import PART_BITS
+from ivm.cdc.upstream import PART_BITS, Refresh, SourceError, describe_table, duck_type, lsn_int, lsn_text
 from ivm.ingest.changes import OP
 from ivm.schema_change import is_widening
 from sql_frontend.errors import ChangeError, InternalError, IvmError
 
-if TYPE_CHECKING:
-    from ivm.cdc.postgres import Refresh, Replicator
+
+class Slot(Protocol):
+    name: str  # the source's
+    publication: str
+    slot: str
+
+
+class Replicating(Protocol):
+    """The source's replicator as its stream sees it (ivm/cdc/postgres.py ``Replicator``): the database
+    it feeds, its state and progress files, and its connections to the upstream PostgreSQL."""
+
+    db: Any  # the ivm Database (ivm/database.py), through its public methods only
+    config: Slot
+    state: dict
+    progress: dict
+    requests: queue.Queue  # Refresh requests, served between two transactions
+    batch_rows: int
+    batch_seconds: float
+
+    def save(self) -> None: ...
+
+    def report(self, force: bool = False) -> None: ...
+
+    def connect(self) -> Any: ...
+
+    def replication_connection(self) -> Any: ...
+
+    def create_slot(self, replication, slot: str, temporary: bool = False) -> tuple[int, str]: ...
+
+    def reading(self, snapshot_name: str) -> ContextManager[Any]: ...
+
+    def copy_rows(self, cur, upstream: str, table: dict) -> Iterator[pa.Table]: ...
 
 log = logging.getLogger("ivm.sources")
 
@@ -67,11 +98,8 @@ class Transaction:
 
 
 class Stream:
-    def __init__(self, replicator: "Replicator", connection):
-        from ivm.cdc.postgres import SourceError, lsn_int
-
+    def __init__(self, replicator: Replicating, connection):
         self.r, self.connection = replicator, connection
-        self.SourceError, self.lsn_int = SourceError, lsn_int
         self.by_upstream = replicator.state["tables"]
         self.relations: dict[int, dict] = {}  # oid -> the table, with the columns its changes are decoded with now
         self.tx: Transaction | None = None
@@ -119,7 +147,7 @@ class Stream:
             if message is not None:
                 try:
                     self._on(pgoutput.decode(message.payload))
-                except self.SourceError:
+                except SourceError:
                     self._flush()  # keep (and confirm) every transaction committed before the problem
                     raise
                 self.r.progress["received_lsn"] = self._text(cursor.wal_end)
@@ -135,14 +163,14 @@ class Stream:
             self.r.report()
             select.select([self.connection], [], [], 0.2)
 
-    def _serve(self, request: "Refresh") -> None:
+    def _serve(self, request: Refresh) -> None:
         """Do what another thread asked (ALTER SOURCE … REFRESH TABLE); its error goes to it, not the source."""
         try:
             self.refresh(request.table)
         except Exception as e:  # noqa: BLE001 - reported to the statement that asked
             request.error = e
         except BaseException:  # the stream is being stopped: so is the request
-            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+            request.error = SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
                                              "stopped during it")
             raise
         finally:
@@ -152,12 +180,11 @@ class Stream:
         """The stream stops: a request still waiting will not be served."""
         while not self.r.requests.empty():
             request = self.r.requests.get()
-            request.error = self.SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
+            request.error = SourceError(f"cannot refresh table {request.table}: source {self.r.config.name} "
                                              "stopped before it could")
             request.done.set()
 
     def _text(self, lsn: int) -> str:
-        from ivm.cdc.postgres import lsn_text
 
         return lsn_text(lsn)
 
@@ -166,7 +193,7 @@ class Stream:
         confirmed = progress.get("confirmed_lsn")
         wal_end = self.cursor.wal_end
         if confirmed and wal_end:
-            progress["lag_bytes"] = max(0, wal_end - self.lsn_int(confirmed)) if self.pending or self.tx else 0
+            progress["lag_bytes"] = max(0, wal_end - lsn_int(confirmed)) if self.pending or self.tx else 0
         oldest = self.pending[0].commit_time if self.pending else None
         progress["lag_seconds"] = round(time.time() - oldest, 3) if oldest else 0.0
 
@@ -199,7 +226,7 @@ class Stream:
         upstream = f"{m.namespace}.{m.name}"
         table = self.by_upstream.get(upstream)
         if table is None:
-            raise self.SourceError(f"upstream table {upstream} was added to publication {self.r.config.publication} "
+            raise SourceError(f"upstream table {upstream} was added to publication {self.r.config.publication} "
                                    "after the snapshot; drop and create the source again to include it")
         seen = [(name.lower(), oid, typmod) for name, oid, typmod, _ in m.columns]
         current = self.relations.get(m.oid, table)["columns"]  # this session's decoding, else the table's
@@ -216,7 +243,6 @@ class Stream:
 
     def _columns(self, upstream: str, seen: list[tuple[str, int, int]]) -> list[dict]:
         """The columns of a Relation message as the state records them (type None: one ivm cannot hold)."""
-        from ivm.cdc.postgres import duck_type
 
         with self._catalog_cursor() as cur:
             cur.execute("SELECT format_type(o, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY AS x(o, m, i) "
@@ -248,7 +274,7 @@ class Stream:
             if pgoutput.UNCHANGED in new:
                 if m.old_kind != "O":
                     column = names[new.index(pgoutput.UNCHANGED)]
-                    raise self.SourceError(f"an update of {table['table']} left the large (TOASTed) value of column "
+                    raise SourceError(f"an update of {table['table']} left the large (TOASTed) value of column "
                                            f"{column} out; set REPLICA IDENTITY FULL on the upstream table")
                 new = [o if v is pgoutput.UNCHANGED else v for v, o in zip(new, m.old)]
             moved = not key or (m.old is not None and any(m.old[i] != new[i] for i in key))
@@ -365,7 +391,6 @@ class Stream:
         """
         import psycopg2
 
-        from ivm.cdc.postgres import describe_table
 
         upstream, definition = next((u, t) for u, t in self.by_upstream.items() if t["table"] == table)
         name = self.r.config.name
@@ -383,11 +408,11 @@ class Stream:
                 cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
                             "tablename = %s", (self.r.config.publication, schema, relation))
                 if cur.fetchone() is None:
-                    raise self.SourceError(f"upstream table {upstream} is no longer in publication "
+                    raise SourceError(f"upstream table {upstream} is no longer in publication "
                                            f"{self.r.config.publication}")
                 now = describe_table(cur, schema, relation)
                 if now["key"] != definition["key"]:
-                    raise self.SourceError(f"upstream table {upstream} now has {_key_text(now['key'])} where "
+                    raise SourceError(f"upstream table {upstream} now has {_key_text(now['key'])} where "
                                            f"table {table} has {_key_text(definition['key'])}, which ivm cannot "
                                            f"follow (DROP SOURCE {name}, DROP TABLE {table}, CREATE SOURCE again)")
                 columns = now["columns"]
@@ -404,7 +429,7 @@ class Stream:
                 batch = self._replacement(definition, list(self.r.copy_rows(cur, upstream, definition)))
             seq = (consistent - 1) << PART_BITS | ((1 << PART_BITS) - 1)
             if seq <= self.applied[table]:  # cannot be: the stream applied only what committed before the slot
-                raise self.SourceError(f"table {table} has applied changes up to seq {self.applied[table]}, at or "
+                raise SourceError(f"table {table} has applied changes up to seq {self.applied[table]}, at or "
                                        f"after the snapshot's consistent point {self._text(consistent)}")
             self.r.db.apply_changes(table, batch, source=self.source(table), seq=seq)
             self.applied[table] = seq
@@ -413,7 +438,7 @@ class Stream:
             if table in self.failed and not was_failed:  # marked above, altered: the table stays failed
                 self._fail(upstream, definition, f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}")
             state = "is still failed" if table in self.failed else "follows upstream as before"
-            raise self.SourceError(f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}; the table {state}") \
+            raise SourceError(f"ALTER SOURCE {name} REFRESH TABLE {table} failed: {why}; the table {state}") \
                 from e
         finally:
             replication.close()  # which drops the temporary slot
@@ -486,28 +511,28 @@ class Stream:
         names = [c["name"] for c in columns]
         unsupported = [c for c in columns if c["type"] is None]
         if unsupported:
-            raise self.SourceError(f"column {unsupported[0]['name']} of upstream table {upstream} now has type "
+            raise SourceError(f"column {unsupported[0]['name']} of upstream table {upstream} now has type "
                                    f"{unsupported[0]['pg_type']}, which ivm cannot replicate")
         added = [c for c in columns if c["name"] not in local]
         kept = [n for n in local if n in names]
         if names != kept + [c["name"] for c in added]:
-            raise self.SourceError(f"upstream table {upstream} has columns {', '.join(names)} where ivm's table "
+            raise SourceError(f"upstream table {upstream} has columns {', '.join(names)} where ivm's table "
                                    f"{table} has {', '.join(local)}: columns renamed or reordered, which ivm cannot "
                                    "follow")
         dropped = [n for n in local if n not in names]
         retyped = [c for c in columns if c["name"] in local and local[c["name"]] != c["type"]]
         for column in retyped:
             if not is_widening(local[column["name"]], column["type"]):
-                raise self.SourceError(f"column {column['name']} of {table} cannot change from "
+                raise SourceError(f"column {column['name']} of {table} cannot change from "
                                        f"{local[column['name']]} to {column['type']}: ivm changes a column's type only "
                                        "to a wider one")
         for name in dropped:
             if name in definition["key"]:
-                raise self.SourceError(f"column {name} of upstream table {upstream} was dropped, and it is part of "
+                raise SourceError(f"column {name} of upstream table {upstream} was dropped, and it is part of "
                                        f"the primary key of {table}")
             readers = db.views_reading(table, name)
             if readers:
-                raise self.SourceError(f"cannot drop column {name} of table {table}: materialized view(s) "
+                raise SourceError(f"cannot drop column {name} of table {table}: materialized view(s) "
                                        f"{', '.join(readers)} read it (drop them, or change upstream back)")
         facts = self._added_facts(upstream, [c["name"] for c in added]) if added and not rows_replaced else {}
         recorded = {c["name"]: c.get("attnum") for c in definition["columns"]}
@@ -521,13 +546,13 @@ class Stream:
                 continue
             attnum, missing, has_default = facts.get(column["name"], (None, None, False))
             if attnum is None:
-                raise self.SourceError(f"column {column['name']} of upstream table {upstream} is gone upstream "
+                raise SourceError(f"column {column['name']} of upstream table {upstream} is gone upstream "
                                        "again: the value its existing rows had cannot be known")
             if newest is not None and attnum <= newest:  # a renamed column keeps its number
-                raise self.SourceError(f"column {column['name']} of upstream table {upstream} is not new (it was "
+                raise SourceError(f"column {column['name']} of upstream table {upstream} is not new (it was "
                                        "renamed), which ivm cannot follow")
             if missing is None and has_default and db.sql(f"SELECT COUNT(*) FROM {quote(table)}").column(0)[0].as_py():
-                raise self.SourceError(f"column {column['name']} of upstream table {upstream} was added with a "
+                raise SourceError(f"column {column['name']} of upstream table {upstream} was added with a "
                                        "volatile DEFAULT: PostgreSQL rewrote the existing rows without replicating "
                                        "their values")
             default = "" if missing is None else " DEFAULT '" + missing.replace("'", "''") + "'"
