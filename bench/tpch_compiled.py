@@ -47,7 +47,7 @@ class Census:
         self.active = False
 
     def install(self) -> None:
-        census, run, query = self, ex.StepRunner.run, ex.Executor._query
+        census, run, query = self, ex.StepRunner.run, ex.Executor.query
 
         def labelled_run(self, program, inputs, snapshot, label="", progress=None):  # noqa: ANN001, ANN202
             self._census_label = label
@@ -60,7 +60,7 @@ class Census:
                 census.record(self, step, getattr(self, "_census_label", label), self.counts - before)
             return result
 
-        ex.StepRunner.run, ex.Executor._query = labelled_run, counted_query
+        ex.StepRunner.run, ex.Executor.query = labelled_run, counted_query
 
     def record(self, executor: ex.Executor, step, label: str, delta: Counter) -> None:  # noqa: ANN001
         view = label.removeprefix("view ")

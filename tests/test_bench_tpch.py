@@ -133,7 +133,7 @@ def test_compiled_census_counts_runs_by_view_path_and_reason(monkeypatch):
     from bench.tpch_compiled import Census, construct
     from ivm.execute import executor as ex
 
-    monkeypatch.setattr(ex.Executor, "_query", ex.Executor._query)  # restored after the test
+    monkeypatch.setattr(ex.Executor, "query", ex.Executor.query)  # restored after the test
     monkeypatch.setattr(ex.StepRunner, "run", ex.StepRunner.run)
     census = Census()
     census.install()

@@ -33,14 +33,14 @@ def numbered_t(x_type: str, view: str):  # noqa: ANN201
 def rows_out(monkeypatch):
     """The rows each Query step of a maintenance run returned: [(note, rows)]."""
     seen: list[tuple[str, int]] = []
-    query = executor.Executor._query
+    query = executor.Executor.query
 
     def recorded(self, step, temps, snapshot, registered, label):  # noqa: ANN001, ANN202
         result = query(self, step, temps, snapshot, registered, label)
         seen.append((step.note, result.num_rows))
         return result
 
-    monkeypatch.setattr(executor.Executor, "_query", recorded)
+    monkeypatch.setattr(executor.Executor, "query", recorded)
     return seen
 
 

@@ -272,7 +272,7 @@ class StepRunner:
 
     Everything but a Query is engine-neutral (lookups in the relations' numpy
     indexes, stacks in Arrow, loops, the Replace bookkeeping), so every engine
-    shares it and differs only in how it runs a Query (``_query``).
+    shares it and differs only in how it runs a Query (``query``).
     """
 
     engine = "?"
@@ -315,17 +315,17 @@ class StepRunner:
             if program.output is not None:
                 temps[program.output] = temps[program.output]  # on the driver before release
         finally:
-            self._release(registered)
+            self.release(registered)
         return temps, [c for c in changes if c is not None]
 
     def _temps(self, inputs: dict[str, pa.Table], label: str) -> dict[str, pa.Table]:
         """The run's temporaries, starting with its inputs (engines may hold some lazily)."""
         return dict(inputs)
 
-    def _release(self, registered: dict[str, pa.Table]) -> None:
+    def release(self, registered: dict[str, pa.Table]) -> None:
         """Drop what one run registered with the engine."""
 
-    def _query(
+    def query(
         self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table], label: str
     ) -> pa.Table:
         raise NotImplementedError
@@ -336,7 +336,7 @@ class StepRunner:
             if isinstance(step, Lookup):
                 temps[step.out] = self._shared_lookup(step, temps, snapshot)
             elif isinstance(step, Query):
-                temps[step.out] = self._query(step, temps, snapshot, registered, label)
+                temps[step.out] = self.query(step, temps, snapshot, registered, label)
             elif isinstance(step, Stack):
                 temps[step.out] = self._stack(step, temps)
             elif isinstance(step, Loop):
@@ -492,7 +492,7 @@ class Executor(StepRunner):
             return f"duckdb: {state.reason}"
         return "duckdb: first run (compiled from the next, if its types allow)"
 
-    def _release(self, registered: dict[str, pa.Table]) -> None:
+    def release(self, registered: dict[str, pa.Table]) -> None:
         for name in registered:
             self.con.unregister(name)
 
@@ -546,7 +546,7 @@ class Executor(StepRunner):
         self.con.execute(f'PREPARE "{prepared.statement}" AS {render(tree, DIALECT)}')
         return prepared
 
-    def _query(
+    def query(
         self, step: Query, temps: dict[str, pa.Table], snapshot: Snapshot, registered: dict[str, pa.Table], label: str
     ) -> pa.Table:
         state = self._state(step)

@@ -136,15 +136,15 @@ def test_backfill_progress_is_in_status_while_a_view_is_first_computed(monkeypat
     with ivm.connect() as db:
         db.execute(ORDERS)
         db.execute("INSERT INTO orders VALUES (1, 7, 9.5), (2, 7, 1.0), (3, 8, 2.0)")
-        original = Executor._query
+        original = Executor.query
 
         def observed(self, step, *args):
             seen.append(dict(db.status()["backfills"].get("t", {})))
             return original(self, step, *args)
 
-        monkeypatch.setattr(Executor, "_query", observed)
+        monkeypatch.setattr(Executor, "query", observed)
         db.execute(f"CREATE MATERIALIZED VIEW t AS {TOTALS}")
-        monkeypatch.setattr(Executor, "_query", original)
+        monkeypatch.setattr(Executor, "query", original)
         assert db.status()["backfills"] == {}  # done: nothing in progress
     assert seen and all(s["engine"] == "duckdb" and s["input_rows"] == 3 for s in seen)
     steps = [s["step"] for s in seen]

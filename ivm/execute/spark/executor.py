@@ -89,7 +89,7 @@ class SparkExecutor(StepRunner):
         self._columns: dict[str, set[str] | None] = {}
         self._driver: dict[str, set[str] | None] | None = None  # driver_columns(program)
         self._names: dict[str, str] = {}  # temporary or scan name -> its Spark view name
-        self._cached: list = []  # checkpoints this run made (_cache), dropped by _release
+        self._cached: list = []  # checkpoints this run made (_cache), dropped by release
 
     def run(self, program, inputs, snapshot, label="", progress=None):
         if self._program is not program:  # the same program runs every batch: analyse it once
@@ -180,7 +180,7 @@ class SparkExecutor(StepRunner):
     def _on_driver(self, name: str, temps: SparkTemps) -> bool:
         return name in temps and not temps.lazy(name)
 
-    def _query(self, step: Query, temps: SparkTemps, snapshot: Snapshot,
+    def query(self, step: Query, temps: SparkTemps, snapshot: Snapshot,
                registered: dict[str, object], label: str):
         """The step's result as a lazy DataFrame (see temps.py), collected now if several steps read it."""
         text, inputs, empty = self._text(step)
@@ -217,9 +217,9 @@ class SparkExecutor(StepRunner):
         """Run a step on stored state with the driver's executor, collecting the change it reads from Spark."""
         registered: dict[str, pa.Table] = {}
         try:
-            result = self.driver._query(step, temps, snapshot, registered, label)
+            result = self.driver.query(step, temps, snapshot, registered, label)
         finally:
-            self.driver._release(registered)
+            self.driver.release(registered)
         self.driver_steps += 1
         return result
 
@@ -234,7 +234,7 @@ class SparkExecutor(StepRunner):
         physical plan is made now, so under SMALL_PLAN's settings; readers
         see one partition. Only small plans: for a plan over stored
         relations, readers planned against a cached size estimate shuffled
-        where they broadcast (session 3). Dropped when the run ends (``_release``).
+        where they broadcast (session 3). Dropped when the run ends (``release``).
 
         The collect brings only the columns driver steps read (``driver_columns``:
         a join term's lookups read its 2-3 key columns of 6), at least one (the
@@ -252,7 +252,7 @@ class SparkExecutor(StepRunner):
     def _steps_run(self, steps, temps, snapshot, registered, label) -> None:
         for step in steps:
             if isinstance(step, Query):
-                dict.__setitem__(temps, step.out, self._query(step, temps, snapshot, registered, label))
+                dict.__setitem__(temps, step.out, self.query(step, temps, snapshot, registered, label))
             elif isinstance(step, Lookup):
                 dict.__setitem__(temps, step.out, self._lookup(step, temps, snapshot))
             else:
@@ -270,7 +270,7 @@ class SparkExecutor(StepRunner):
             frame.createOrReplaceTempView(spark_name)
             registered[spark_name] = frame
 
-    def _release(self, registered: dict[str, object]) -> None:
+    def release(self, registered: dict[str, object]) -> None:
         for name in registered:
             self.spark.catalog.dropTempView(name)
         for frame in self._cached:  # a checkpoint's plan is a LogicalRDD over the persisted rows
