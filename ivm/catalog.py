@@ -23,6 +23,12 @@ from ivm.binder import Binder
 from ivm.maintain.maintenance import CostModel
 
 
+def check_name(name: str, what: str) -> None:
+    """Names ivm keeps for itself (hidden tables start with __) or cannot quote in a path are refused."""
+    if name.startswith("__") or "." in name or not name:
+        raise CatalogError(f"{what} name {name!r} is reserved (names may not start with __ or contain '.')")
+
+
 FIRST_OID = 16384  # PostgreSQL's first OID for user objects
 OID_STRIDE = 4  # OIDs per relation (``Catalog.oids``)
 

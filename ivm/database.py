@@ -55,7 +55,8 @@ from ivm.binder import quote
 from ivm.reads.changefeed import ViewChanges
 from ivm.catalog import TableDef
 from ivm.ingest.changes import OP
-from ivm.engine import Engine, Settings
+from ivm.engine import Engine
+from ivm.settings import Settings
 from ivm.maintain.engine_choice import check_engine, describe as describe_engine
 from ivm.maintain.maintenance import check_mode
 from ivm.view_definition import define_view
@@ -746,7 +747,7 @@ def _is_moving_update(batch: pa.Table) -> bool:
 def connect(path: str | os.PathLike | None = None, **options: Any) -> Database:
     """Open a database: in memory when ``path`` is None, else durable in that directory.
 
-    Options (see ``ivm.engine.Settings``): threads; engine ("duckdb",
+    Options (see ``ivm.settings.Settings``): threads; engine ("duckdb",
     "spark" or "auto", see ivm/maintain/engine_choice.py), spark_conf (Spark settings
     passed through, e.g. {"spark.master": "spark://127.0.0.1:7077"}), spark_rows
     (the "auto" threshold); ingest_nice (in memory, 0-19: batches applied

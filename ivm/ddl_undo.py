@@ -23,13 +23,26 @@ restored catalog for the failed one), and so does the store's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ivm.catalog import TableDef, ViewDef
-from storage.store import Snapshot
+from ivm.catalog import Catalog, TableDef, ViewDef
+from ivm.streams.event_time import Watermarks
+from storage.relation import Relation
+from storage.store import Snapshot, Store
+from storage.view_history import ViewHistory
 
-if TYPE_CHECKING:
-    from ivm.durable.durable import DurableEngine
+
+class Undoable(Protocol):
+    """What a DDL statement may change, and so what undoing it puts back (the durable engine has it)."""
+
+    catalog: Catalog
+    store: Store
+    history: ViewHistory
+    watermarks: Watermarks
+    failed: dict[str, str]
+    generation: str
+    offset: int
+    heads: dict[str, Relation]
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ class CatalogState:
     oids: dict[str, int]
 
     @staticmethod
-    def capture(engine: "DurableEngine") -> "CatalogState":
+    def capture(engine: Undoable) -> "CatalogState":
         catalog = engine.catalog
         return CatalogState(
             tables=dict(catalog.tables), views=dict(catalog.views),
@@ -55,7 +68,7 @@ class CatalogState:
             generation=engine.generation, oids=dict(catalog.oids),
         )
 
-    def restore(self, engine: "DurableEngine") -> None:
+    def restore(self, engine: Undoable) -> None:
         """Put the engine back as captured (the caller holds the write and fold locks)."""
         catalog = engine.catalog
         before = {**self.tables, **self.views}

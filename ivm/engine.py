@@ -14,16 +14,11 @@ nothing. Readers never take the lock: they read the published snapshot.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections import Counter
-from pathlib import Path
-from dataclasses import dataclass, field
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,17 +34,20 @@ from storage.zset import EVERY, WEIGHT, consolidate, count_rows
 from ivm.execute import duck
 from ivm.ingest import keyed_once
 from ivm.binder import Binder, quote
-from ivm.catalog import Catalog, TableDef, ViewDef
-from ivm.ingest.changes import ChangeApplier, ChangeNormalizer, ZsetChange, as_table, missing_delete_policy
-from ivm.maintain.engine_choice import SPARK_ROWS, check_engine, choose
+from ivm.catalog import Catalog, TableDef, ViewDef, check_name
+from ivm.settings import Settings, spill_of
+from ivm.execute.worker import LARGE_BATCH, Worker
+from ivm.ingest.prepared import Prepared
+from ivm.ingest.changes import as_table, missing_delete_policy
+from ivm.maintain.engine_choice import check_engine, choose
 from ivm.streams.event_time import (Watermarks, check_retained_reads, check_stream_table, drop_closed_windows,
-                                    expire_retained, expire_rows, hidden_defs, late_counter, max_event_us, on_time_batch,
+                                    expire_retained, expire_rows, hidden_defs, max_event_us, on_time_batch,
                                     stored_watermark, watermark_batch)
 from ivm.streams.names import on_time_name, watermark_name
-from ivm.streams.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, expired_counter, on_time_cutoff,
+from ivm.streams.interval_join import (KEEP_ALL, UNREAD, check_expired_reads, on_time_cutoff,
                                stored_reads)
-from ivm.execute.executor import Executor, RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
-from ivm.ingest.group_commit import Committer, take_and_commit
+from ivm.execute.executor import RowChanges, StepRunner, commit_row_changes, planned_status, with_program_indexes
+from ivm.ingest.group_commit import Committer, OwnedLock, take_and_commit
 from ivm.ingest.ingest_group import Pending, Ticket
 from ivm.maintain.maintenance import check_mode, source_rows
 from ivm.ingest.producers import Producers, check_producer
@@ -59,106 +57,9 @@ from ivm.reads.reads import Reader
 from ivm.view_definition import define_view
 from ivm.maintain.recompute import is_stale, operator_states, rebuild, refresh, time_select, with_stale
 from ivm.schema_change import BrokenView, altered_definition, altered_rows, replanned
-from storage.view_history import DEFAULT_RETAIN_ROWS, ViewHistory
-from storage.keys import KeyCoder
+from storage.view_history import ViewHistory
 from storage.relation import Relation
-from storage.spill import Spill
 from storage.store import Snapshot, Store
-
-
-@dataclass
-class Settings:
-    threads: int | None = None
-    # How views are maintained per batch: "auto" (cost-based choice between
-    # incremental and recompute, see ivm/maintain/maintenance.py), "incremental", "recompute".
-    maintenance: str = "auto"
-    # Rows of view and table changes kept for subscribers (storage/view_history.py).
-    retain_rows: int = DEFAULT_RETAIN_ROWS
-    # Durable databases only (see ivm/durable/durable.py):
-    fold_rows: int = 1_000_000  # most changed rows the maintainer folds into views at once
-    # seconds the maintainer waits for more changes before folding (a waiting read ends the
-    # wait at once): a fold's fixed cost (~20 ms CPU for bench/ingest.py's 3 views) is then
-    # shared by more batches; only subscribers see changes up to this much later. 0.1 s:
-    # sustained 1,000-row upserts at 0.05 s made ~55 folds per 2,000 batches and 0.1 s ~35,
-    # ~10% less process CPU per batch (bench/ingest.py, session 7)
-    fold_delay: float = 0.1
-    # queued upsert rows from which a second maintainer thread converts them while the
-    # fold runs the views (ivm/durable/ahead.py); fewer: the fold converts them itself
-    convert_ahead_rows: int = 20_000
-    checkpoint_rows: int = 1_000_000  # changed rows that trigger a checkpoint ...
-    checkpoint_seconds: float = 60.0  # ... or the age of the oldest change not stored
-    log_retention_seconds: float | None = 0.0  # keep checkpointed log segments this long (None: forever)
-    segment_bytes: int = 64 << 20  # change-log segment size
-    # Compute engine for maintenance (ivm/maintain/engine_choice.py): "duckdb", "spark" or "auto".
-    engine: str = "duckdb"
-    # Spark settings passed through (spark.master, spark.driver.memory, ...; ivm/execute/spark/session.py).
-    spark_conf: dict | None = None
-    spark_rows: int = SPARK_ROWS  # "auto" runs a step on Spark from this many rows of input
-    # In memory, > 0: batches are applied by a thread of their own at this OS niceness (Linux),
-    # so reads in the same process get a core first (ivm/ingest/group_commit.py). Not for durable
-    # databases: there reads wait for the maintainer's folds, which must not be slowed.
-    ingest_nice: int = 0
-    # DuckDB's memory_limit (e.g. "6GB") of the instances that run reads, large batches and
-    # mirrors; past it they spill to the engine's scratch directory. None: DuckDB's default.
-    memory_limit: str | None = None
-    # Runs of stored relations with at least spill_rows rows are written to this directory and
-    # memory-mapped (storage/spill.py), so the kernel can evict them instead of running out of
-    # memory. None: <dir>/spill for durable databases, off in memory; False: off.
-    spill_dir: Any = None
-    spill_rows: int = 1_000_000
-    # Longest statement text accepted, in UTF-8 bytes (sql_frontend/limits.py); None or 0: no limit.
-    max_statement_bytes: int | None = 1 << 20
-    # Seconds a client's statement may run in DuckDB before it is cancelled (its query, or the SELECT
-    # that computes an INSERT/UPDATE/DELETE/CREATE TABLE AS before anything changes); None: no limit.
-    statement_timeout: float | None = None
-
-
-def spill_of(settings: Settings, default_dir) -> Spill | None:
-    """Where large runs spill (see Settings.spill_dir); a clear error for a bad setting."""
-    rows, where = settings.spill_rows, settings.spill_dir
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"spill_rows must be a positive integer, not {rows!r}")
-    if where is None:
-        where = default_dir
-    if where is None or where is False:
-        return None
-    if not isinstance(where, (str, os.PathLike)):
-        raise ValueError(f"spill_dir must be a directory path, None or False, not {where!r}")
-    try:
-        return Spill(Path(where), rows)
-    except OSError as e:
-        raise ValueError(f"cannot spill to {where}: {e.strerror or e}") from e
-
-
-class OwnedLock:
-    """A reentrant lock that tells whether the calling thread holds it (``threading.RLock`` has no
-    public way to say): a batch handed in under it (CREATE TABLE ... AS) must commit at once, not
-    wait for a committer thread that would need the lock."""
-
-    def __init__(self):
-        self._lock = threading.RLock()
-        self._owner: int | None = None
-        self._depth = 0
-
-    def __enter__(self) -> "OwnedLock":
-        self._lock.acquire()
-        self._owner = threading.get_ident()
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._depth -= 1
-        if not self._depth:
-            self._owner = None
-        self._lock.release()
-
-    def held(self) -> bool:
-        return self._owner == threading.get_ident()
-
-
-def check_name(name: str, what: str) -> None:
-    if name.startswith("__") or "." in name or not name:
-        raise CatalogError(f"{what} name {name!r} is reserved (names may not start with __ or contain '.')")
 
 
 def _broken_views_message(stmt: AlterTable, table: str, broken: dict[str, str]) -> str:
@@ -178,67 +79,6 @@ def _table_failure(table: str, reason: str) -> str:
     """Why a view over ``table`` is unreadable after ``Engine.fail_table(table, reason)`` (stored in the manifest,
     so recover_table and _only_unreadable recognise it after a reopen too)."""
     return f"it reads table {table}, which failed: {reason}"
-
-
-@dataclass
-class Prepared:
-    """A validated batch: what the log stores and what it does to its table."""
-
-    batch: pa.Table  # normalized: table columns, __op, __seq
-    policy: str
-    change: ZsetChange
-    updated: Relation  # the table after the batch
-    event_max: int | None = None  # watermarked tables: the batch's largest event time (microseconds)
-    # ... and the batch's effect on the table's hidden twins: its on-time rows and
-    # its one-row watermark (ivm/streams/event_time.py)
-    hidden: list["Prepared"] = field(default_factory=list)
-    late: int = 0  # ... and how many of its events arrived below the watermark
-    expired: int = 0  # ... and how many on-time rows interval joins let go (ivm/streams/interval_join.py)
-    change_table: str = ""  # the table the batch changed
-
-    def counts(self) -> dict[str, int]:
-        """What the batch adds to the snapshot's counters: its late events, the on-time rows that went."""
-        counts = {late_counter(self.change_table): self.late} if self.late else {}
-        if self.expired:
-            counts[expired_counter(self.change_table)] = self.expired
-        return counts
-
-    def versions(self) -> dict[str, Relation]:
-        """New versions of the table (and of its hidden twins)."""
-        return {p.change_table: p.updated for p in [self, *self.hidden]}
-
-    def deltas(self) -> dict[str, pa.Table]:
-        """Non-empty deltas of the table (and of its hidden twins)."""
-        return {p.change_table: p.change.delta for p in [self, *self.hidden] if p.change.delta.num_rows}
-
-
-# Batches above this many rows are processed by the parallel DuckDB instance.
-LARGE_BATCH = 50_000
-
-
-class Worker:
-    """Everything that runs statements on one DuckDB cursor, for one thread at a time."""
-
-    def __init__(self, connection: duckdb.DuckDBPyConnection):
-        self.connection = connection
-        self.runner = duck.Runner(connection)
-        self.coder = KeyCoder(self.runner.run)
-        self.executor = Executor(connection, self.coder)
-        self.normalizer = ChangeNormalizer(self.runner)
-        self.applier = ChangeApplier(self.runner, self.coder)
-        self._spark = None  # a SparkExecutor, created on first use
-
-    def spark(self, conf: dict | None) -> StepRunner:
-        if self._spark is None:
-            from ivm.execute.spark.executor import SparkExecutor
-            from ivm.execute.spark.session import session
-
-            self._spark = SparkExecutor(session(conf), self.coder, driver=self.executor)
-        return self._spark
-
-    def close(self) -> None:
-        if self._spark is not None:
-            self._spark.frames.clear()
 
 
 class Engine:

@@ -37,7 +37,7 @@ from dataclasses import replace
 import pyarrow as pa
 from sqlglot import exp
 
-from ivm.catalog import Catalog, TableDef, ViewDef
+from ivm.catalog import Catalog, TableDef, ViewDef, check_name
 from ivm.durable.checkpoints import describe_view, view_from_json
 from sql_frontend.errors import BindError, CatalogError, IvmError, UnknownObjectError, UnsupportedError
 from sql_frontend.plan import Column
@@ -87,8 +87,6 @@ def altered_definition(table: TableDef, stmt: AlterTable, binder, rows: int) -> 
             if stmt.column_if:
                 return None
             raise CatalogError(f"column {column} of table {table.name} already exists")
-        from ivm.engine import check_name  # (the engine imports this module)
-
         check_name(column, "column")
         added = Column(column, binder.normalize_type(stmt.definition.type))
         binder.check_round_trip(added)

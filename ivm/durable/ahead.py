@@ -30,19 +30,41 @@ the GIL, so the two threads overlap on two cores.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections import deque
+from typing import Callable, ContextManager, Protocol
+
+import pyarrow as pa
 
 from ivm.durable import deferred
+from ivm.durable.entry import Entry
+from ivm.execute.worker import Worker
+from ivm.settings import Settings
+from storage.relation import Relation
 
-if TYPE_CHECKING:
-    from ivm.durable.durable import DurableEngine
-    from ivm.engine import Worker
-    from ivm.durable.maintainer import Entry, Maintainer
+
+class Queue(Protocol):
+    """The maintainer as this thread sees it: its queue and condition, and how to put a run back."""
+
+    queue: deque[Entry]
+    cond: threading.Condition
+    stopping: bool
+    error: BaseException | None
+
+    def fail(self, error: BaseException) -> None: ...
+
+    def replace(self, run: list[Entry], deltas: dict[str, list[pa.Table]], versions: dict[str, Relation]) -> None: ...
 
 
-def convertible(queue) -> list["Entry"]:
+class Converting(deferred.Heads, Protocol):
+    """What converting ahead needs of the durable engine: the heads and the lock that guards them."""
+
+    settings: Settings
+    convert_lock: ContextManager
+
+
+def convertible(queue) -> list[Entry]:
     """The run of entries the thread may convert together (see the module docstring)."""
-    run: list["Entry"] = []
+    run: list[Entry] = []
     for entry in queue:
         if not run and not entry.batches:
             continue
@@ -53,7 +75,7 @@ def convertible(queue) -> list["Entry"]:
 
 
 class ConvertAhead:
-    def __init__(self, engine: "DurableEngine", maintainer: "Maintainer", worker_for: Callable[[int], "Worker"]):
+    def __init__(self, engine: Converting, maintainer: Queue, worker_for: Callable[[int], Worker]):
         self.engine, self.maintainer = engine, maintainer
         self.worker_for = worker_for
         self.conversions = 0

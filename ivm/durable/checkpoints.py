@@ -47,7 +47,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ContextManager, Protocol
 
 import pyarrow as pa
 import sqlglot
@@ -57,6 +57,10 @@ from delta_operators.merge import output_key, output_state
 from storage.zset import WEIGHT
 from ivm.binder import quote
 from ivm.catalog import Catalog, TableDef, ViewDef
+from ivm.execute.worker import Worker
+from ivm.ingest.producers import Producers
+from ivm.reads.observations import Observations
+from ivm.reads.reads import Reader
 from ivm.view_definition import define_view
 from sql_frontend.errors import InternalError
 from sql_frontend.plan import Column
@@ -65,10 +69,34 @@ from storage.checkpoint import MANIFEST, RELATIONS, RelationFiles, StorageError,
     write_manifest
 from storage.hooks import hook
 from storage.relation import Relation
-from storage.store import Snapshot
+from storage.log import ChangeLog
+from storage.store import Snapshot, Store
 
-if TYPE_CHECKING:
-    from ivm.durable.durable import DurableEngine
+
+class Folds(Protocol):
+    fold_lock: ContextManager  # held while a fold runs: a checkpoint stores no half-folded state
+
+
+class Checkpointed(Protocol):
+    """What checkpoints store and recovery loads (the durable engine has it)."""
+
+    catalog: Catalog
+    store: Store
+    failed: dict[str, str]
+    generation: str
+    producers: Producers
+    observed: Observations
+    log: ChangeLog
+    reader: Reader
+    small: Worker
+    maintainer: Folds
+
+    def empty_relation(self, name: str, columns: tuple[Column, ...], identity: tuple[str, ...],
+                       indexes: tuple[tuple[str, ...], ...] = ()) -> Relation: ...
+
+    def checkpoint_due(self) -> bool: ...
+
+    def after_checkpoint(self, offset: int) -> None: ...
 
 log = logging.getLogger("ivm.checkpoint")
 
@@ -118,7 +146,7 @@ def view_from_json(doc: dict, catalog: Catalog) -> ViewDef:
 
 
 class Checkpointer:
-    def __init__(self, engine: "DurableEngine", root: Path):
+    def __init__(self, engine: Checkpointed, root: Path):
         self.engine = engine
         self.root = Path(root)
         self.files = RelationFiles(self.root)

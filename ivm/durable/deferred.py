@@ -5,7 +5,7 @@ disk; converting it to a Z-set delta (the -old/+new rows, the table's next
 version) is needed only by the fold and by the next batch that must be
 checked against the table. A batch of a keyed table without event time
 whose operations are upserts only ('u', 'r', and 'd' when missing deletes
-are ignored: ``changes._last_wins``) cannot fail against any table state, so
+are ignored: ``changes.last_wins``) cannot fail against any table state, so
 its producer only normalizes it (schema, types, NULL keys, NOT NULL), logs
 it and queues it unconverted (``Entry.batches``). Everything else is
 converted at once, as before, so its errors ('c' of an existing key, 'd' of
@@ -31,28 +31,51 @@ conversion per fold pays the fixed parts once for all its batches.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from ivm.ingest.changes import SEQ, _last_wins
+from ivm.catalog import Catalog, TableDef
+from ivm.durable.entry import Entry
+from ivm.execute.worker import Worker
+from ivm.ingest.changes import SEQ, last_wins
+from ivm.ingest.prepared import Prepared
 from sql_frontend.errors import InternalError
-
-if TYPE_CHECKING:
-    from ivm.catalog import TableDef
-    from ivm.durable.durable import DurableEngine
-    from ivm.engine import Prepared, Worker
-    from ivm.durable.maintainer import Entry
+from storage.relation import Relation
 
 
-def deferrable(definition: "TableDef", batches: list[tuple[pa.Table, str]]) -> bool:
+class DeferredQueue(Protocol):
+    """The maintainer's queue as the producers' side sees it (``flush``)."""
+
+    def deferred(self, table: str) -> list[Entry]: ...
+
+    def converted(self, entry: Entry, table: str, version: Relation, delta: pa.Table) -> None: ...
+
+
+class Heads(Protocol):
+    """What converting deferred batches needs (the durable engine has it): each table's head, the
+    conversion that moves it, and the queue holding batches not converted yet."""
+
+    catalog: Catalog
+    heads: dict[str, Relation]
+    maintainer: DeferredQueue
+
+    def head(self, table: str) -> Relation: ...
+
+    def worker(self, rows: int) -> Worker: ...
+
+    def convert(self, definition: TableDef, batch: pa.Table, policy: str, relation: Relation,
+                worker: Worker) -> Prepared: ...
+
+
+def deferrable(definition: TableDef, batches: list[tuple[pa.Table, str]]) -> bool:
     """True when these normalized batches may be acknowledged unconverted (they cannot fail)."""
     return (bool(definition.primary_key) and definition.event_time is None and not definition.shadow_of
-            and all(_last_wins(batch, policy) for batch, policy in batches))
+            and all(last_wins(batch, policy) for batch, policy in batches))
 
 
-def convert(engine: "DurableEngine", table: str, items: list[tuple[pa.Table, str]], worker: "Worker") -> "Prepared":
+def convert(engine: Heads, table: str, items: list[tuple[pa.Table, str]], worker: Worker) -> Prepared:
     """Convert a table's deferred batches (in order) against its head; the head moves on."""
     batch = renumbered([b for b, _ in items])
     # Upserts do not depend on the policy; a 'd' is only deferred under 'ignore'.
@@ -62,8 +85,8 @@ def convert(engine: "DurableEngine", table: str, items: list[tuple[pa.Table, str
     return prepared
 
 
-def convert_deferred(engine: "DurableEngine", entries: list["Entry"],
-                     worker_for: Callable[[int], "Worker"]) -> dict[str, "Prepared"]:
+def convert_deferred(engine: Heads, entries: list[Entry],
+                     worker_for: Callable[[int], Worker]) -> dict[str, Prepared]:
     """The fold's side: every table's deferred batches in ``entries``, one conversion per table."""
     items = batches_per_table(entries)
     for entry in entries:
@@ -71,7 +94,7 @@ def convert_deferred(engine: "DurableEngine", entries: list["Entry"],
     return convert_per_table(engine, items, worker_for)
 
 
-def batches_per_table(entries: list["Entry"]) -> dict[str, list[tuple[pa.Table, str]]]:
+def batches_per_table(entries: list[Entry]) -> dict[str, list[tuple[pa.Table, str]]]:
     """Each table's unconverted batches in ``entries``, in order (the invariant above is checked)."""
     items: dict[str, list[tuple[pa.Table, str]]] = {}
     for entry in entries:
@@ -83,14 +106,14 @@ def batches_per_table(entries: list["Entry"]) -> dict[str, list[tuple[pa.Table, 
     return items
 
 
-def convert_per_table(engine: "DurableEngine", items: dict[str, list[tuple[pa.Table, str]]],
-                      worker_for: Callable[[int], "Worker"]) -> dict[str, "Prepared"]:
+def convert_per_table(engine: Heads, items: dict[str, list[tuple[pa.Table, str]]],
+                      worker_for: Callable[[int], Worker]) -> dict[str, Prepared]:
     """One conversion per table of its batches, in order (the fold and the thread converting ahead)."""
     return {table: convert(engine, table, batches, worker_for(sum(b.num_rows for b, _ in batches)))
             for table, batches in items.items()}
 
 
-def flush(engine: "DurableEngine", table: str) -> None:
+def flush(engine: Heads, table: str) -> None:
     """The producers' side: convert the table's queued batches, entry by entry, before an eager conversion."""
     for entry in engine.maintainer.deferred(table):
         batches = entry.batches[table]

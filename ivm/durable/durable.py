@@ -51,9 +51,12 @@ from ivm.execute import duck
 from ivm.ingest.changes import OP, SEQ, q
 from ivm.durable.checkpoints import Checkpointer
 from ivm.ddl_undo import CatalogState
-from ivm.engine import Engine, Settings, Worker, spill_of
+from ivm.engine import Engine
+from ivm.execute.worker import Worker
+from ivm.settings import Settings, spill_of
 from ivm.ingest.ingest_group import Pending, Ticket, convert_unit, undo
-from ivm.durable.maintainer import Entry, Maintainer
+from ivm.durable.entry import Entry
+from ivm.durable.maintainer import Maintainer
 from ivm.ingest.producers import check_producer
 from sql_frontend.errors import ChangeError, IvmError, UnsupportedError
 from sql_frontend.statements import AlterTable, AlterView, CreateTable, CreateView, Drop

@@ -31,22 +31,26 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import ContextManager, Iterator, Protocol
 
 import pyarrow as pa
 
 from ivm.durable.ahead import ConvertAhead
+from ivm.durable import deferred
 from ivm.durable.deferred import convert_deferred
+from ivm.durable.entry import Entry
+from ivm.execute.worker import Worker
+from ivm.maintain.publishing import Publishing
+from ivm.ingest.prepared import Prepared
+from ivm.reads.observations import Observations
+from ivm.settings import Settings
+from storage.log import ChangeLog
 from ivm.ingest.ingest_group import zset_sums
 from sql_frontend.errors import InternalError
 from storage.hooks import hook
 from storage.relation import Relation
 from storage.store import Snapshot
 
-if TYPE_CHECKING:
-    from ivm.durable.durable import DurableEngine
-    from ivm.engine import Prepared, Worker
 
 log = logging.getLogger("ivm.maintainer")
 
@@ -57,29 +61,21 @@ log = logging.getLogger("ivm.maintainer")
 FOLD_LARGE_BATCH = 250_000
 
 
-@dataclass
-class Entry:
-    """Accepted batches up to ``offset`` (one, or a unit converted together)."""
+class Folding(deferred.Heads, Publishing, Protocol):
+    """What a fold needs (the durable engine has it): the log saying what is durable, the heads and
+    conversion of deferred batches, and the one maintain-and-publish step."""
 
-    offset: int
-    deltas: dict[str, list[pa.Table]]  # per table: Z-set deltas (table columns + weight)
-    versions: dict[str, Relation]  # per table: the table after these batches
-    timestamp: float
-    counts: dict[str, int] = field(default_factory=dict)  # added to the snapshot's counters (late events)
-    # per table: accepted batches not converted yet, (normalized batch, policy) in
-    # order (ivm/durable/deferred.py); their deltas and the table's version come at the fold
-    batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)
-    replayed: bool = False  # replayed from the log at open: acknowledged by an earlier process
+    settings: Settings
+    log: ChangeLog
+    observed: Observations
+    convert_lock: ContextManager
 
-    @property
-    def rows(self) -> int:
-        return (sum(t.num_rows for tables in self.deltas.values() for t in tables)
-                + sum(b.num_rows for items in self.batches.values() for b, _ in items))
+    def want_indexes(self, table: str, keys: tuple) -> None: ...
 
 
 class Maintainer:
-    def __init__(self, engine: "DurableEngine", small: "Worker", large: "Worker",
-                 ahead: tuple["Worker", "Worker"]):
+    def __init__(self, engine: Folding, small: Worker, large: Worker,
+                 ahead: tuple[Worker, Worker]):
         self.engine = engine
         self.small, self.large = small, large
         self.queue: deque[Entry] = deque()
@@ -254,7 +250,7 @@ class Maintainer:
             snapshot = snapshot.with_changes(versions)
             rows = sum(t.num_rows for tables in parts.values() for t in tables)
             worker = self._worker(rows)
-            deltas = zset_sums(parts, worker, engine)
+            deltas = zset_sums(parts, worker, engine.catalog)
 
             def before_publish(maintained: Snapshot) -> None:
                 self._keep_indexes(before.with_changes(versions), maintained)
@@ -282,7 +278,7 @@ class Maintainer:
             if not entry.replayed:  # its age says when it was logged, not how late a fold made it visible
                 observed.visible_seconds.observe(max(0.0, now - entry.timestamp))
 
-    def _take_converted(self, everything: bool) -> tuple[list[Entry], dict[str, "Prepared"]]:
+    def _take_converted(self, everything: bool) -> tuple[list[Entry], dict[str, Prepared]]:
         """The entries to fold, and the conversion of their batches not converted yet.
 
         The convert lock guards the tables' heads. While someone else holds it (the
@@ -309,7 +305,7 @@ class Maintainer:
         if self.error is not None:  # converting ahead failed (ivm/durable/ahead.py): heads may be wrong
             raise InternalError(f"view maintenance stopped: {self.error}") from self.error
 
-    def _worker(self, rows: int) -> "Worker":
+    def _worker(self, rows: int) -> Worker:
         return self.large if rows > FOLD_LARGE_BATCH else self.small
 
     def _keep_indexes(self, before: Snapshot, after: Snapshot) -> None:

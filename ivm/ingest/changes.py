@@ -225,7 +225,7 @@ class ChangeApplier:
         rows = batch.num_rows
         codes = self.coder.codes(batch, identity)
         unique = len(sorted_unique(codes)) == len(codes)
-        if table.primary_key and not unique and _last_wins(batch, policy):
+        if table.primary_key and not unique and last_wins(batch, policy):
             last = _last_per_key(batch, codes, table.primary_key)
             if last is not None:
                 batch, codes, unique = batch.take(last), codes[last], True
@@ -443,7 +443,7 @@ def _all_inserted(table: TableDef, batch: pa.Table) -> ZsetChange:
     return ZsetChange(delta=delta, delete_runs=none, delete_rows=none, inserts=delta, rows=batch.num_rows)
 
 
-def _last_wins(batch: pa.Table, policy: str) -> bool:
+def last_wins(batch: pa.Table, policy: str) -> bool:
     """Only each key's last operation matters: upserts ('u', 'r'), and deletes that may miss.
 
     An insert ('c') or a delete under the 'error' policy is checked against the

@@ -53,16 +53,51 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ivm.ingest.ingest_group import Ticket, convert_unit, zset_sums
+from ivm.ingest.ingest_group import Converting, Pending, Ticket, convert_unit, zset_sums
+from ivm.maintain.publishing import Publishing
 from sql_frontend.errors import IvmError
 
-if TYPE_CHECKING:
-    from ivm.engine import Engine
+
+class OwnedLock:
+    """A reentrant lock that tells whether the calling thread holds it (``threading.RLock`` has no
+    public way to say): a batch handed in under it (CREATE TABLE ... AS) must commit at once, not
+    wait for a committer thread that would need the lock."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> "OwnedLock":
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+        self._lock.release()
+
+    def held(self) -> bool:
+        return self._owner == threading.get_ident()
 
 
-def commit_unit(engine: "Engine", tickets: list[Ticket]) -> None:
+class Committing(Converting, Publishing, Protocol):
+    """What committing a unit needs (the in-memory engine has it): the batches waiting for the write
+    lock, the one-batch path, and the one maintain-and-publish step."""
+
+    write_lock: OwnedLock
+    pending: Pending
+    offset: int
+
+    def ingest_one(self, ticket: Ticket) -> None: ...
+
+
+def commit_unit(engine: Committing, tickets: list[Ticket]) -> None:
     """Apply ``tickets`` (under the write lock); fill in each one's offset or error."""
     if len(tickets) > 1 and all(_groupable(engine, t) for t in tickets):
         try:
@@ -77,19 +112,19 @@ def commit_unit(engine: "Engine", tickets: list[Ticket]) -> None:
         engine.ingest_one(ticket)
 
 
-def _groupable(engine: "Engine", ticket: Ticket) -> bool:
+def _groupable(engine: Committing, ticket: Ticket) -> bool:
     definition = engine.catalog.tables.get(ticket.table)
     return definition is not None and definition.event_time is None and not definition.shadow_of
 
 
-def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
+def _commit_together(engine: Committing, tickets: list[Ticket]) -> None:
     unit = convert_unit(engine, tickets, defer=False)  # per-batch errors and known (source, seq) are settled here
     if not unit.tickets:
         return
     parts = {table: [d for d in deltas if d.num_rows] for table, deltas in unit.deltas.items()}
     rows = sum(d.num_rows for tables in parts.values() for d in tables)
     worker = engine.worker(rows)
-    deltas = zset_sums(parts, worker, engine)
+    deltas = zset_sums(parts, worker, engine.catalog)
     snapshot = engine.store.snapshot.with_changes(unit.versions)
     first = engine.offset + 1
     engine.maintain_and_publish(snapshot, deltas, unit.counts, worker, first=first, last=first + len(unit.tickets) - 1,
@@ -103,7 +138,7 @@ def _commit_together(engine: "Engine", tickets: list[Ticket]) -> None:
 TAKE_OVER_AFTER = 0.02
 
 
-def take_and_commit(engine: "Engine") -> None:
+def take_and_commit(engine: Committing) -> None:
     """Commit the pending unit (under the write lock); no ticket of it is left waiting, whatever happens."""
     tickets = engine.pending.take_unit()
     for ticket in tickets:
@@ -129,7 +164,7 @@ def lower_priority(nice: int) -> None:
 class Committer:
     """A thread of its own, at a lower OS priority, that commits every pending unit."""
 
-    def __init__(self, engine: "Engine", nice: int):
+    def __init__(self, engine: Committing, nice: int):
         self.engine = engine
         self.nice = nice
         self.cond = threading.Condition()

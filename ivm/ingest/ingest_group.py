@@ -27,21 +27,34 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, ContextManager, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.zset import WEIGHT, consolidate
+from ivm.catalog import Catalog
 from ivm.durable import deferred
+from ivm.execute.worker import Worker
 from ivm.ingest.changes import as_table, missing_delete_policy
+from ivm.ingest.prepared import Prepared
+from ivm.ingest.producers import Producers
 from sql_frontend.errors import ChangeError, IvmError
+from storage.relation import Relation
 
-if TYPE_CHECKING:
-    from ivm.durable.durable import DurableEngine
-    from ivm.engine import Engine, Worker
-    from storage.relation import Relation
+
+class Converting(deferred.Heads, Protocol):
+    """What validating and converting a unit needs (the engine has it, in memory or durable). The
+    queue of deferred batches (``maintainer``) and ``convert_lock`` are the durable engine's: only
+    ``defer`` reaches them."""
+
+    producers: Producers
+    convert_lock: ContextManager
+
+    def change_schema(self, table: str) -> pa.Schema: ...
+
+    def accept_events(self, table: str, prepared: Prepared) -> None: ...
 
 
 @dataclass
@@ -66,7 +79,7 @@ class Unit:
 
     tickets: list[Ticket] = field(default_factory=list)
     deltas: dict[str, list[pa.Table]] = field(default_factory=dict)
-    versions: dict[str, "Relation"] = field(default_factory=dict)
+    versions: dict[str, Relation] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # late events per stream (snapshot counters)
     batches: dict[str, list[tuple[pa.Table, str]]] = field(default_factory=dict)  # deferred (ivm/durable/deferred.py)
     # per head the unit moved: the head before it (None: there was none), so ``undo`` can put it back
@@ -101,7 +114,7 @@ class Pending:
             return unit
 
 
-def convert_unit(engine: "DurableEngine", tickets: list[Ticket], defer: bool = True) -> Unit:
+def convert_unit(engine: Converting, tickets: list[Ticket], defer: bool = True) -> Unit:
     """Validate and convert a unit's batches (under the write lock); fill in each ticket's outcome.
 
     ``defer``: upsert-only batches are left for the fold (durable; ivm/durable/deferred.py); in-memory
@@ -128,7 +141,7 @@ def convert_unit(engine: "DurableEngine", tickets: list[Ticket], defer: bool = T
     return unit
 
 
-def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
+def _normalize(engine: Converting, ticket: Ticket) -> None:
     definition = engine.catalog.table(ticket.table)
     data = as_table(ticket.data)
     ticket.policy = missing_delete_policy(data, ticket.on_missing_delete)
@@ -136,7 +149,7 @@ def _normalize(engine: "DurableEngine", ticket: Ticket) -> None:
     ticket.batch = engine.worker(data.num_rows).normalizer.normalize(definition, schema, data)
 
 
-def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit, defer: bool) -> None:
+def _convert_table(engine: Converting, table: str, group: list[Ticket], unit: Unit, defer: bool) -> None:
     definition = engine.catalog.table(table)
     items = [(t.batch, t.policy) for t in group]
     if defer:
@@ -152,7 +165,7 @@ def _convert_table(engine: "DurableEngine", table: str, group: list[Ticket], uni
     _convert_now(engine, table, group, unit)
 
 
-def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit: Unit) -> None:
+def _convert_now(engine: Converting, table: str, group: list[Ticket], unit: Unit) -> None:
     definition = engine.catalog.table(table)
     # Batches of a watermarked table are converted one by one: each is judged late
     # against the watermark the batches before it left (as replay does).
@@ -188,12 +201,12 @@ def _convert_now(engine: "DurableEngine", table: str, group: list[Ticket], unit:
         ticket.delta = prepared.change.delta
 
 
-def _move_head(engine: "DurableEngine", unit: Unit, name: str, version: "Relation") -> None:
+def _move_head(engine: Converting, unit: Unit, name: str, version: Relation) -> None:
     unit.previous.setdefault(name, engine.heads.get(name))
     engine.heads[name] = unit.versions[name] = version
 
 
-def undo(engine: "DurableEngine", unit: Unit) -> None:
+def undo(engine: Converting, unit: Unit) -> None:
     """Forget a converted unit that was not accepted (its log write failed): the heads it moved
     go back. Earlier batches it converted on the way (``deferred.flush``) stay converted: they
     were accepted before it. The caller restores the watermarks."""
@@ -204,7 +217,7 @@ def undo(engine: "DurableEngine", unit: Unit) -> None:
             engine.heads[name] = previous
 
 
-def zset_sum(tables: list[pa.Table], worker: "Worker", key: str | None = None) -> pa.Table:
+def zset_sum(tables: list[pa.Table], worker: Worker, key: str | None = None) -> pa.Table:
     """One consolidated delta from several of one table (the Z-set sum).
 
     ``key``: the table's integer primary key column, when each delta is one
@@ -228,7 +241,7 @@ def zset_sum(tables: list[pa.Table], worker: "Worker", key: str | None = None) -
     return _grouped_sum(combined, worker)
 
 
-def _grouped_sum(combined: pa.Table, worker: "Worker") -> pa.Table:
+def _grouped_sum(combined: pa.Table, worker: Worker) -> pa.Table:
     names = [n for n in combined.column_names if n != WEIGHT]
     return worker.runner.run(consolidate("{d}", names, template=True), d=combined)
 
@@ -241,9 +254,9 @@ def _in_several(tables: list[pa.Table], key: str) -> np.ndarray:
     return np.isin(np.concatenate(values), several)
 
 
-def summed_key(engine: "Engine", table: str, delta: pa.Table) -> str | None:
+def summed_key(catalog: Catalog, table: str, delta: pa.Table) -> str | None:
     """The column ``zset_sum`` may group by first: a keyed table's one integer key column."""
-    definition = engine.catalog.tables.get(table)
+    definition = catalog.tables.get(table)
     key = definition.primary_key if definition is not None else ()
     if len(key) != 1 or key[0] not in delta.schema.names:
         return None
@@ -251,15 +264,15 @@ def summed_key(engine: "Engine", table: str, delta: pa.Table) -> str | None:
     return key[0] if pa.types.is_integer(column.type) and not delta.column(key[0]).null_count else None
 
 
-def _key(engine: "Engine | None", table: str, tables: list[pa.Table]) -> str | None:
-    if engine is None or len(tables) < 2:
+def _key(catalog: Catalog | None, table: str, tables: list[pa.Table]) -> str | None:
+    if catalog is None or len(tables) < 2:
         return None
-    keys = {summed_key(engine, table, t) for t in tables}
+    keys = {summed_key(catalog, table, t) for t in tables}
     return keys.pop() if len(keys) == 1 else None
 
 
-def zset_sums(parts: dict[str, list[pa.Table]], worker: "Worker", engine: "Engine | None" = None) -> dict[str, pa.Table]:
+def zset_sums(parts: dict[str, list[pa.Table]], worker: Worker, catalog: Catalog | None = None) -> dict[str, pa.Table]:
     """Each table's deltas as one (``zset_sum``); tables whose changes cancel out are left out.
-    With ``engine``, keyed tables' deltas are summed by key first (``summed_key``)."""
-    deltas = {table: zset_sum(tables, worker, _key(engine, table, tables)) for table, tables in parts.items() if tables}
+    With the ``catalog``, keyed tables' deltas are summed by key first (``summed_key``)."""
+    deltas = {table: zset_sum(tables, worker, _key(catalog, table, tables)) for table, tables in parts.items() if tables}
     return {table: delta for table, delta in deltas.items() if delta.num_rows}

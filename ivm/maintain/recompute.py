@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping, Protocol
 
 import pyarrow as pa
 from sqlglot import exp
@@ -40,16 +40,29 @@ from delta_operators.compiler import delta_input
 from delta_operators.merge import output_key, output_state
 from delta_operators.program import StateSpec
 from storage.zset import WEIGHT, count_rows, difference
-from ivm.binder import quote
-from ivm.execute.executor import commit_row_changes, with_program_indexes
-from ivm.maintain.mirrors import eligible
+from ivm.binder import Binder, quote
+from ivm.catalog import Catalog, ViewDef
+from ivm.execute.executor import RowChanges, commit_row_changes, with_program_indexes
+from ivm.execute.worker import Worker
+from ivm.maintain.mirrors import Mirrors, eligible
+from ivm.reads.reads import Reader
+from sql_frontend.plan import Column
+from storage.relation import Relation
+from storage.store import Snapshot, Store
 
-if TYPE_CHECKING:
-    from ivm.catalog import ViewDef
-    from ivm.engine import Engine, Worker
-    from ivm.execute.executor import RowChanges
-    from storage.relation import Relation
-    from storage.store import Snapshot
+
+class Recomputing(Protocol):
+    """What recomputing a view needs (the engine has it): the catalog and types, the reader that runs
+    the view's SELECT, the native mirrors of its tables, and empty relations for its state."""
+
+    catalog: Catalog
+    binder: Binder
+    store: Store
+    reader: Reader
+    mirrors: Mirrors
+
+    def empty_relation(self, name: str, columns: tuple[Column, ...], identity: tuple[str, ...],
+                       indexes: tuple[tuple[str, ...], ...] = ()) -> Relation: ...
 
 STALE_PREFIX = "stale:"
 
@@ -76,7 +89,7 @@ def operator_states(view: "ViewDef") -> list[StateSpec]:
     return [spec for spec in view.states if spec.name != view.name]
 
 
-def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
+def refresh(engine: Recomputing, view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
             replaced: dict[str, "Relation | None"], worker: "Worker",
             deltas: "Mapping[str, pa.Table] | None" = None) -> tuple[pa.Table, dict[str, "Relation | None"]]:
     """The cheap path: (ΔV, new versions of V's relations). See the module docstring.
@@ -104,7 +117,7 @@ def refresh(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     return _difference(view, old, counted, worker), relations
 
 
-def rebuild(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
+def rebuild(engine: Recomputing, view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
             replaced: dict[str, "Relation | None"], worker: "Worker") -> tuple[pa.Table, dict[str, "Relation | None"]]:
     """State and output from the initial program: (ΔV, new versions of V's relations)."""
     new = _new_sources(engine, view, snapshot, pending, replaced, worker)
@@ -130,7 +143,7 @@ def rebuild(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: li
     return _difference(view, old_rows, new_rows, worker), relations
 
 
-def _new_sources(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
+def _new_sources(engine: Recomputing, view: "ViewDef", snapshot: "Snapshot", pending: list["RowChanges"],
                  replaced: dict[str, "Relation | None"], worker: "Worker") -> "Snapshot":
     """``snapshot`` (tables at NEW, views at OLD) with V's upstream views at NEW too.
 
@@ -144,7 +157,7 @@ def _new_sources(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", pendin
     return new.with_changes({n: r for n, r in replaced.items() if n in upstream})
 
 
-def _empty(engine: "Engine", spec: StateSpec, index_keys=(), worker: "Worker | None" = None) -> "Relation":
+def _empty(engine: Recomputing, spec: StateSpec, index_keys=(), worker: "Worker | None" = None) -> "Relation":
     relation = engine.empty_relation(spec.name, spec.columns, spec.identity, spec.indexes)
     for key in index_keys:
         if key not in relation.index_keys:
@@ -159,7 +172,7 @@ def _counted(view: "ViewDef", rows: pa.Table, worker: "Worker") -> pa.Table:
     return worker.runner.run(count_rows("rows", view.column_names), rows=rows)
 
 
-def _output(engine: "Engine", view: "ViewDef", snapshot: "Snapshot", worker: "Worker") -> pa.Table:
+def _output(engine: Recomputing, view: "ViewDef", snapshot: "Snapshot", worker: "Worker") -> pa.Table:
     """The view's rows with their multiplicity in the weight column."""
     if view.name in snapshot:  # stored (or, computed on read, kept while its state is stale)
         return snapshot[view.name].table()
@@ -172,7 +185,7 @@ def _difference(view: "ViewDef", old: pa.Table, new: pa.Table, worker: "Worker")
     return worker.runner.run(difference("old", "new", view.column_names), old=old, new=new)
 
 
-def time_select(engine: "Engine", view: "ViewDef", snapshot: "Snapshot") -> float:
+def time_select(engine: Recomputing, view: "ViewDef", snapshot: "Snapshot") -> float:
     """Seconds DuckDB takes for the view's SELECT over ``snapshot``: the first estimate of a refresh."""
     import time
 

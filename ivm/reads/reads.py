@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import duckdb
 import numpy as np
@@ -44,11 +44,21 @@ from ivm.execute.executor import duckdb_message
 from delta_operators.program import scan_name
 from ivm.binder import quote
 from storage.relation import Relation
-from storage.store import Snapshot
+from storage.store import Snapshot, Store
+from ivm.catalog import Catalog, ViewDef
 
-if TYPE_CHECKING:
-    from ivm.catalog import ViewDef
-    from ivm.engine import Engine
+
+class Readable(Protocol):
+    """What reads need (the engine has it): the catalog and published snapshot to read, the DuckDB
+    instance that runs them, the views whose maintenance failed, and the wait that makes reads see
+    every acknowledged change."""
+
+    catalog: Catalog
+    store: Store
+    duck: duckdb.DuckDBPyConnection
+    failed: dict[str, str]
+
+    def wait_visible(self) -> None: ...
 
 OFFSET_METADATA = b"ivm.offset"
 
@@ -148,7 +158,7 @@ class Lease:
 
 
 class Reader:
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: Readable):
         self.engine = engine
         self._idle: list[Lease] = []
         self._lock = threading.Lock()
