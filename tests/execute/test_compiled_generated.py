@@ -63,6 +63,9 @@ STATEMENTS = [
     "SELECT *, n.c > 0 AS keep, n.ok IS NOT DISTINCT FROM n.k AS same FROM (SELECT a.k, "
     "CAST(COALESCE(r.v, 0) + a.h AS BIGINT) AS c, r.k AS ok, CAST(1 AS BIGINT) AS one "
     "FROM a LEFT JOIN r ON a.k IS NOT DISTINCT FROM r.k LEFT JOIN r AS r2 ON a.i = r2.k) AS n",
+    # unary minus (a Z-set term's negated weight; MIN of each integer type falls back), division, BETWEEN
+    "SELECT -k AS nk, -i AS ni, -x AS nx, -d AS nd, -h AS nh, x / i AS q, k / 2 AS h2, d / x AS dq, "
+    "i BETWEEN -5 AND k AS bt, x BETWEEN 0 AND 1.5 AS bx, d BETWEEN 1 AND 2.5 AS bd FROM a WHERE k BETWEEN -3 AND 3",
 ]
 
 

@@ -470,25 +470,40 @@ class _Compiler:
                 raise Fallback("division by zero")
             with np.errstate(all="ignore"):
                 return Vec.of("DOUBLE", x / np.where(zero, 1.0, y), valid)
-        return Expr("DOUBLE", run)
+
+        def emit(g, f):
+            x, y = (gen.convert(g, e.emit(g, f), "DOUBLE") for e in (a, b))
+            valid = g.both(x.valid, y.valid)
+            xd, yd = x.data, y.data  # (columns: a constant divisor of 0 must test as one)
+            zero = g.let(f"{yd} == 0")
+            g.fallback_if(g.valid_any(zero, valid), "division by zero")
+            return gen.Col("DOUBLE", g.let(f"{xd} / np.where({zero}, 1.0, {yd})"), valid)
+        return Expr("DOUBLE", run, emit=_emits(emit, a, b))
 
     def _neg(self, node: exp.Neg) -> Expr:
         a = self.compile(node.this)
         if a.type == INTLIT:
             value = -a.value
-            return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True)
+            fits = -(2**63) <= value < 2**63
+            return Expr(INTLIT, lambda f: constant("BIGINT", value, f.n), value=value, literal=True,
+                        emit=(lambda g, f: gen.constant(g, "BIGINT", value, f.n)) if fits else None)
         if not (is_number(a.type) or is_decimal(a.type)):
             raise Unsupported(f"unary minus of {a.type}")
         t = a.type
+        low = None if t == "DOUBLE" else INT_RANGE[t][0] if is_int(t) else np.iinfo(np.int64).min
 
         def run(f):
             x, valid = a.fn(f).np()
-            if t != "DOUBLE":
-                low = INT_RANGE[t][0] if is_int(t) else np.iinfo(np.int64).min
-                if ((x == low) if valid is None else ((x == low) & valid)).any():
-                    raise Fallback(f"-({low}) outside {t}")
+            if low is not None and ((x == low) if valid is None else ((x == low) & valid)).any():
+                raise Fallback(f"-({low}) outside {t}")
             return Vec.of(t, -x, valid)
-        return Expr(t, run)
+
+        def emit(g, f):
+            x = a.emit(g, f)
+            if low is not None:
+                g.fallback_if(g.valid_any(g.let(f"{x.data} == {low}"), x.valid), f"-({low}) outside {t}")
+            return gen.Col(t, g.let(f"-{x.data}"), x.valid)
+        return Expr(t, run, emit=_emits(emit, a))
 
     # --- comparisons ------------------------------------------------------------
     def _compare(self, node: exp.Expression, op: str, null_safe: bool = False) -> Expr:
@@ -737,7 +752,12 @@ class _Compiler:
         x, low, high = (self.compile(n) for n in (node.this, node.args["low"], node.args["high"]))
         force = _decimal_comparison_type([x, low, high])
         tests = [self._compared(x, low, "ge", force=force), self._compared(x, high, "le", force=force)]
-        return Expr("BOOLEAN", lambda f: _all_of(tests, f))
+
+        def emit(g, f):
+            cols = [test.emit(g, f) for test in tests]
+            (ta, fa), (tb, fb) = (gen.truth(g, c, f.n) for c in cols)
+            return gen.boolean(g, g.let(f"{ta} & {tb}"), g.let(f"{fa} | {fb}"), *cols)
+        return Expr("BOOLEAN", lambda f: _all_of(tests, f), emit=_emits(emit, *tests))
 
     def _in(self, node: exp.In) -> Expr:
         """``x IN (a, b, ...)`` of values: the OR of ``x = a``... (NULL when nothing matches and a side is NULL),
