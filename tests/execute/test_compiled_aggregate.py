@@ -60,3 +60,16 @@ def test_empty_and_special_groups():
     assert check("SELECT x, COUNT(*) AS n FROM d GROUP BY x", {"d": zeros}) == "fallback"
     huge = pa.table({"a": pa.array([2**62, 2**62, 2**62], pa.int64())})
     assert check("SELECT SUM(a) AS s FROM d", {"d": huge}) == "fallback"  # HUGEINT beyond BIGINT
+
+
+def test_a_sum_holding_the_smallest_bigint_falls_back():
+    """numpy's abs(-2**63) is -2**63: the overflow guard must not read it as a small value."""
+    import numpy as np
+    import pytest
+
+    from ivm.execute.compiled.kernels import group_sum
+    from ivm.execute.compiled.vectors import Fallback
+
+    data = np.array([-(2**63), -1], np.int64)
+    with pytest.raises(Fallback):
+        group_sum(data, None, np.arange(2), np.array([0]))

@@ -165,7 +165,8 @@ def group_sum(data: np.ndarray, valid, order, starts) -> np.ndarray:
     if valid is not None:
         values = np.where(valid[order], values, 0)
     if data.dtype == np.int64:
-        biggest = np.abs(values).max() if len(values) else 0
+        # (in Python integers: numpy's abs of -2**63 is -2**63, which would pass as small)
+        biggest = max(-int(values.min()), int(values.max())) if len(values) else 0
         if biggest and (biggest >= 2**62 or float(biggest) * len(values) >= 2.0**62):
             raise Fallback("a SUM that may leave BIGINT")
     with np.errstate(all="ignore"):  # inf + -inf is NaN, as in DuckDB
