@@ -22,7 +22,7 @@ from sqlglot import parse_one
 
 from ivm.execute.compiled.step import CompiledStep, Fallback, same_rows
 from sql_frontend.errors import InternalError
-from tests.compiled_check import DOUBLES, INTS, SMALL_INTS, tables
+from tests.compiled_check import DOUBLES, INTS, SMALL_INTS, STRINGS, tables
 
 HUGE = st.one_of(SMALL_INTS, st.sampled_from([2**63 - 1, -(2**63), 2**63, 10**20]), st.integers(-(2**62), 2**62))
 CENTS = st.one_of(st.integers(-300, 300), st.sampled_from([10**11, -(10**11) + 1])).map(lambda c: Decimal(c).scaleb(-2))
@@ -33,8 +33,10 @@ A = {
     "b": (pa.bool_(), st.booleans()),
     "h": (pa.decimal128(38, 0), HUGE),
     "d": (pa.decimal128(12, 2), CENTS),
+    "s": (pa.string(), STRINGS),
 }
-R = {"k": (pa.int64(), SMALL_INTS), "v": (pa.int64(), st.one_of(SMALL_INTS, INTS)), "y": (pa.float64(), DOUBLES)}
+R = {"k": (pa.int64(), SMALL_INTS), "v": (pa.int64(), st.one_of(SMALL_INTS, INTS)), "y": (pa.float64(), DOUBLES),
+     "s": (pa.string(), STRINGS)}
 
 STATEMENTS = [
     "SELECT k, i + 1 AS p, k - i AS q, i * 2 AS m, x * 2.0 AS xd, x - i AS xi FROM a",
@@ -66,6 +68,18 @@ STATEMENTS = [
     # unary minus (a Z-set term's negated weight; MIN of each integer type falls back), division, BETWEEN
     "SELECT -k AS nk, -i AS ni, -x AS nx, -d AS nd, -h AS nh, x / i AS q, k / 2 AS h2, d / x AS dq, "
     "i BETWEEN -5 AND k AS bt, x BETWEEN 0 AND 1.5 AS bx, d BETWEEN 1 AND 2.5 AS bd FROM a WHERE k BETWEEN -3 AND 3",
+    # strings: carried as positions into their arrays, gathered for keys, set operations and results
+    "SELECT s, k, s IS NULL AS sn FROM a WHERE k > 0 OR s IS NULL",
+    "SELECT s, COUNT(*) AS n, COUNT(s) AS cs, SUM(k) AS sk FROM a GROUP BY s",
+    "SELECT a.k, a.s, r.s AS rs, r.v FROM a LEFT JOIN r ON a.s = r.s",
+    "SELECT a.s, r.v, r.s AS rs FROM a INNER JOIN r ON a.s IS NOT DISTINCT FROM r.s AND a.k = r.k",
+    "SELECT a.i, r.s, r.y FROM a LEFT JOIN r ON a.k = r.k WHERE a.i > 0",
+    "WITH u AS (SELECT s, k FROM a WHERE s IS NULL OR k > 0 UNION ALL SELECT s, k FROM r WHERE NOT (s IS NULL)) "
+    "SELECT s, MAX(k) AS m, COUNT(*) AS n FROM u GROUP BY s",
+    "SELECT s, k FROM a UNION ALL SELECT s, v FROM r",
+    "SELECT s, 'lit' AS l, s = 'ab' AS e, s < 'b' AS lt, s <> 'a' AS ne, 'b' >= s AS ge, s IS NOT DISTINCT FROM 'a' AS nd, "
+    "s IN ('a', 'straße', '') AS i FROM a WHERE s > '' OR k = 0",
+    "SELECT a.s, r.s AS rs, a.s = r.s AS e, a.s > r.s AS g, a.s IS DISTINCT FROM r.s AS d FROM a LEFT JOIN r ON a.k = r.k",
 ]
 
 
@@ -132,7 +146,7 @@ def _fresh(sql: str) -> tuple[CompiledStep, dict]:
     step = CompiledStep(parse_one(sql, read="duckdb"), step.schemas, step.expected)
     a = pa.table({"k": pa.array([1, 2], pa.int64()), "i": pa.array([3, None], pa.int32()),
                   "x": [0.5, float("nan")], "b": [True, None], "h": pa.array([7, 8], pa.decimal128(38, 0)),
-                  "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2))})
+                  "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2)), "s": ["x", None]})
     return step, {"a": a, "r": _empty(R)}
 
 

@@ -277,7 +277,7 @@ class _Compiler:
         if node.is_string:
             value = node.this
             return Expr(pa.string(), lambda f: Vec(pa.string(), array=pa.array([value] * f.n, pa.string())),
-                        value=value, literal=True)
+                        value=value, literal=True, emit=lambda g, f: gen.string_constant(g, value, f.n))
         try:
             value = int(node.this)
         except ValueError:
@@ -537,7 +537,8 @@ class _Compiler:
                     data = g.let(f"np.where({vx} & {vy}, {data}, ~{vx} & ~{vy})")
                 return gen.Col("BOOLEAN", data if op == "eq" else g.let(f"~{data}"), None)
             return gen.Col("BOOLEAN", data, g.both(x.valid, y.valid))
-        return Expr("BOOLEAN", run, emit=_emits(emit, a, b) if emit_kernel else None)
+        strings = gen.is_string(a.type) and a.type == b.type  # (emit_kernel takes them: _emit_comparison)
+        return Expr("BOOLEAN", run, emit=(_emits_any if strings else _emits)(emit, a, b) if emit_kernel else None)
 
     def _eq(self, node):
         return self._compare(node, "eq")
@@ -621,7 +622,7 @@ class _Compiler:
             if valid is None:
                 return gen.Col("BOOLEAN", g.let(f"np.zeros({f.n}, bool)"), None)
             return gen.Col("BOOLEAN", g.let(f"np.zeros({f.n}, bool) if {valid} is None else ~{valid}"), None)
-        return Expr("BOOLEAN", run, emit=_emits(emit, a))
+        return Expr("BOOLEAN", run, emit=_emits_any(emit, a))
 
     # --- conditionals -------------------------------------------------------------
     def _case(self, node: exp.Case) -> Expr:
@@ -776,7 +777,12 @@ class _Compiler:
                 hit = pc.is_in(column, value_set=members)
                 valid = np.asarray(column.is_valid()) if column.null_count else None
                 return Vec.of("BOOLEAN", np.asarray(hit.fill_null(False)), valid)
-            return Expr("BOOLEAN", run_set)
+
+            def emit_set(g, f):
+                col = x.emit(g, f)
+                data = g.let(f"string_in({gen.string_values(g, col)}, {g.const(members, 'set')})")
+                return gen.Col("BOOLEAN", data, col.valid)
+            return Expr("BOOLEAN", run_set, emit=_emits_any(emit_set, x))
         force = _decimal_comparison_type([x, *values])
         tests = [self._compared(x, v, "eq", force=force) for v in values]
 
@@ -1198,7 +1204,14 @@ def _comparison(a: Expr, b: Expr, op: str, force=None):
 # --- generated code (generated.py): the emitters' shared pieces ------------------------------------
 
 def _emits(emit: Callable, *parts: Expr) -> Callable | None:
-    """``emit`` when every operand has an emitter, else None (the expression is not generated)."""
+    """``emit`` when every operand has an emitter, else None (the expression is not generated). An operand
+    of an Arrow type (a string) is refused: generated code holds it as positions, not values (see
+    generated.Col); only emitters that read no value of it take one (``_emits_any``)."""
+    return emit if all(p.emit is not None and isinstance(p.type, str) for p in parts) else None
+
+
+def _emits_any(emit: Callable, *parts: Expr) -> Callable | None:
+    """``_emits`` for an emitter that reads only its operands' NULLs (IS NULL), so any type will do."""
     return emit if all(p.emit is not None for p in parts) else None
 
 
@@ -1263,6 +1276,16 @@ def _emit_comparison(a: Expr, b: Expr, op: str, force=None):
         floating = t == "DOUBLE"
     elif a.type == "BOOLEAN" and b.type == "BOOLEAN":
         t, floating = "BOOLEAN", False
+    elif gen.is_string(a.type) and a.type == b.type:
+        # As _comparison: Arrow's kernel over the gathered strings (UTF-8 byte order, DuckDB's default
+        # collation); a literal side is one scalar.
+        right = _scalar_side(b)
+
+        def emit_text(g, x, y):
+            left = gen.string_values(g, x)
+            other = g.const(right, "s") if right is not None else gen.string_values(g, y)
+            return g.let(f"compare_strings({op!r}, {left}, {other})")
+        return emit_text
     else:
         return None
 

@@ -35,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ivm.execute.compiled import kernels
 from ivm.execute.compiled.vectors import (
@@ -48,12 +49,43 @@ class Col:
     """A column while generating: the names of its data and validity variables (``valid`` None: no NULL);
     ``scalar``: for a constant, the name of its value as a numpy scalar (an operation with a column takes
     it as it is, and the column of copies is never made unless something reads ``data``); ``arrow``: for an
-    input column, the name of its Arrow array (a result passing it on returns it as it is, unread)."""
+    input column, the name of its Arrow array (a result passing it on returns it as it is, unread).
 
-    __slots__ = ("type", "data", "valid", "scalar", "arrow")
+    A string column (an Arrow type) is late-materialized: ``data`` holds int64 positions into the Arrow
+    array named by ``base``, and ``valid`` its NULLs as for any column. Taking rows (filters, joins,
+    group keys) then moves positions with numpy, as for numbers; the strings are gathered once, where a
+    result, a key code or a set operation needs them (``strings``). No arithmetic or comparison emitter
+    accepts one (expressions._emits): positions are not values."""
 
-    def __init__(self, type_, data: str, valid: str | None, scalar: str | None = None, arrow: str | None = None):
-        self.type, self.data, self.valid, self.scalar, self.arrow = type_, data, valid, scalar, arrow
+    __slots__ = ("type", "data", "valid", "scalar", "arrow", "base")
+
+    def __init__(self, type_, data: str, valid: str | None, scalar: str | None = None, arrow: str | None = None,
+                 base: str | None = None):
+        self.type, self.data, self.valid, self.scalar, self.arrow, self.base = type_, data, valid, scalar, arrow, base
+
+
+def is_string(t) -> bool:
+    """A string column's type: generated code carries it as positions into an Arrow array (``Col``)."""
+    return isinstance(t, pa.DataType) and (pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def string_constant(g: "Gen", value: str, n: str) -> Col:
+    """A string literal as a column: position 0, on every row, into a one-value array."""
+    base = g.const(pa.array([value], pa.string()), "s")
+    return Col(pa.string(), g.let(f"np.zeros({n}, np.int64)"), None, base=base)
+
+
+def string_values(g: "Gen", col: Col) -> str:
+    """The name of a string column's values as an Arrow array (gathered from its base)."""
+    if col.base is None:
+        raise Unsupported("a string column without its array in generated code")
+    return g.let(f"strings({col.base}, {col.data}, {col.valid})", "a")
+
+
+def moved(c: Col, data: str, valid: str | None) -> Col:
+    """``c``'s column after its rows moved (a take): ``data``/``valid`` are the moved variables; a string
+    column keeps its base array."""
+    return Col(c.type, data, valid, base=c.base)
 
 
 def operands(*cols: Col) -> list[str]:
@@ -271,9 +303,12 @@ def key_codes(g: Gen, left: list[Col], right: list[Col] | None, n_left: str, n_r
 
 
 def _vecs(g: Gen, cols: list[Col]) -> str:
-    """Source of the Vecs of generated columns (for the kernels that code keys)."""
+    """Source of the Vecs of generated columns (for the kernels that code keys); string columns are
+    gathered into Arrow arrays (the kernels code strings as the closures' Vecs hold them)."""
+    if any(is_string(c.type) and c.base is None for c in cols):
+        raise Unsupported("a string key without its array in generated code")
     types = g.const(tuple(c.type for c in cols), "types")
-    return f"vecs({types}, ({''.join(f'({c.data}, {c.valid}), ' for c in cols)}))"
+    return f"vecs({types}, ({''.join(f'({c.data}, {c.valid}, {c.base}), ' for c in cols)}))"
 
 
 # --- run time helpers (one call each where the closures make several) -------------------------------
@@ -282,6 +317,8 @@ def read(arr: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
     """An input column as Vec.np() reads it: (data, valid); ``kind``: 'f' DOUBLE, 'i' integers, dates and
     timestamps (as int64), 'b' BOOLEAN, 'd' decimal128 (as int64; Fallback past it)."""
     valid = np.asarray(arr.is_valid()) if arr.null_count else None
+    if kind == "s":  # positions into ``arr`` (see Col)
+        return np.arange(len(arr), dtype=np.int64), valid
     if kind == "d":
         low, fits = int64_values(arr)
         if not (fits if valid is None else (fits | ~valid)).all():
@@ -304,6 +341,8 @@ def read_kind(t) -> str:
         return "d"
     if is_int(t) or t in ("DATE", "TIMESTAMP"):
         return "i"
+    if is_string(t):
+        return "s"
     raise Unsupported(f"a column of {t} in generated code")
 
 
@@ -357,8 +396,40 @@ def outer(li: np.ndarray, ri: np.ndarray, n: int, left: bool):
 
 
 def vecs(types: tuple, columns: tuple) -> list[Vec]:
-    """(data, valid) pairs as Vecs, for the kernels that code keys (a few calls a step)."""
-    return [Vec.of(t, d, v) for t, (d, v) in zip(types, columns)]
+    """(data, valid, base) columns as Vecs, for the kernels that code keys (a few calls a step); a string
+    column's strings are gathered from its ``base`` array."""
+    return [Vec.of(t, d, v) if base is None else Vec(t, array=strings(base, d, v)) for t, (d, v, base) in zip(types, columns)]
+
+
+def strings(base: pa.Array, positions: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """A string column's values: ``base`` at ``positions``, NULL where not ``valid`` (see Col)."""
+    if valid is None and len(positions) == len(base) and (
+            not len(positions) or (positions[0] == 0 and positions[-1] == len(base) - 1
+                                   and bool((np.diff(positions) == 1).all()))):
+        return base  # every row in order: the array itself
+    return base.take(pa.array(positions, pa.int64(), mask=None if valid is None else ~valid))
+
+
+_STRING_ORDER = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal, "gt": pc.greater,
+                 "ge": pc.greater_equal}
+
+
+def compare_strings(op: str, left: pa.Array, right) -> np.ndarray:
+    """``left op right`` over strings (an array or a scalar) as bool data; NULLs are the caller's."""
+    return np.asarray(_STRING_ORDER[op](left, right).fill_null(False))
+
+
+def string_in(values: pa.Array, members: pa.Array) -> np.ndarray:
+    """``values IN (members)`` as bool data (a NULL value: false here, NULL by the caller's validity)."""
+    return np.asarray(pc.is_in(values, value_set=members).fill_null(False))
+
+
+def concat_strings(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray | None, pa.Array]:
+    """UNION ALL of two string columns (data, valid, base): one base array holding both, every row once."""
+    (da, va, base_a), (db, vb, base_b) = a, b
+    base = pa.concat_arrays([strings(base_a, da, va), strings(base_b, db, vb)])
+    valid = np.asarray(base.is_valid()) if base.null_count else None
+    return np.arange(len(base), dtype=np.int64), valid, base
 
 
 def concat(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray | None]:
@@ -375,6 +446,10 @@ def to_arrow(g: Gen, col: Col, n: str) -> str:
     t = col.type
     if col.arrow is not None:
         return col.arrow
+    if is_string(t):
+        if col.base is None:
+            raise Unsupported("a string column without its array in generated code")
+        return f"strings({col.base}, {col.data}, {col.valid})"
     mask = "None" if col.valid is None else f"None if {col.valid} is None else ~{col.valid}"
     if t == "NULL":
         return f"pa.nulls({n})"
@@ -400,7 +475,8 @@ def build(rel, expected_names: list[str]) -> tuple[Callable[[dict], list[pa.Arra
     g.line("return [" + ", ".join(outs) + "]")
     source = g.source()
     namespace = dict(g.names)
-    namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, vecs=vecs, concat=concat, matches=kernels.matches,
+    namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, vecs=vecs, concat=concat,
+                     strings=strings, concat_strings=concat_strings, compare_strings=compare_strings, string_in=string_in, matches=kernels.matches,
                      joint_codes=kernels.joint_codes, codes=kernels.codes, groups=kernels.groups,
                      group_count=kernels.group_count, group_sum=kernels.group_sum,
                      group_extreme=kernels.group_extreme, group_all=kernels.group_all)

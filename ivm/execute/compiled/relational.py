@@ -179,11 +179,18 @@ class _Query:
                 def column(g, i):
                     x, y = a.col(g, i), b.col(g, i)
                     d, v = g.var("d"), g.var("m")
+                    if gen.is_string(types[i]):
+                        if x.base is None or y.base is None:
+                            raise Unsupported("a string column without its array in generated code")
+                        base = g.var("a")
+                        g.line(f"{d}, {v}, {base} = concat_strings(({x.data}, {x.valid}, {x.base}), "
+                               f"({y.data}, {y.valid}, {y.base}))")
+                        return gen.Col(types[i], d, v, base=base)
                     g.line(f"{d}, {v} = concat(({x.data}, {x.valid}), ({y.data}, {y.valid}))")
                     return gen.Col(types[i], d, v)
                 return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
                                   g.let(f"{a.n} + {b.n}", "n"))
-            same_types = lt == rt == types and all(isinstance(t, str) for t in types)
+            same_types = lt == rt == types and all(isinstance(t, str) or gen.is_string(t) for t in types)
             rel = Rel(shape, run, emit if same_types and left.emit and right.emit else None)
             return (_distinct(rel) if distinct else rel), names
         keep_found = what == "INTERSECT"
@@ -282,7 +289,7 @@ class _Query:
                 def column(g, i):
                     array, d, v = g.let(f"one_array({table}.column({i}))", "a"), g.var("d"), g.var("m")
                     g.line(f"{d}, {v} = read({array}, {gen.read_kind(types[i])!r})")  # (removed if not read)
-                    return gen.Col(types[i], d, v, arrow=array)
+                    return gen.Col(types[i], d, v, arrow=array, base=array if gen.is_string(types[i]) else None)
                 return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
                                   g.let(f"{table}.num_rows", "n"))
             return Rel(shape, run, emit)
@@ -350,18 +357,18 @@ class _Query:
                 data = g.let(f"{c.data} if {li} is None else {c.data}[{li}]", "d")
                 valid = None if c.valid is None else g.let(
                     f"{c.valid} if {li} is None or {c.valid} is None else {c.valid}[{li}]", "m")
-                return gen.Col(c.type, data, valid)
+                return gen.moved(c, data, valid)
 
             def right_column(g, i):
                 c = rf.col(g, i)
                 d, v = g.var("d"), g.var("m")
                 g.line(f"{d}, {v} = take({c.data}, {c.valid}, {ri}, {missing})")
-                return gen.Col(c.type, d, v)
+                return gen.moved(c, d, v)
             makers = [lambda g, i=i: left_column(g, i) for i in range(len(left.shape.columns))]
             makers += [lambda g, i=i: right_column(g, i) for i in range(len(right.shape.columns))]
             return gen.GFrame(makers, g.let(f"len({ri})", "n"))
         generated = pairs and not residual and left.emit and right.emit and all(
-            x.emit and y.emit and isinstance(x.type, str) and isinstance(y.type, str) for x, y, _ in pairs)
+            x.emit and y.emit and _generated_key(x.type, y.type) for x, y, _ in pairs)
         return Rel(shape, run, emit if generated else None), where
 
     def where(self, rel: Rel, conds: list[exp.Expression], env) -> Rel:
@@ -489,11 +496,11 @@ class _Query:
             cols = []
             for k in key_cols:
                 valid = None if k.valid is None else g.let(f"None if {k.valid} is None else {k.valid}[{first}]")
-                cols.append(gen.Col(k.type, g.let(f"{k.data}[{first}]", "d"), valid))
+                cols.append(gen.moved(k, g.let(f"{k.data}[{first}]", "d"), valid))
             cols += [c.emit(g, frame, order, starts) for c in calls]
             return gen.GFrame([lambda g, c=c: c for c in cols], g.let(f"len({starts})", "n"))
-        generated = not global_ and rel.emit and all(k.emit and isinstance(k.type, str) for k in keys) and all(
-            c.arg is None or c.arg.emit for c in calls)
+        generated = not global_ and rel.emit and all(k.emit and _generated_key(k.type) for k in keys) and all(
+            c.arg is None or (c.arg.emit and (c.func == "count" or isinstance(c.arg.type, str))) for c in calls)
         return Rel(shape, run, emit if generated else None), subst
 
     def scalars(self, rel: Rel, conds: list[exp.Expression], env) -> tuple[Rel, list[exp.Expression]]:
@@ -665,12 +672,20 @@ def _emit_pair_codes(g, pairs, lf, rf) -> str:
     return f"{lc}, {rc}, {skips[0]}, {skips[1]}"
 
 
+def _generated_key(*types) -> bool:
+    """Key columns generated code codes: our computed types, or strings of one Arrow type (coded from their
+    gathered arrays, as the closures code them)."""
+    if all(isinstance(t, str) for t in types):
+        return True
+    return all(gen.is_string(t) for t in types) and len(set(types)) == 1
+
+
 def _emit_take(g, frame, rows: str):
     """``frame``'s rows at the positions in variable ``rows`` (each column gathered where first used)."""
     def column(g, i):
         c = frame.col(g, i)
         valid = None if c.valid is None else g.let(f"None if {c.valid} is None else {c.valid}[{rows}]", "m")
-        return gen.Col(c.type, g.let(f"{c.data}[{rows}]", "d"), valid)
+        return gen.moved(c, g.let(f"{c.data}[{rows}]", "d"), valid)
     return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(frame.makers))], g.let(f"len({rows})", "n"))
 
 
