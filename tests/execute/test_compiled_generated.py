@@ -80,6 +80,15 @@ STATEMENTS = [
     "SELECT s, 'lit' AS l, s = 'ab' AS e, s < 'b' AS lt, s <> 'a' AS ne, 'b' >= s AS ge, s IS NOT DISTINCT FROM 'a' AS nd, "
     "s IN ('a', 'straße', '') AS i FROM a WHERE s > '' OR k = 0",
     "SELECT a.s, r.s AS rs, a.s = r.s AS e, a.s > r.s AS g, a.s IS DISTINCT FROM r.s AS d FROM a LEFT JOIN r ON a.k = r.k",
+    "SELECT s LIKE '%a%' AS l1, s NOT LIKE 'st%' AS l2, s LIKE '' AS l3, SUBSTRING(s, 2, 2) AS sub, "
+    "SUBSTRING(s, 1) AS rest FROM a WHERE SUBSTRING(s, 1, 1) IN ('a', 's') OR s IS NULL",
+    "SELECT SUBSTRING(s, 1, 1) AS c, COUNT(*) AS n FROM a GROUP BY SUBSTRING(s, 1, 1)",
+    "SELECT k IN (1, -2, 3) AS i1, i IN (k, 0) AS i2, x IN (1.5, 0) AS i3, d IN (1.25, 2) AS i4 FROM a "
+    "WHERE k NOT IN (4, 5)",
+    "SELECT DISTINCT s, k, x FROM a",
+    "SELECT s, k FROM a UNION SELECT s, v FROM r",
+    # a global aggregate (over no rows the closures make its one row)
+    "SELECT COUNT(*) AS n, SUM(i) AS si, MAX(x) AS mx, COUNT(s) AS cs, MIN(d) AS md FROM a WHERE k > -3",
 ]
 
 

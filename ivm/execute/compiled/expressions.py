@@ -792,7 +792,15 @@ class _Compiler:
                 ti, fi = truth(test.fn(f))
                 t, fl = (ti, fi) if t is None else (t | ti, fl & fi)
             return Vec.of("BOOLEAN", t, t | fl)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):  # the three-valued OR of the equalities, as run
+            cols = [test.emit(g, f) for test in tests]
+            t = fl = None
+            for col in cols:
+                ti, fi = gen.truth(g, col, f.n)
+                t, fl = (ti, fi) if t is None else (g.let(f"{t} | {ti}"), g.let(f"{fl} & {fi}"))
+            return gen.boolean(g, t, fl, *cols)
+        return Expr("BOOLEAN", run, emit=_emits(emit, *tests))
 
     def _like(self, node: exp.Like) -> Expr:
         """``s [NOT] LIKE 'pattern'`` with a constant pattern of literal text and ``%`` only: an anchored RE2
@@ -819,7 +827,12 @@ class _Compiler:
                 hit = pc.invert(hit)
             valid = np.asarray(column.is_valid()) if column.null_count else None
             return Vec.of("BOOLEAN", np.asarray(hit.fill_null(False)), valid)
-        return Expr("BOOLEAN", run)
+
+        def emit(g, f):
+            col = a.emit(g, f)
+            data = g.let(f"string_like({gen.string_values(g, col)}, {regex!r}, {negate})")
+            return gen.Col("BOOLEAN", data, col.valid)
+        return Expr("BOOLEAN", run, emit=_emits_any(emit, a))
 
     def _extract(self, node: exp.Extract) -> Expr:
         """``EXTRACT(YEAR|MONTH|DAY FROM d)`` of a DATE or TIMESTAMP: a BIGINT, by numpy's calendar (the
@@ -867,7 +880,12 @@ class _Compiler:
         def run(f):
             column = a.fn(f).arrow()
             return Vec(t, array=pc.utf8_slice_codeunits(column, begin, stop))
-        return Expr(t, run)
+
+        def emit(g, f):  # a new string column: its own array, every row once
+            col = a.emit(g, f)
+            base = g.let(f"string_slice({gen.string_values(g, col)}, {begin}, {stop})", "a")
+            return gen.Col(t, g.let(f"np.arange(len({base}), dtype=np.int64)"), col.valid, base=base)
+        return Expr(t, run, emit=_emits_any(emit, a))
 
     def _trycast(self, node: exp.TryCast) -> Expr:
         """``TRY_CAST`` between integer types: a value outside the target is NULL (not an error)."""

@@ -424,6 +424,17 @@ def string_in(values: pa.Array, members: pa.Array) -> np.ndarray:
     return np.asarray(pc.is_in(values, value_set=members).fill_null(False))
 
 
+def string_like(values: pa.Array, regex: str, negate: bool) -> np.ndarray:
+    """expressions._like's match (an anchored RE2 pattern) as bool data; NULLs are the caller's."""
+    hit = pc.match_substring_regex(values, regex)
+    return np.asarray((pc.invert(hit) if negate else hit).fill_null(False))
+
+
+def string_slice(values: pa.Array, begin: int, stop: int | None) -> pa.Array:
+    """expressions._substring's characters ``begin`` .. ``stop`` - 1 of every value."""
+    return pc.utf8_slice_codeunits(values, begin, stop)
+
+
 def concat_strings(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray | None, pa.Array]:
     """UNION ALL of two string columns (data, valid, base): one base array holding both, every row once."""
     (da, va, base_a), (db, vb, base_b) = a, b
@@ -476,7 +487,7 @@ def build(rel, expected_names: list[str]) -> tuple[Callable[[dict], list[pa.Arra
     source = g.source()
     namespace = dict(g.names)
     namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, vecs=vecs, concat=concat,
-                     strings=strings, concat_strings=concat_strings, compare_strings=compare_strings, string_in=string_in, matches=kernels.matches,
+                     strings=strings, concat_strings=concat_strings, compare_strings=compare_strings, string_in=string_in, string_like=string_like, string_slice=string_slice, matches=kernels.matches,
                      joint_codes=kernels.joint_codes, codes=kernels.codes, groups=kernels.groups,
                      group_count=kernels.group_count, group_sum=kernels.group_sum,
                      group_extreme=kernels.group_extreme, group_all=kernels.group_all)

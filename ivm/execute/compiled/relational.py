@@ -492,14 +492,18 @@ class _Query:
                 if k.type == "DOUBLE":
                     g.fallback_if(f"{zero}({k.data}, {k.valid})", "GROUP BY a DOUBLE -0.0")
             order, starts, first = g.var("order"), g.var("starts"), g.var("first")
-            g.line(f"{order}, {starts}, {first} = groups({gen.key_codes(g, key_cols, None, frame.n, None)})")
+            if global_:  # one group of every row; over no rows the closures make the one row of empty results
+                g.fallback_if(f"{frame.n} == 0", "a global aggregate over no rows")
+                g.line(f"{order}, {starts} = np.arange({frame.n}), np.zeros(1, np.int64)")
+            else:
+                g.line(f"{order}, {starts}, {first} = groups({gen.key_codes(g, key_cols, None, frame.n, None)})")
             cols = []
             for k in key_cols:
                 valid = None if k.valid is None else g.let(f"None if {k.valid} is None else {k.valid}[{first}]")
                 cols.append(gen.moved(k, g.let(f"{k.data}[{first}]", "d"), valid))
             cols += [c.emit(g, frame, order, starts) for c in calls]
             return gen.GFrame([lambda g, c=c: c for c in cols], g.let(f"len({starts})", "n"))
-        generated = not global_ and rel.emit and all(k.emit and _generated_key(k.type) for k in keys) and all(
+        generated = rel.emit and all(k.emit and _generated_key(k.type) for k in keys) and all(
             c.arg is None or (c.arg.emit and (c.func == "count" or isinstance(c.arg.type, str))) for c in calls)
         return Rel(shape, run, emit if generated else None), subst
 
@@ -920,7 +924,19 @@ def _distinct(rel: Rel) -> Rel:
             raise Fallback("DISTINCT over a DOUBLE -0.0 (DuckDB keeps the zero it met first)")
         _, _, first = groups(codes(frame.cols, frame.n))
         return frame.take(np.sort(first))
-    return Rel(rel.shape, run)
+
+    def emit(g):
+        frame = rel.emit(g)
+        cols = [frame.col(g, i) for i in range(len(frame.makers))]
+        zero = g.const(negative_zero, "negative_zero")
+        for c in cols:
+            if c.type == "DOUBLE":
+                g.fallback_if(f"{zero}({c.data}, {c.valid})", "DISTINCT over a DOUBLE -0.0")
+        first = g.var("first")
+        g.line(f"_, _, {first} = groups({gen.key_codes(g, cols, None, frame.n, None)})")
+        return _emit_take(g, frame, g.let(f"np.sort({first})", "rows"))
+    generated = rel.emit and all(_generated_key(t) for *_, t in rel.shape.columns)
+    return Rel(rel.shape, run, emit if generated else None)
 
 
 class _Call:
