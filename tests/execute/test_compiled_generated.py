@@ -87,6 +87,8 @@ STATEMENTS = [
     "WHERE k NOT IN (4, 5)",
     "SELECT DISTINCT s, k, x FROM a",
     "SELECT s, k FROM a UNION SELECT s, v FROM r",
+    "SELECT k, s FROM a WHERE EXISTS (SELECT 1 FROM r WHERE r.k = a.k AND r.v > 0)",
+    "SELECT k, i FROM a WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.s IS NOT DISTINCT FROM a.s AND r.k = a.k)",
     # a global aggregate (over no rows the closures make its one row)
     "SELECT COUNT(*) AS n, SUM(i) AS si, MAX(x) AS mx, COUNT(s) AS cs, MIN(d) AS md FROM a WHERE k > -3",
 ]

@@ -411,7 +411,18 @@ class _Query:
                 inf = inf.take(np.flatnonzero(truth(cond.fn(inf))[0]))
             _, _, count = matches(*_pair_codes(pairs, of, inf))
             return of.take(np.flatnonzero(count == 0 if anti else count > 0))
-        return Rel(outer.shape, run)
+
+        def emit(g):
+            of, inf = outer.emit(g), inner.emit(g)
+            for cond in local:
+                keep, _ = gen.truth(g, cond.emit(g, inf), inf.n)
+                inf = _emit_take(g, inf, g.let(f"np.flatnonzero({keep})", "rows"))
+            count = g.var("count")
+            g.line(f"_, _, {count} = matches({_emit_pair_codes(g, pairs, of, inf)})")
+            return _emit_take(g, of, g.let(f"np.flatnonzero({count} {'==' if anti else '>'} 0)", "rows"))
+        generated = outer.emit and inner.emit and all(c.emit for c in local) and all(
+            x.emit and y.emit and _generated_key(x.type, y.type) for x, y, _ in pairs)
+        return Rel(outer.shape, run, emit if generated else None)
 
     @staticmethod
     def _predicates(conds: list[exp.Expression], shape: Shape, subst) -> list[Expr]:
