@@ -202,6 +202,15 @@ def _narrowed(column: pa.ChunkedArray, target: pa.DataType) -> pa.Array | None:
     return pa.array(low, pa.int64(), mask=None if valid is None else ~valid)
 
 
+def all_live(n_rows: int) -> np.ndarray:
+    """Packed liveness bits (LSB first, padding bits 0) with every one of ``n_rows`` rows live (a new array):
+    ``np.packbits`` of ``n_rows`` ones without making them."""
+    live = np.full((n_rows + 7) // 8, 0xFF, dtype=np.uint8)
+    if n_rows % 8:
+        live[-1] = (1 << (n_rows % 8)) - 1
+    return live
+
+
 def unpack_live(live: np.ndarray | None, n_rows: int) -> np.ndarray:
     """Packed liveness bits (LSB first; None = all live) as one bool per row."""
     if live is None:
@@ -243,7 +252,7 @@ class Run:
         """The liveness as packed bits (LSB first; padding bits 0), all ones when ``live`` is None."""
         if self.live is not None:
             return self.live
-        return np.packbits(np.ones(self.n_rows, dtype=bool), bitorder="little")
+        return all_live(self.n_rows)
 
     def is_live(self, rows: np.ndarray) -> np.ndarray:
         if self.live is None:
@@ -325,8 +334,10 @@ def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill
                     lambda t: {key: build_index(t, key, coder) for key in keys if key}, spill)
 
 
-def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
-    """Live row positions of ``run`` whose code is one of ``probes`` (unique)."""
+def _gather(run: Run, index: RunIndex, probes: np.ndarray, mixed: list | None = None) -> np.ndarray:
+    """Live row positions of ``run`` whose code is one of ``probes`` (unique). ``mixed``: where the
+    probes' Fibonacci hashes (``probes * _GOLDEN``) are kept between the runs of one lookup (the same
+    for every run's filter; only the shift differs)."""
     dense = index.dense() if probes.dtype == np.uint64 else None
     if dense is not None:
         base, offsets = dense
@@ -340,13 +351,19 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray) -> np.ndarray:
         if (probes.dtype == np.uint64 and len(probes) >= FILTER_MIN_PROBES
                 and len(index.codes) <= FILTER_MAX_ROWS):
             shift, buckets = index.filter()
-            probes = probes[buckets[(probes * _GOLDEN) >> shift]]  # still sorted and unique
+            if mixed is None:
+                mixed = []
+            if not mixed:
+                mixed.append(probes * _GOLDEN)
+            probes = probes[buckets[mixed[0] >> shift]]  # still sorted and unique
         lo = np.searchsorted(index.codes, probes, side="left")
         if not index.unique:
             return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))
         if not len(index.codes):
             return np.empty(0, dtype=np.int64)
         found = lo[index.codes.take(lo, mode="clip") == probes]
+    if not len(found):  # (most small runs of a lookup hold none of its keys)
+        return np.empty(0, dtype=np.int64)
     # A unique index: at most one row per probe, where its offset or search landed.
     rows = index.rows[found].astype(np.int64, copy=False)
     return rows if run.live is None else rows[run.is_live(rows)]
@@ -489,7 +506,7 @@ class Relation:
         return self._with_positions(parts, positions, columns)
 
     def lookup(self, key: Key, probe_codes: np.ndarray, positions: bool = False, scan: bool = True,
-               columns: list[str] | None = None) -> pa.Table:
+               columns: list[str] | None = None, distinct: bool = False) -> pa.Table:
         """Live rows whose ``key`` code is among ``probe_codes``, maybe more.
 
         Callers must re-check keys: collisions, and small relations returned
@@ -497,21 +514,23 @@ class Relation:
         however many probes there are (only a small relation is returned
         whole), for callers whose own work grows faster than linearly with
         the rows they get (a sort of them). ``columns``: only these (None:
-        all, the weight included).
+        all, the weight included). ``distinct``: ``probe_codes`` are sorted and distinct
+        already (``sorted_unique``'s result: not sorted again).
         """
         if not key:
             return self.all_rows(positions, columns)
         if key not in self.index_keys:
             raise InternalError(f"relation {self.name} has no index on ({', '.join(key)})")
-        probes = sorted_unique(probe_codes)
+        probes = probe_codes if distinct else sorted_unique(probe_codes)
         if len(probes) == 0:
             return self._with_positions([], positions, columns)
         live = self.num_rows
         if live <= SMALL_RELATION or (scan and len(probes) * PROBE_COST >= live):
             return self.all_rows(positions, columns)
         parts = []
+        mixed: list[np.ndarray] = []
         for r, run in enumerate(self.runs):
-            rows = _gather(run, run.indexes[key], probes)
+            rows = _gather(run, run.indexes[key], probes, mixed)
             if len(rows):
                 parts.append((r, rows))
         return self._with_positions(parts, positions, columns)
@@ -537,15 +556,18 @@ class Relation:
         """A new version without the given rows and with ``inserts`` appended."""
         runs = list(self.runs)
         if len(delete_runs):
-            for r in sorted_unique(delete_runs):
-                run = runs[int(r)]
-                rows = sorted_unique(delete_rows[delete_runs == r])
-                if not run.is_live(rows).all():
-                    raise InternalError(f"relation {self.name}: a row was deleted twice")
-                live = run.packed_live().copy()
-                clear = ~(np.left_shift(1, (rows & 7)).astype(np.uint8))
-                np.bitwise_and.at(live, rows >> 3, clear)
-                runs[int(r)] = replace(run, live=live, n_live=run.n_live - len(rows))
+            for r, rows in _by_run(delete_runs, delete_rows):
+                run = runs[r]
+                byte = rows >> 3
+                bit = np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
+                if run.live is None:
+                    live = all_live(run.n_rows)
+                else:
+                    if not (run.live[byte] & bit).all():
+                        raise InternalError(f"relation {self.name}: a row was deleted twice")
+                    live = run.live.copy()
+                np.bitwise_and.at(live, byte, ~bit)
+                runs[r] = replace(run, live=live, n_live=run.n_live - len(rows))
         if inserts is not None and inserts.num_rows:
             if inserts.schema != self.schema:
                 inserts = inserts.select(self.schema.names)
@@ -562,6 +584,25 @@ class Relation:
         if table.num_rows:
             runs = [make_run(table.select(self.schema.names).cast(self.schema), self.index_keys, coder, self.spill)]
         return replace(self, runs=tuple(runs), _cache={}, _cache_lock=threading.Lock())
+
+
+# (run, row) pairs sort as one integer: the run above this many bits of row position.
+_ROW_BITS = 40
+
+
+def _by_run(runs: np.ndarray, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each run named in ``runs`` (ascending) with its distinct ``rows``, sorted (pairs given twice
+    count once): one sort of the pairs, not a mask and a sort per run."""
+    runs = np.asarray(runs, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    if int(runs.max()) >= 1 << (63 - _ROW_BITS) or int(rows.max()) >= 1 << _ROW_BITS or int(rows.min()) < 0:
+        return [(int(r), sorted_unique(rows[runs == r])) for r in sorted_unique(runs)]
+    pairs = sorted_unique((runs << _ROW_BITS) | rows)
+    which = pairs >> _ROW_BITS
+    starts = np.flatnonzero(np.concatenate(([True], which[1:] != which[:-1])))
+    ends = np.append(starts[1:], len(pairs))
+    low = pairs & ((1 << _ROW_BITS) - 1)
+    return [(int(which[a]), low[a:b]) for a, b in zip(starts, ends)]
 
 
 def _scaled_bounds(column_type: pa.DataType, low: pa.Scalar, high: pa.Scalar) -> tuple[int, int] | None:

@@ -224,7 +224,8 @@ class ChangeApplier:
         identity = table.identity
         rows = batch.num_rows
         codes = self.coder.codes(batch, identity)
-        unique = len(sorted_unique(codes)) == len(codes)
+        probes = sorted_unique(codes)  # (the lookup's probes too: sorted once)
+        unique = len(probes) == len(codes)
         if table.primary_key and not unique and last_wins(batch, policy):
             last = _last_per_key(batch, codes, table.primary_key)
             if last is not None:
@@ -232,10 +233,14 @@ class ChangeApplier:
         # The index, never the whole table: matching sorts what the lookup returns, so a
         # large batch (a fold's backlog of 3.4M upserts into 16M rows) paid a sort of the
         # whole table (4.3 s of a 6.9 s conversion) where probing finds the ~20% that exist.
-        existing = relation.lookup(identity, codes, positions=True, scan=False)
+        in_numpy = bool(table.primary_key) and keyed_once.applies(table.primary_key, batch.schema)
+        # The numpy conversion reads the table's columns of the stored rows, not their weights: one
+        # column fewer gathered from the runs (random reads of the largest run's column).
+        existing = relation.lookup(identity, probes, positions=True, scan=False, distinct=True,
+                                   columns=list(table.column_names) if in_numpy else None)
         if table.primary_key and unique and not existing.num_rows and not _has_deletes(batch):
             return _all_inserted(table, batch)
-        if table.primary_key and keyed_once.applies(table.primary_key, batch.schema):
+        if in_numpy:
             # In numpy, keys matched by code and re-checked: every key once (the usual batch),
             # or keys repeated (ordered by __seq; None: two keys of the batch share a code).
             convert = keyed_once.changes if unique else keyed_once.repeated
@@ -244,6 +249,7 @@ class ChangeApplier:
                 if done.errors.num_rows:
                     self._raise_errors(table, done.errors)
                 return _change(done.olds, done.news, table.column_names, rows)
+            existing = relation.lookup(identity, probes, positions=True, scan=False, distinct=True)
         result = self._bag_numpy(table, batch, codes, existing, policy) if not table.primary_key else None
         if result is None:
             try:

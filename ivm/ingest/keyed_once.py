@@ -45,7 +45,17 @@ ERROR = "__error"
 
 def applies(key: tuple[str, ...], schema: pa.Schema) -> bool:
     """True when the Arrow path handles this table (a key, and columns Arrow compares as DuckDB)."""
-    return bool(key) and all(k in schema.names for k in key) and comparable(schema, schema.names)
+    known = _applies.get((key, schema))
+    if known is None:
+        known = bool(key) and all(k in schema.names for k in key) and comparable(schema, schema.names)
+        if len(_applies) >= 1024:
+            _applies.clear()
+        _applies[(key, schema)] = known
+    return known
+
+
+# (key, batch schema) -> applies(): asked for every batch, the answer depends on the types alone.
+_applies: dict[tuple[tuple[str, ...], pa.Schema], bool] = {}
 
 
 def comparable(schema: pa.Schema, names) -> bool:  # noqa: ANN001
@@ -76,15 +86,20 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     exact = len(key) == 1 and pa.types.is_integer(batch.schema.field(key[0]).type)
     found = match_rows(batch, batch_codes, existing, coder.codes(existing, key), key, exact)
     existed = found >= 0
-    ops = batch.column(OP)
-    is_d = pc.equal(ops, "d").to_numpy(zero_copy_only=False)
-    bad = pc.equal(ops, "c").to_numpy(zero_copy_only=False) & existed
+    letters = op_letters(batch.column(OP))
+    is_d = letters == ord("d")
+    bad = (letters == ord("c")) & existed
     if policy != "ignore":
         bad |= is_d & ~existed
     same = np.zeros(batch.num_rows, dtype=bool)
     compared = np.flatnonzero(existed & ~is_d & ~bad)  # upserts of stored keys: did the row change?
     if len(compared):
-        same[compared] = same_rows(names, batch, compared, existing, found[compared])
+        # Only the other columns: a row matched its stored row on the key (its code, re-checked).
+        others = [n for n in names if n not in key]
+        if others:
+            same[compared] = same_rows(others, batch, compared, existing, found[compared])
+        else:
+            same[compared] = True
     deleted = np.flatnonzero(existed & ~bad & ~same)
     inserted = np.flatnonzero(~is_d & ~bad & ~same)
     olds = existing.select(names + [RUN, POS]).take(found[deleted])
@@ -126,9 +141,9 @@ def repeated(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batc
     if not exact and not same_rows(list(key), batch, order, batch, firsts[group]).all():
         return None  # a collision inside the batch
     found = match_rows(batch.take(firsts), batch_codes[firsts], existing, coder.codes(existing, key), key, exact)
-    ops = batch.column(OP)
-    is_d = pc.equal(ops, "d").to_numpy(zero_copy_only=False)
-    is_c = pc.equal(ops, "c").to_numpy(zero_copy_only=False)
+    letters = op_letters(batch.column(OP))
+    is_d = letters == ord("d")
+    is_c = letters == ord("c")
     # Did the key exist just before each row (in sorted order)?
     existed = np.empty(n, dtype=bool)
     existed[starts] = found >= 0
@@ -174,6 +189,37 @@ def convert(names: tuple[str, ...], key: str | tuple[str, ...], batch: pa.Table,
             rows.column(SEQ) if SEQ in rows.column_names else pa.nulls(n, pa.int64())]
         tables.append(pa.Table.from_arrays(columns, schema=schema))
     return pa.concat_tables(tables)
+
+
+def op_letters(ops: pa.ChunkedArray) -> np.ndarray:
+    """Each row's operation as its letter's byte (``ord("c")``...), read from the string buffers.
+
+    A normalized batch's ``__op`` holds one of c, r, u, d per row (ChangeNormalizer checks it):
+    the byte at each value's offset is the op. Two numpy reads per chunk instead of an Arrow
+    comparison per kind of op (~11 us each for 1,000 rows). Anything else (other types,
+    values that are not one byte, NULLs) is compared by Arrow, with the same answer."""
+    parts = []
+    for chunk in ops.chunks:
+        n = len(chunk)
+        if not n:
+            continue
+        buffers = chunk.buffers()
+        if (not pa.types.is_string(chunk.type) or chunk.null_count or buffers[2] is None):
+            return _arrow_letters(ops)
+        offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=4 * chunk.offset)
+        if offsets[-1] - offsets[0] != n or not (np.diff(offsets) == 1).all():
+            return _arrow_letters(ops)
+        parts.append(np.frombuffer(buffers[2], dtype=np.uint8)[offsets[:-1]])
+    if not parts:
+        return np.zeros(0, dtype=np.uint8)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _arrow_letters(ops: pa.ChunkedArray) -> np.ndarray:
+    letters = np.zeros(len(ops), dtype=np.uint8)
+    for op in ("c", "r", "u", "d"):
+        letters[pc.equal(ops, op).to_numpy(zero_copy_only=False).astype(bool)] = ord(op)
+    return letters
 
 
 def match_rows(batch: pa.Table, batch_codes: np.ndarray, existing: pa.Table, stored_codes: np.ndarray,
@@ -233,4 +279,8 @@ def not_distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     equal = numpy_not_distinct(a, b)
     if equal is not None:
         return equal
+    if not a.null_count and not b.null_count and not pa.types.is_floating(a.type) \
+            and not pa.types.is_floating(b.type):
+        # No NULLs and no NaNs: not distinct is equal (one Arrow call instead of six).
+        return pc.equal(a, b).to_numpy(zero_copy_only=False).astype(bool, copy=False)
     return arrow_not_distinct(a, b).to_numpy(zero_copy_only=False).astype(bool, copy=False)
