@@ -89,6 +89,9 @@ STATEMENTS = [
     "SELECT s, k FROM a UNION SELECT s, v FROM r",
     "SELECT k, s FROM a WHERE EXISTS (SELECT 1 FROM r WHERE r.k = a.k AND r.v > 0)",
     "SELECT k, i FROM a WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.s IS NOT DISTINCT FROM a.s AND r.k = a.k)",
+    # joins with a residual condition (in a LEFT join it decides what matches, as ON does)
+    "SELECT a.k, a.s, r.v, r.y FROM a LEFT JOIN r ON a.k = r.k AND r.v > a.i",
+    "SELECT a.k, r.v, r.s AS rs FROM a INNER JOIN r ON a.k = r.k AND (a.s < r.s OR r.y > a.x)",
     # a global aggregate (over no rows the closures make its one row)
     "SELECT COUNT(*) AS n, SUM(i) AS si, MAX(x) AS mx, COUNT(s) AS cs, MIN(d) AS md FROM a WHERE k > -3",
 ]

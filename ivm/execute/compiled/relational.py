@@ -350,7 +350,19 @@ class _Query:
         def emit(g):
             lf, rf = left.emit(g), right.emit(g)
             li, ri, missing = g.var("li"), g.var("ri"), g.var("missing")
-            g.line(f"{li}, {ri}, {missing} = pairs({_emit_pair_codes(g, pairs, lf, rf)}, {lf.n}, {outer})")
+            if residual:  # as run: the key pairs, those on which every residual is true, then the lonely rows
+                pl, pr = g.var("pl"), g.var("pr")
+                g.line(f"{pl}, {pr}, _ = matches({_emit_pair_codes(g, pairs, lf, rf)})")
+                paired = gen.GFrame([(lambda g, i=i: _emit_rows(g, lf.col(g, i), pl)) for i in range(len(lf.makers))]
+                                    + [(lambda g, i=i: _emit_rows(g, rf.col(g, i), pr)) for i in range(len(rf.makers))],
+                                    g.let(f"len({pl})", "n"))
+                keep = None
+                for p in residual:
+                    t, _ = gen.truth(g, p.emit(g, paired), paired.n)
+                    keep = t if keep is None else g.let(f"{keep} & {t}")
+                g.line(f"{li}, {ri}, {missing} = outer({pl}[{keep}], {pr}[{keep}], {lf.n}, {outer})")
+            else:
+                g.line(f"{li}, {ri}, {missing} = pairs({_emit_pair_codes(g, pairs, lf, rf)}, {lf.n}, {outer})")
 
             def left_column(g, i):
                 c = lf.col(g, i)
@@ -367,7 +379,7 @@ class _Query:
             makers = [lambda g, i=i: left_column(g, i) for i in range(len(left.shape.columns))]
             makers += [lambda g, i=i: right_column(g, i) for i in range(len(right.shape.columns))]
             return gen.GFrame(makers, g.let(f"len({ri})", "n"))
-        generated = pairs and not residual and left.emit and right.emit and all(
+        generated = pairs and left.emit and right.emit and all(p.emit for p in residual) and all(
             x.emit and y.emit and _generated_key(x.type, y.type) for x, y, _ in pairs)
         return Rel(shape, run, emit if generated else None), where
 
@@ -695,13 +707,16 @@ def _generated_key(*types) -> bool:
     return all(gen.is_string(t) for t in types) and len(set(types)) == 1
 
 
+def _emit_rows(g, c, rows: str):
+    """Column ``c`` at the positions in variable ``rows``."""
+    valid = None if c.valid is None else g.let(f"None if {c.valid} is None else {c.valid}[{rows}]", "m")
+    return gen.moved(c, g.let(f"{c.data}[{rows}]", "d"), valid)
+
+
 def _emit_take(g, frame, rows: str):
     """``frame``'s rows at the positions in variable ``rows`` (each column gathered where first used)."""
-    def column(g, i):
-        c = frame.col(g, i)
-        valid = None if c.valid is None else g.let(f"None if {c.valid} is None else {c.valid}[{rows}]", "m")
-        return gen.moved(c, g.let(f"{c.data}[{rows}]", "d"), valid)
-    return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(frame.makers))], g.let(f"len({rows})", "n"))
+    return gen.GFrame([lambda g, i=i: _emit_rows(g, frame.col(g, i), rows) for i in range(len(frame.makers))],
+                      g.let(f"len({rows})", "n"))
 
 
 def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.ndarray):
