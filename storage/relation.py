@@ -334,10 +334,10 @@ def make_run(table: pa.Table, keys: Sequence[Key], coder: KeyCoder, spill: Spill
                     lambda t: {key: build_index(t, key, coder) for key in keys if key}, spill)
 
 
-def _gather(run: Run, index: RunIndex, probes: np.ndarray, mixed: list | None = None) -> np.ndarray:
-    """Live row positions of ``run`` whose code is one of ``probes`` (unique). ``mixed``: where the
-    probes' Fibonacci hashes (``probes * _GOLDEN``) are kept between the runs of one lookup (the same
-    for every run's filter; only the shift differs)."""
+def _gather(run: Run, index: RunIndex, probes: np.ndarray, hashed: np.ndarray | None = None) -> np.ndarray:
+    """Live row positions of ``run`` whose code is one of ``probes`` (unique). ``hashed``: the probes'
+    Fibonacci hashes (``probes * _GOLDEN``), made once for all the runs of a lookup: each
+    run's filter takes its own shift of them."""
     dense = index.dense() if probes.dtype == np.uint64 else None
     if dense is not None:
         base, offsets = dense
@@ -351,11 +351,9 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray, mixed: list | None = 
         if (probes.dtype == np.uint64 and len(probes) >= FILTER_MIN_PROBES
                 and len(index.codes) <= FILTER_MAX_ROWS):
             shift, buckets = index.filter()
-            if mixed is None:
-                mixed = []
-            if not mixed:
-                mixed.append(probes * _GOLDEN)
-            probes = probes[buckets[mixed[0] >> shift]]  # still sorted and unique
+            if hashed is None:
+                hashed = probes * _GOLDEN
+            probes = probes[buckets[hashed >> shift]]  # still sorted and unique
         lo = np.searchsorted(index.codes, probes, side="left")
         if not index.unique:
             return _rows_from(run, index, lo, _equal_from(index.codes, probes, lo))
@@ -528,9 +526,9 @@ class Relation:
         if live <= SMALL_RELATION or (scan and len(probes) * PROBE_COST >= live):
             return self.all_rows(positions, columns)
         parts = []
-        mixed: list[np.ndarray] = []
+        hashed = probes * _GOLDEN if probes.dtype == np.uint64 and len(probes) >= FILTER_MIN_PROBES else None
         for r, run in enumerate(self.runs):
-            rows = _gather(run, run.indexes[key], probes, mixed)
+            rows = _gather(run, run.indexes[key], probes, hashed)
             if len(rows):
                 parts.append((r, rows))
         return self._with_positions(parts, positions, columns)

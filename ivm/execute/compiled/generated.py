@@ -435,10 +435,9 @@ def string_slice(values: pa.Array, begin: int, stop: int | None) -> pa.Array:
     return pc.utf8_slice_codeunits(values, begin, stop)
 
 
-def concat_strings(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray | None, pa.Array]:
-    """UNION ALL of two string columns (data, valid, base): one base array holding both, every row once."""
-    (da, va, base_a), (db, vb, base_b) = a, b
-    base = pa.concat_arrays([strings(base_a, da, va), strings(base_b, db, vb)])
+def concat_strings(a: pa.Array, b: pa.Array) -> tuple[np.ndarray, np.ndarray | None, pa.Array]:
+    """UNION ALL of two string columns' values: (positions, valid, base) of one array holding both."""
+    base = pa.concat_arrays([a, b])
     valid = np.asarray(base.is_valid()) if base.null_count else None
     return np.arange(len(base), dtype=np.int64), valid, base
 
@@ -458,9 +457,7 @@ def to_arrow(g: Gen, col: Col, n: str) -> str:
     if col.arrow is not None:
         return col.arrow
     if is_string(t):
-        if col.base is None:
-            raise Unsupported("a string column without its array in generated code")
-        return f"strings({col.base}, {col.data}, {col.valid})"
+        return string_values(g, col)
     mask = "None" if col.valid is None else f"None if {col.valid} is None else ~{col.valid}"
     if t == "NULL":
         return f"pa.nulls({n})"

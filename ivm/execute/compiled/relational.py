@@ -180,11 +180,8 @@ class _Query:
                     x, y = a.col(g, i), b.col(g, i)
                     d, v = g.var("d"), g.var("m")
                     if gen.is_string(types[i]):
-                        if x.base is None or y.base is None:
-                            raise Unsupported("a string column without its array in generated code")
                         base = g.var("a")
-                        g.line(f"{d}, {v}, {base} = concat_strings(({x.data}, {x.valid}, {x.base}), "
-                               f"({y.data}, {y.valid}, {y.base}))")
+                        g.line(f"{d}, {v}, {base} = concat_strings({gen.string_values(g, x)}, {gen.string_values(g, y)})")
                         return gen.Col(types[i], d, v, base=base)
                     g.line(f"{d}, {v} = concat(({x.data}, {x.valid}), ({y.data}, {y.valid}))")
                     return gen.Col(types[i], d, v)
@@ -510,20 +507,14 @@ class _Query:
         def emit(g):
             frame = rel.emit(g)
             key_cols = [k.emit(g, frame) for k in keys]
-            zero = g.const(negative_zero, "negative_zero")
-            for k in key_cols:
-                if k.type == "DOUBLE":
-                    g.fallback_if(f"{zero}({k.data}, {k.valid})", "GROUP BY a DOUBLE -0.0")
+            _emit_no_negative_zero(g, key_cols, "GROUP BY a DOUBLE -0.0")
             order, starts, first = g.var("order"), g.var("starts"), g.var("first")
             if global_:  # one group of every row; over no rows the closures make the one row of empty results
                 g.fallback_if(f"{frame.n} == 0", "a global aggregate over no rows")
                 g.line(f"{order}, {starts} = np.arange({frame.n}), np.zeros(1, np.int64)")
             else:
                 g.line(f"{order}, {starts}, {first} = groups({gen.key_codes(g, key_cols, None, frame.n, None)})")
-            cols = []
-            for k in key_cols:
-                valid = None if k.valid is None else g.let(f"None if {k.valid} is None else {k.valid}[{first}]")
-                cols.append(gen.moved(k, g.let(f"{k.data}[{first}]", "d"), valid))
+            cols = [_emit_rows(g, k, first) for k in key_cols]
             cols += [c.emit(g, frame, order, starts) for c in calls]
             return gen.GFrame([lambda g, c=c: c for c in cols], g.let(f"len({starts})", "n"))
         generated = rel.emit and all(k.emit and _generated_key(k.type) for k in keys) and all(
@@ -705,6 +696,14 @@ def _generated_key(*types) -> bool:
     if all(isinstance(t, str) for t in types):
         return True
     return all(gen.is_string(t) for t in types) and len(set(types)) == 1
+
+
+def _emit_no_negative_zero(g, cols, reason: str) -> None:
+    """Fall back where a DOUBLE key column holds -0.0 (DuckDB keeps the zero it met first)."""
+    zero = g.const(negative_zero, "negative_zero")
+    for c in cols:
+        if c.type == "DOUBLE":
+            g.fallback_if(f"{zero}({c.data}, {c.valid})", reason)
 
 
 def _emit_rows(g, c, rows: str):
@@ -954,10 +953,7 @@ def _distinct(rel: Rel) -> Rel:
     def emit(g):
         frame = rel.emit(g)
         cols = [frame.col(g, i) for i in range(len(frame.makers))]
-        zero = g.const(negative_zero, "negative_zero")
-        for c in cols:
-            if c.type == "DOUBLE":
-                g.fallback_if(f"{zero}({c.data}, {c.valid})", "DISTINCT over a DOUBLE -0.0")
+        _emit_no_negative_zero(g, cols, "DISTINCT over a DOUBLE -0.0")
         first = g.var("first")
         g.line(f"_, _, {first} = groups({gen.key_codes(g, cols, None, frame.n, None)})")
         return _emit_take(g, frame, g.let(f"np.sort({first})", "rows"))
