@@ -247,6 +247,9 @@ CHANGE_ERRORS = [
     ("orders", lambda: batch(id=["nine"], cust=[7], amount=[1.0], status=["x"]), "'nine'"),
     ("orders", lambda: batch(id=[9], cust=pa.array([None], pa.int64()), amount=[1.0], status=["x"]), "NOT NULL"),
     ("orders", lambda: batch(id=[9, 10], cust=[7, 7], amount=[1.0, 2.0], status=["x", "y"], __op=["c", "q"]), "unknown __op"),
+    # A delete may leave a NOT NULL column NULL, the other rows of its batch may not.
+    ("orders", lambda: batch(id=[1, 9], cust=pa.array([None, None], pa.int64()), amount=[None, 1.0],
+                             status=[None, "x"], __op=["d", "u"]), "NOT NULL but 1 row(s)"),
     ("events", lambda: batch(kind=["a"], val=[1], __op=["u"]), "no primary key"),
     ("events", lambda: batch(kind=["b"], val=[5], __op=["d"]), "do not exist"),
     ("events", lambda: batch(kind=["a", "a", "a"], val=[1, 1, 1], __op=["d", "d", "d"]), "do not exist"),
@@ -256,6 +259,13 @@ CHANGE_ERRORS = [
 @pytest.mark.parametrize("table, make, words", CHANGE_ERRORS, ids=[w for *_, w in CHANGE_ERRORS])
 def test_bad_change_batch_changes_nothing(db, table, make, words):
     assert_rejected(db, lambda: db.apply_changes(table, make()), ChangeError, words)
+
+
+def test_a_delete_may_leave_a_not_null_column_null_beside_upserts(db):
+    db.apply_changes("orders", batch(id=[1, 9], cust=pa.array([None, 8], pa.int64()), amount=[None, 1.0],
+                                     status=[None, "x"], __op=["d", "u"]))
+    assert sorted(db.sql("SELECT id, cust FROM orders").to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 2, "cust": 8}, {"id": 9, "cust": 8}]
 
 
 def test_changes_must_be_arrow(db):

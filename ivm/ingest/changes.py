@@ -120,10 +120,6 @@ class ChangeNormalizer:
             raise ChangeError(f"table {table.name} has no column {', '.join(unknown)}")
         n = data.num_rows
         ops, kinds = self._ops(table, data.column(op_name) if op_name else None, n)
-        # Which rows delete, computed only when the batch mixes deletes with other ops (the
-        # kinds of op it holds are known): each Arrow call is a GIL release and re-acquire,
-        # and a producer waits for the GIL behind the maintainer's threads at every one.
-        is_delete = pc.equal(ops, "d") if "d" in kinds and len(kinds) > 1 else None
         all_deletes = n > 0 and kinds == {"d"}
         key = table.identity
         columns = {}
@@ -144,10 +140,15 @@ class ChangeNormalizer:
         for name in table.not_null:
             if all_deletes or not result.column(name).null_count:
                 continue
-            if is_delete is None:
+            # NULLs in deleted rows are allowed (a delete names its key). Which rows delete is
+            # computed only here, when a NOT NULL column holds NULLs in a batch mixing deletes
+            # with other ops (the kinds of op it holds are known): each Arrow call is a GIL
+            # release and re-acquire, and a producer waits for the GIL behind the maintainer's
+            # threads at every one.
+            if "d" not in kinds:
                 count = result.column(name).null_count
             else:
-                count = pc.sum(pc.and_(pc.is_null(result.column(name)), pc.invert(is_delete))).as_py() or 0
+                count = pc.sum(pc.and_(pc.is_null(result.column(name)), pc.not_equal(ops, "d"))).as_py() or 0
             if count:
                 raise ChangeError(f"column {name} of {table.name} is NOT NULL but {count} row(s) hold NULL")
         result = result.append_column(OP, ops).append_column(SEQ, pa.array(np.arange(n, dtype=np.int64)))
