@@ -34,6 +34,9 @@ A = {
     "h": (pa.decimal128(38, 0), HUGE),
     "d": (pa.decimal128(12, 2), CENTS),
     "s": (pa.string(), STRINGS),
+    # Dates near 1970 (days), up to 2052, and the first dates outside the years 1..9999 (a DATE met as a
+    # TIMESTAMP there falls back, in the closures and in generated code alike).
+    "t": (pa.date32(), st.one_of(st.integers(-30, 40), st.integers(-1000, 30000), st.sampled_from([-719163, 2932897]))),
 }
 R = {"k": (pa.int64(), SMALL_INTS), "v": (pa.int64(), st.one_of(SMALL_INTS, INTS)), "y": (pa.float64(), DOUBLES),
      "s": (pa.string(), STRINGS)}
@@ -94,6 +97,12 @@ STATEMENTS = [
     "SELECT a.k, r.v, r.s AS rs FROM a INNER JOIN r ON a.k = r.k AND (a.s < r.s OR r.y > a.x)",
     # a global aggregate (over no rows the closures make its one row)
     "SELECT COUNT(*) AS n, SUM(i) AS si, MAX(x) AS mx, COUNT(s) AS cs, MIN(d) AS md FROM a WHERE k > -3",
+    # a DATE against a constant date plus an interval (a TIMESTAMP), and filters in a row: each takes the
+    # rows the one before it kept (generated code composes the positions and gathers each column once)
+    "SELECT k, s, t < CAST('1994-01-01' AS DATE) + INTERVAL '1' YEAR AS y1, t >= CAST('1994-01-01' AS DATE) AS y2 "
+    "FROM a WHERE t < CAST('2000-01-01' AS DATE) + INTERVAL '3' MONTH AND i > 0 AND NOT (s IS NULL) AND k <> 2",
+    "SELECT a.k, a.t, a.s, r.v, r.s = a.s AS same FROM a INNER JOIN r ON a.k = r.k WHERE a.t >= CAST('1970-01-05' AS DATE) "
+    "AND a.t < CAST('1970-01-01' AS DATE) + INTERVAL '20' DAY AND r.v > 0 AND NOT (a.s IS NULL) AND a.s <> 'zz'",
 ]
 
 
@@ -160,7 +169,8 @@ def _fresh(sql: str) -> tuple[CompiledStep, dict]:
     step = CompiledStep(parse_one(sql, read="duckdb"), step.schemas, step.expected)
     a = pa.table({"k": pa.array([1, 2], pa.int64()), "i": pa.array([3, None], pa.int32()),
                   "x": [0.5, float("nan")], "b": [True, None], "h": pa.array([7, 8], pa.decimal128(38, 0)),
-                  "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2)), "s": ["x", None]})
+                  "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2)), "s": ["x", None],
+                  "t": pa.array([3, None], pa.date32())})
     return step, {"a": a, "r": _empty(R)}
 
 

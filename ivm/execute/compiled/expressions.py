@@ -47,8 +47,8 @@ from sqlglot import exp
 from ivm.execute.compiled import decimals
 from ivm.execute.compiled import generated as gen
 from ivm.execute.compiled.vectors import (
-    INT_RANGE, INT_RANK, TEMPORAL, Fallback, Unsupported, Vec, check_range, constant, decimal, is_decimal,
-    is_int, is_number, negative_zero, numpy_type,
+    DAY_MICROS, EPOCH, FIRST_DAY, INT_RANGE, INT_RANK, LAST_DAY, TEMPORAL, Fallback, Unsupported, Vec, check_range,
+    constant, date_micros, decimal, is_decimal, is_int, is_number, negative_zero, numpy_type,
 )
 
 INTLIT = "INTLIT"  # an integer literal, typed by what it meets (DuckDB's INTEGER_LITERAL)
@@ -58,10 +58,6 @@ CASTS = {
     exp.DataType.Type.BOOLEAN: "BOOLEAN", exp.DataType.Type.DATE: "DATE", exp.DataType.Type.TIMESTAMP: "TIMESTAMP",
     exp.DataType.Type.TIMESTAMPNTZ: "TIMESTAMP",
 }
-DAY_MICROS = 86_400_000_000
-EPOCH = datetime.date(1970, 1, 1)
-# Dates whose EXTRACT and casts numpy's calendar gives as DuckDB does (years 1..9999).
-FIRST_DAY, LAST_DAY = (datetime.date(1, 1, 1) - EPOCH).days, (datetime.date(9999, 12, 31) - EPOCH).days
 COMPARISONS = {exp.EQ: "eq", exp.NEQ: "ne", exp.LT: "lt", exp.LTE: "le", exp.GT: "gt", exp.GTE: "ge"}
 ARITHMETIC = {exp.Add: "add", exp.Sub: "sub", exp.Mul: "mul"}
 
@@ -147,19 +143,11 @@ def convert(v: Vec, target) -> tuple[np.ndarray, np.ndarray | None]:
     if target == "DOUBLE" and is_decimal(v.type):
         return decimals.to_double(data, decimals.scale_of(v.type)), valid
     if target == "TIMESTAMP" and v.type == "DATE":
-        return _date_micros(data, valid), valid
+        return date_micros(data, valid), valid
     dtype = numpy_type(target)
     if data.dtype != dtype:
         data = data.astype(dtype)
     return data, valid
-
-
-def _date_micros(days: np.ndarray, valid) -> np.ndarray:
-    """DATE as TIMESTAMP (microseconds); a date past the years 1..9999 falls back (not checked further)."""
-    live = days if valid is None else days[valid]
-    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
-        raise Fallback("a DATE outside the years 1..9999 as TIMESTAMP")
-    return days * DAY_MICROS
 
 
 def as_type(e: Expr, target) -> Callable:
@@ -341,7 +329,8 @@ class _Compiler:
         date = datetime.date(year, month + 1, min(date.day, calendar.monthrange(year, month + 1)[1]))
         date += datetime.timedelta(days=days)
         value = (date - EPOCH).days * DAY_MICROS + rest
-        return Expr("TIMESTAMP", lambda f: constant("TIMESTAMP", value, f.n), value=value, literal=True)
+        return Expr("TIMESTAMP", lambda f: constant("TIMESTAMP", value, f.n), value=value, literal=True,
+                    emit=lambda g, f: gen.constant(g, "TIMESTAMP", value, f.n))
 
     def _boolean(self, node: exp.Boolean) -> Expr:
         value = bool(node.this)
@@ -989,7 +978,7 @@ class _Compiler:
         if source == "DATE" and target == "TIMESTAMP":
             def widen(f):
                 x, valid = a.fn(f).np()
-                return Vec.of(target, _date_micros(x, valid), valid)
+                return Vec.of(target, date_micros(x, valid), valid)
             return Expr(target, widen)
         if is_int(source) and is_int(target):
             def narrow(f):

@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 
 from ivm.execute.compiled import kernels
 from ivm.execute.compiled.vectors import (
-    TO_ARROW, Fallback, Unsupported, Vec, _int64_to_decimal, arrow_type, decimal_of, int_bounds, is_decimal,
-    is_int, numpy_type,
+    TO_ARROW, Fallback, Unsupported, Vec, _int64_to_decimal, arrow_type, date_micros, decimal_of, int_bounds,
+    is_decimal, is_int, numpy_type,
 )
 from storage.buffers import fixed_width_values, int64_values, one_array
 
@@ -100,13 +100,17 @@ class GFrame:
     """A relation's rows while generating: its columns, each made (emitted) where first used, and the name of
     the variable holding its row count."""
 
-    __slots__ = ("makers", "made", "n", "memo")
+    __slots__ = ("makers", "made", "n", "memo", "taken")
 
-    def __init__(self, makers: list[Callable[["Gen"], Col]], n: str):
+    def __init__(self, makers: list[Callable[["Gen"], Col]], n: str,
+                 taken: tuple["GFrame", str] | None = None):
         self.makers = makers
         self.made: list[Col | None] = [None] * len(makers)
         self.n = n
         self.memo: dict = {}  # shared subexpressions' columns (expressions.Common)
+        # (frame, rows): these are that frame's rows at the positions in variable ``rows`` (a take),
+        # so a take of a take gathers its columns once, through the composed positions.
+        self.taken = taken
 
     def col(self, g: "Gen", i: int) -> Col:
         found = self.made[i]
@@ -129,6 +133,7 @@ class Gen:
         self._consts: dict[int, str] = {}
         self.lengths: dict[str, str] = {}  # a constant's scalar name -> its column's length variable
         self.ctes: dict[object, GFrame] = {}
+        self._values: dict[str, str] = {}  # let's text -> the variable already holding it
 
     def var(self, prefix: str = "v") -> str:
         return f"{prefix}{next(self._ids)}"
@@ -145,9 +150,15 @@ class Gen:
         self.lines.append(text)
 
     def let(self, text: str, prefix: str = "v") -> str:
-        """A new variable holding ``text``'s value."""
-        name = self.var(prefix)
-        self.lines.append(f"{name} = {text}")
+        """A variable holding ``text``'s value: the one made for the same text before, if any.
+
+        The body is straight-line code whose variables are each assigned once and whose
+        operations read their operands without changing them, so the same text means the same
+        value (a string column gathered for two comparisons, a take shared by two expressions)."""
+        name = self._values.get(text)
+        if name is None:
+            name = self._values[text] = self.var(prefix)
+            self.lines.append(f"{name} = {text}")
         return name
 
     def both(self, a: str | None, b: str | None) -> str | None:
@@ -244,8 +255,8 @@ def convert(g: Gen, col: Col, target) -> Col:
     if target == "DOUBLE" and is_decimal(source):
         to_double = g.const(decimals.to_double, "to_double")
         return Col(target, g.let(f"{to_double}({col.data}, {decimals.scale_of(source)})"), col.valid)
-    if target == "TIMESTAMP" and source == "DATE":
-        raise Unsupported("DATE as TIMESTAMP in generated code")
+    if target == "TIMESTAMP" and source == "DATE":  # (a date past the years 1..9999 falls back, as in the closures)
+        return Col(target, g.let(f"{g.const(date_micros, 'date_micros')}({col.data}, {col.valid})"), col.valid)
     if numpy_type(source) != numpy_type(target):
         return Col(target, g.let(f"{col.data}.astype({g.const(numpy_type(target), 'dt')})"), col.valid)
     return Col(target, col.data, col.valid)

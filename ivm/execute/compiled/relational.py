@@ -713,9 +713,17 @@ def _emit_rows(g, c, rows: str):
 
 
 def _emit_take(g, frame, rows: str):
-    """``frame``'s rows at the positions in variable ``rows`` (each column gathered where first used)."""
+    """``frame``'s rows at the positions in variable ``rows`` (each column gathered where first used).
+
+    A take of a take (filters in a row, a filter after a join) composes the positions and gathers
+    each column once from the first frame, not once per take: one gather of the positions per
+    take instead of one per column per take."""
+    if frame.taken is not None:
+        source, before = frame.taken
+        rows = g.let(f"{before}[{rows}]", "rows")
+        frame = source
     return gen.GFrame([lambda g, i=i: _emit_rows(g, frame.col(g, i), rows) for i in range(len(frame.makers))],
-                      g.let(f"len({rows})", "n"))
+                      g.let(f"len({rows})", "n"), taken=(frame, rows))
 
 
 def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.ndarray):

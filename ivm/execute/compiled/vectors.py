@@ -20,6 +20,7 @@ TIMESTAMP as int64 microseconds (Arrow timestamp[us], no time zone).
 
 from __future__ import annotations
 
+import datetime
 import re
 
 import numpy as np
@@ -340,6 +341,21 @@ def check_range(type_: str, data: np.ndarray, valid: np.ndarray | None, what: st
     values = data if valid is None else data[valid]
     if len(values) and (values.min() < low or values.max() > high):
         raise Fallback(f"{what} outside {type_}")
+
+
+DAY_MICROS = 86_400_000_000
+EPOCH = datetime.date(1970, 1, 1)
+# Dates whose EXTRACT and casts numpy's calendar gives as DuckDB does (years 1..9999).
+FIRST_DAY, LAST_DAY = (datetime.date(1, 1, 1) - EPOCH).days, (datetime.date(9999, 12, 31) - EPOCH).days
+
+
+def date_micros(days: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """DATE as TIMESTAMP (microseconds); a date past the years 1..9999 falls back (not checked further).
+    Shared by the closures and generated code, so both refuse the same dates."""
+    live = days if valid is None else days[valid]
+    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
+        raise Fallback("a DATE outside the years 1..9999 as TIMESTAMP")
+    return days * DAY_MICROS
 
 
 def negative_zero(data: np.ndarray, valid: np.ndarray | None) -> bool:
