@@ -101,6 +101,8 @@ STATEMENTS = [
     # rows the one before it kept (generated code composes the positions and gathers each column once)
     "SELECT k, s, t < CAST('1994-01-01' AS DATE) + INTERVAL '1' YEAR AS y1, t >= CAST('1994-01-01' AS DATE) AS y2 "
     "FROM a WHERE t < CAST('2000-01-01' AS DATE) + INTERVAL '3' MONTH AND i > 0 AND NOT (s IS NULL) AND k <> 2",
+    "SELECT k, EXTRACT(YEAR FROM t) AS y, EXTRACT(MONTH FROM t) AS m, EXTRACT(DAY FROM t) AS dd, "
+    "EXTRACT(YEAR FROM CAST(t AS TIMESTAMP)) AS ty FROM a WHERE EXTRACT(YEAR FROM t) > 1969",
     "SELECT a.k, a.t, a.s, r.v, r.s = a.s AS same FROM a INNER JOIN r ON a.k = r.k WHERE a.t >= CAST('1970-01-05' AS DATE) "
     "AND a.t < CAST('1970-01-01' AS DATE) + INTERVAL '20' DAY AND r.v > 0 AND NOT (a.s IS NULL) AND a.s <> 'zz'",
 ]

@@ -150,6 +150,23 @@ def convert(v: Vec, target) -> tuple[np.ndarray, np.ndarray | None]:
     return data, valid
 
 
+def extract_part(x: np.ndarray, valid: np.ndarray | None, source: str, part: str) -> np.ndarray:
+    """EXTRACT(YEAR|MONTH|DAY) of DATE days or TIMESTAMP microseconds (closures and generated code)."""
+    days = x if source == "DATE" else np.floor_divide(x, DAY_MICROS)
+    live = days if valid is None else days[valid]
+    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
+        raise Fallback("EXTRACT of a date outside the years 1..9999")
+    days = np.where(valid, days, 0) if valid is not None else days
+    moment = days.astype("datetime64[D]")
+    if part == "YEAR":
+        out = moment.astype("datetime64[Y]").astype(np.int64) + 1970
+    elif part == "MONTH":
+        out = moment.astype("datetime64[M]").astype(np.int64) % 12 + 1
+    else:
+        out = (moment - moment.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64) + 1
+    return out.astype(np.int64)
+
+
 def as_type(e: Expr, target) -> Callable:
     """fn(frame) -> (data, valid) of ``e`` widened to ``target`` (a unify() result)."""
     return lambda f: convert(e.fn(f), target)
@@ -836,20 +853,13 @@ class _Compiler:
 
         def run(f):
             x, valid = a.fn(f).np()
-            days = x if source == "DATE" else np.floor_divide(x, DAY_MICROS)
-            live = days if valid is None else days[valid]
-            if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
-                raise Fallback("EXTRACT of a date outside the years 1..9999")
-            days = np.where(valid, days, 0) if valid is not None else days
-            moment = days.astype("datetime64[D]")
-            if part == "YEAR":
-                out = moment.astype("datetime64[Y]").astype(np.int64) + 1970
-            elif part == "MONTH":
-                out = moment.astype("datetime64[M]").astype(np.int64) % 12 + 1
-            else:
-                out = (moment - moment.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64) + 1
-            return Vec.of("BIGINT", out.astype(np.int64), valid)
-        return Expr("BIGINT", run)
+            return Vec.of("BIGINT", extract_part(x, valid, source, part), valid)
+
+        def emit(g, f):
+            col = a.emit(g, f)
+            data = g.let(f"{g.const(extract_part, 'extract')}({col.data}, {col.valid}, {source!r}, {part!r})")
+            return gen.Col("BIGINT", data, col.valid)
+        return Expr("BIGINT", run, emit=_emits(emit, a))
 
     def _substring(self, node: exp.Substring) -> Expr:
         """``SUBSTRING(s, start[, length])`` with constant start >= 1 and length >= 0: characters (code points,
@@ -979,7 +989,10 @@ class _Compiler:
             def widen(f):
                 x, valid = a.fn(f).np()
                 return Vec.of(target, date_micros(x, valid), valid)
-            return Expr(target, widen)
+
+            def emit_widen(g, f):
+                return gen.convert(g, a.emit(g, f), target)  # (date_micros, as above)
+            return Expr(target, widen, emit=_emits(emit_widen, a))
         if is_int(source) and is_int(target):
             def narrow(f):
                 x, valid = a.fn(f).np()
