@@ -103,6 +103,11 @@ STATEMENTS = [
     "FROM a WHERE t < CAST('2000-01-01' AS DATE) + INTERVAL '3' MONTH AND i > 0 AND NOT (s IS NULL) AND k <> 2",
     "SELECT k, EXTRACT(YEAR FROM t) AS y, EXTRACT(MONTH FROM t) AS m, EXTRACT(DAY FROM t) AS dd, "
     "EXTRACT(YEAR FROM CAST(t AS TIMESTAMP)) AS ty FROM a WHERE EXTRACT(YEAR FROM t) > 1969",
+    # joins without equalities: every left row with every right row (a global aggregate's new state with its
+    # old row), then the residual; in a LEFT join a left row none of whose pairs pass is kept once
+    "SELECT a.k, a.s, g.n, g.sk FROM a LEFT JOIN (SELECT COUNT(*) AS n, SUM(v) AS sk FROM r) AS g ON TRUE",
+    "SELECT a.k, r.v, r.s AS rs FROM a CROSS JOIN r WHERE a.i > r.v",
+    "SELECT a.k, a.x, r.y, r.s AS rs FROM a LEFT JOIN r ON a.x > r.y OR a.s = r.s",
     "SELECT a.k, a.t, a.s, r.v, r.s = a.s AS same FROM a INNER JOIN r ON a.k = r.k WHERE a.t >= CAST('1970-01-05' AS DATE) "
     "AND a.t < CAST('1970-01-01' AS DATE) + INTERVAL '20' DAY AND r.v > 0 AND NOT (a.s IS NULL) AND a.s <> 'zz'",
 ]

@@ -347,9 +347,12 @@ class _Query:
         def emit(g):
             lf, rf = left.emit(g), right.emit(g)
             li, ri, missing = g.var("li"), g.var("ri"), g.var("missing")
-            if residual:  # as run: the key pairs, those on which every residual is true, then the lonely rows
+            if residual or not pairs:  # as run: the pairs, those on which every residual is true, the lonely rows
                 pl, pr = g.var("pl"), g.var("pr")
-                g.line(f"{pl}, {pr}, _ = matches({_emit_pair_codes(g, pairs, lf, rf)})")
+                if pairs:
+                    g.line(f"{pl}, {pr}, _ = matches({_emit_pair_codes(g, pairs, lf, rf)})")
+                else:  # every left row with every right row (a global aggregate's one row with its old one)
+                    g.line(f"{pl}, {pr} = {g.const(cross_pairs, 'cross_pairs')}({lf.n}, {rf.n})")
                 paired = gen.GFrame([(lambda g, i=i: _emit_rows(g, lf.col(g, i), pl)) for i in range(len(lf.makers))]
                                     + [(lambda g, i=i: _emit_rows(g, rf.col(g, i), pr)) for i in range(len(rf.makers))],
                                     g.let(f"len({pl})", "n"))
@@ -357,7 +360,9 @@ class _Query:
                 for p in residual:
                     t, _ = gen.truth(g, p.emit(g, paired), paired.n)
                     keep = t if keep is None else g.let(f"{keep} & {t}")
-                g.line(f"{li}, {ri}, {missing} = outer({pl}[{keep}], {pr}[{keep}], {lf.n}, {outer})")
+                if keep is not None:
+                    pl, pr = g.let(f"{pl}[{keep}]", "pl"), g.let(f"{pr}[{keep}]", "pr")
+                g.line(f"{li}, {ri}, {missing} = outer({pl}, {pr}, {lf.n}, {outer})")
             else:
                 g.line(f"{li}, {ri}, {missing} = pairs({_emit_pair_codes(g, pairs, lf, rf)}, {lf.n}, {outer})")
 
@@ -376,7 +381,7 @@ class _Query:
             makers = [lambda g, i=i: left_column(g, i) for i in range(len(left.shape.columns))]
             makers += [lambda g, i=i: right_column(g, i) for i in range(len(right.shape.columns))]
             return gen.GFrame(makers, g.let(f"len({ri})", "n"))
-        generated = pairs and left.emit and right.emit and all(p.emit for p in residual) and all(
+        generated = left.emit and right.emit and all(p.emit for p in residual) and all(
             x.emit and y.emit and _generated_key(x.type, y.type) for x, y, _ in pairs)
         return Rel(shape, run, emit if generated else None), where
 
@@ -733,6 +738,14 @@ def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.
     for p in residual:
         keep &= truth(p.fn(frame))[0]
     return li[keep], ri[keep]
+
+
+def cross_pairs(left_rows: int, right_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (left row, right row) pair, for generated code: at most CROSS_PAIRS, else a Fallback (the
+    closures then form them in chunks, or hand the batch to DuckDB)."""
+    if left_rows * right_rows > min(CROSS_PAIRS, CROSS_CHUNK):
+        raise Fallback(f"a join without equalities over {left_rows} x {right_rows} rows")
+    return np.repeat(np.arange(left_rows), right_rows), np.tile(np.arange(right_rows), left_rows)
 
 
 def _cross(residual: list[Expr], lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray]:
