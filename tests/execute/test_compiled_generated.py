@@ -80,6 +80,9 @@ STATEMENTS = [
     "WITH u AS (SELECT s, k FROM a WHERE s IS NULL OR k > 0 UNION ALL SELECT s, k FROM r WHERE NOT (s IS NULL)) "
     "SELECT s, MAX(k) AS m, COUNT(*) AS n FROM u GROUP BY s",
     "SELECT s, k FROM a UNION ALL SELECT s, v FROM r",
+    # sides of different types: integers widen, NULL takes the other side's type (strings too)
+    "SELECT s, i AS n, x FROM a UNION ALL SELECT NULL, k, NULL FROM a",
+    "SELECT NULL AS s, v, y FROM r UNION ALL SELECT s, i, x FROM a WHERE i > 0",
     "SELECT s, 'lit' AS l, s = 'ab' AS e, s < 'b' AS lt, s <> 'a' AS ne, 'b' >= s AS ge, s IS NOT DISTINCT FROM 'a' AS nd, "
     "s IN ('a', 'straße', '') AS i FROM a WHERE s > '' OR k = 0",
     "SELECT a.s, r.s AS rs, a.s = r.s AS e, a.s > r.s AS g, a.s IS DISTINCT FROM r.s AS d FROM a LEFT JOIN r ON a.k = r.k",

@@ -166,7 +166,8 @@ class _Query:
 
         def sides(ctx):
             a, b = left.run(ctx), right.run(ctx)
-            return [_as(c, t) for c, t in zip(a.cols, types)], a.n, [_as(c, t) for c, t in zip(b.cols, types)], b.n
+            return ([_as(c, s, t) for c, s, t in zip(a.cols, lt, types)], a.n,
+                    [_as(c, s, t) for c, s, t in zip(b.cols, rt, types)], b.n)
 
         if what == "UNION":
             def run(ctx):
@@ -177,7 +178,8 @@ class _Query:
                 a, b = left.emit(g), right.emit(g)
 
                 def column(g, i):
-                    x, y = a.col(g, i), b.col(g, i)
+                    x = _emit_as(g, a.col(g, i), lt[i], types[i], a.n)
+                    y = _emit_as(g, b.col(g, i), rt[i], types[i], b.n)
                     d, v = g.var("d"), g.var("m")
                     if gen.is_string(types[i]):
                         base = g.var("a")
@@ -187,8 +189,8 @@ class _Query:
                     return gen.Col(types[i], d, v)
                 return gen.GFrame([lambda g, i=i: column(g, i) for i in range(len(types))],
                                   g.let(f"{a.n} + {b.n}", "n"))
-            same_types = lt == rt == types and all(isinstance(t, str) or gen.is_string(t) for t in types)
-            rel = Rel(shape, run, emit if same_types and left.emit and right.emit else None)
+            emitted = all(_emits_as(x, t) and _emits_as(y, t) for x, y, t in zip(lt, rt, types))
+            rel = Rel(shape, run, emit if emitted and left.emit and right.emit else None)
             return (_distinct(rel) if distinct else rel), names
         keep_found = what == "INTERSECT"
 
@@ -771,14 +773,35 @@ def _set_type(a, b, what: str):
     return unify([Expr(a, None), Expr(b, None)], f"{what} of inputs with different column types:")
 
 
-def _as(v: Vec, t) -> Vec:
-    """A column of a set operation's side as the operation's type ``t`` (a _set_type result)."""
-    if v.type == t or str(v.type) == str(t):
+def _as(v: Vec, source, t) -> Vec:
+    """A column of a set operation's side (of the shape's type ``source``) as the operation's type ``t`` (a
+    _set_type result). A NULL column of the shape is every row NULL, whatever type its vector holds (a NULL
+    literal's is BIGINT)."""
+    if source == t or str(source) == str(t):
         return v
-    if v.type == "NULL":
+    if source == "NULL" or v.type == "NULL":
         return constant(t, None, len(v)) if isinstance(t, str) else Vec(t, array=pa.nulls(len(v), t))
     return Vec.of(t, *convert(v, t))
 
+
+def _emits_as(source, t) -> bool:
+    """Whether generated code casts a set operation's column of type ``source`` to ``t`` (``_emit_as``)."""
+    if source == t:
+        return isinstance(t, str) or gen.is_string(t)
+    return isinstance(t, str) and isinstance(source, str) or (source == "NULL" and gen.is_string(t))
+
+
+def _emit_as(g, c, source, t, n: str):
+    """``_as`` while generating: a side's column (of the shape's type ``source``) as the set operation's
+    type ``t``. A NULL column of the shape is every row NULL, whatever numpy type holds it."""
+    if source == t:
+        return c
+    if source == "NULL":
+        if gen.is_string(t):  # position 0 of a one-NULL array
+            base = g.const(pa.nulls(1, pa.string()), "s")
+            return gen.Col(t, g.let(f"np.zeros({n}, np.int64)"), g.let(f"np.zeros({n}, bool)"), base=base)
+        return gen.constant(g, t, None, n)
+    return gen.convert(g, c, t)
 
 
 def _count(node: exp.Expression | None) -> int | None:
