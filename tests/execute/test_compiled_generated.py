@@ -41,6 +41,9 @@ A = {
 R = {"k": (pa.int64(), SMALL_INTS), "v": (pa.int64(), st.one_of(SMALL_INTS, INTS)), "y": (pa.float64(), DOUBLES),
      "s": (pa.string(), STRINGS)}
 
+GLOBAL = ("SELECT COUNT(*) AS n, COUNT(s) AS cs, SUM(k) AS sk, SUM(x) AS sx, SUM(h) AS sh, MIN(d) AS md, MAX(t) AS mt, "
+          "BOOL_AND(b) AS ba, BOOL_OR(b) AS bo FROM a WHERE k > 5")
+
 STATEMENTS = [
     "SELECT k, i + 1 AS p, k - i AS q, i * 2 AS m, x * 2.0 AS xd, x - i AS xi FROM a",
     "SELECT COALESCE(k, i, 0) AS c, COALESCE(x, 0) AS cx, COALESCE(h, 0) + k AS hk, COALESCE(b, FALSE) AS cb FROM a",
@@ -83,6 +86,7 @@ STATEMENTS = [
     # sides of different types: integers widen, NULL takes the other side's type (strings too)
     "SELECT s, i AS n, x FROM a UNION ALL SELECT NULL, k, NULL FROM a",
     "SELECT NULL AS s, v, y FROM r UNION ALL SELECT s, i, x FROM a WHERE i > 0",
+    "SELECT CAST(NULL AS TEXT) AS s, CAST(s AS TEXT) AS t, k FROM a UNION ALL SELECT s, CAST(NULL AS TEXT), v FROM r",
     "SELECT s, 'lit' AS l, s = 'ab' AS e, s < 'b' AS lt, s <> 'a' AS ne, 'b' >= s AS ge, s IS NOT DISTINCT FROM 'a' AS nd, "
     "s IN ('a', 'straße', '') AS i FROM a WHERE s > '' OR k = 0",
     "SELECT a.s, r.s AS rs, a.s = r.s AS e, a.s > r.s AS g, a.s IS DISTINCT FROM r.s AS d FROM a LEFT JOIN r ON a.k = r.k",
@@ -98,8 +102,9 @@ STATEMENTS = [
     # joins with a residual condition (in a LEFT join it decides what matches, as ON does)
     "SELECT a.k, a.s, r.v, r.y FROM a LEFT JOIN r ON a.k = r.k AND r.v > a.i",
     "SELECT a.k, r.v, r.s AS rs FROM a INNER JOIN r ON a.k = r.k AND (a.s < r.s OR r.y > a.x)",
-    # a global aggregate (over no rows the closures make its one row)
+    # a global aggregate: one row, over no rows too (COUNT 0, the others NULL)
     "SELECT COUNT(*) AS n, SUM(i) AS si, MAX(x) AS mx, COUNT(s) AS cs, MIN(d) AS md FROM a WHERE k > -3",
+    GLOBAL,
     # a DATE against a constant date plus an interval (a TIMESTAMP), and filters in a row: each takes the
     # rows the one before it kept (generated code composes the positions and gathers each column once)
     "SELECT k, s, t < CAST('1994-01-01' AS DATE) + INTERVAL '1' YEAR AS y1, t >= CAST('1994-01-01' AS DATE) AS y2 "
@@ -182,6 +187,18 @@ def _fresh(sql: str) -> tuple[CompiledStep, dict]:
                   "d": pa.array([Decimal("1.25"), None], pa.decimal128(12, 2)), "s": ["x", None],
                   "t": pa.array([3, None], pa.date32())})
     return step, {"a": a, "r": _empty(R)}
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_a_global_aggregate_over_no_rows_is_generated(rows):
+    """No Fallback: the generated function makes the one row (the filter leaves none of the rows)."""
+    step, inputs = _fresh(GLOBAL)
+    inputs = {"a": inputs["a"].slice(0, rows), "r": inputs["r"]}
+    ours = step._table(step.generated(inputs))
+    con = duckdb.connect()
+    con.register("a", inputs["a"])
+    assert ours.to_pylist() == con.sql(GLOBAL).to_arrow_table().to_pylist() == [
+        {"n": 0, "cs": 0, "sk": None, "sx": None, "sh": None, "md": None, "mt": None, "ba": None, "bo": None}]
 
 
 def test_shadow_mode_compares_the_generated_function_with_its_closures(monkeypatch):

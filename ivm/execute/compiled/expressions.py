@@ -1030,7 +1030,8 @@ class _Compiler:
         if a.type in (pa.string(), pa.large_string()):
             return a
         if a.type == "NULL":
-            return Expr(pa.string(), lambda f: Vec(pa.string(), array=pa.nulls(f.n, pa.string())), literal=True)
+            return Expr(pa.string(), lambda f: Vec(pa.string(), array=pa.nulls(f.n, pa.string())), literal=True,
+                        emit=lambda g, f: gen.string_nulls(g, f.n))
         raise Unsupported(f"CAST of {a.type} to VARCHAR")
 
     def _cast_literal(self, a: Expr, target: str) -> Expr:

@@ -75,6 +75,15 @@ def string_constant(g: "Gen", value: str, n: str) -> Col:
     return Col(pa.string(), g.let(f"np.zeros({n}, np.int64)"), None, base=base)
 
 
+def string_nulls(g: "Gen", n: str) -> Col:
+    """A string column NULL on every row: position 0 of a one-NULL array."""
+    base = g.const(_ONE_NULL, "s")
+    return Col(pa.string(), g.let(f"np.zeros({n}, np.int64)"), g.let(f"np.zeros({n}, bool)"), base=base)
+
+
+_ONE_NULL = pa.nulls(1, pa.string())
+
+
 def string_values(g: "Gen", col: Col) -> str:
     """The name of a string column's values as an Arrow array (gathered from its base)."""
     if col.base is None:

@@ -516,13 +516,14 @@ class _Query:
             key_cols = [k.emit(g, frame) for k in keys]
             _emit_no_negative_zero(g, key_cols, "GROUP BY a DOUBLE -0.0")
             order, starts, first = g.var("order"), g.var("starts"), g.var("first")
-            if global_:  # one group of every row; over no rows the closures make the one row of empty results
-                g.fallback_if(f"{frame.n} == 0", "a global aggregate over no rows")
+            empty = None
+            if global_:  # one group of every row; over no rows, one row of empty results (as run)
+                empty = g.let(f"{frame.n} == 0", "e")
                 g.line(f"{order}, {starts} = np.arange({frame.n}), np.zeros(1, np.int64)")
             else:
                 g.line(f"{order}, {starts}, {first} = groups({gen.key_codes(g, key_cols, None, frame.n, None)})")
             cols = [_emit_rows(g, k, first) for k in key_cols]
-            cols += [c.emit(g, frame, order, starts) for c in calls]
+            cols += [c.emit(g, frame, order, starts, empty) for c in calls]
             return gen.GFrame([lambda g, c=c: c for c in cols], g.let(f"len({starts})", "n"))
         generated = rel.emit and all(k.emit and _generated_key(k.type) for k in keys) and all(
             c.arg is None or (c.arg.emit and (c.func == "count" or isinstance(c.arg.type, str))) for c in calls)
@@ -797,10 +798,7 @@ def _emit_as(g, c, source, t, n: str):
     if source == t:
         return c
     if source == "NULL":
-        if gen.is_string(t):  # position 0 of a one-NULL array
-            base = g.const(pa.nulls(1, pa.string()), "s")
-            return gen.Col(t, g.let(f"np.zeros({n}, np.int64)"), g.let(f"np.zeros({n}, bool)"), base=base)
-        return gen.constant(g, t, None, n)
+        return gen.string_nulls(g, n) if gen.is_string(t) else gen.constant(g, t, None, n)
     return gen.convert(g, c, t)
 
 
@@ -1030,12 +1028,18 @@ class _Call:
             out = group_extreme(data, valid, order, starts, self.func == "max")
         return Vec.of(self.type, out, count > 0)
 
-    def emit(self, g, frame, order: str, starts: str):
-        """``run`` written out (generated.py): the group values of this call."""
+    def emit(self, g, frame, order: str, starts: str, empty: str | None = None):
+        """``run`` written out (generated.py): the group values of this call. ``empty``: the variable that
+        says a global aggregate has no rows; its one group then holds ``empty_result`` (the kernels are
+        not called: they reduce at the group starts of the rows there are)."""
+        def guarded(text: str, instead: str) -> str:
+            return text if empty is None else f"{instead} if {empty} else {text}"
+        zero = "np.zeros(1, np.int64)"
         if self.arg is None:
-            return gen.Col("BIGINT", g.let(f"group_count(None, {order}, {starts}, {frame.n})", "d"), None)
+            return gen.Col("BIGINT", g.let(guarded(f"group_count(None, {order}, {starts}, {frame.n})", zero), "d"),
+                           None)
         x = self.arg.emit(g, frame)
-        count = f"group_count({x.valid}, {order}, {starts}, {frame.n})"
+        count = guarded(f"group_count({x.valid}, {order}, {starts}, {frame.n})", zero)
         if self.func == "count":
             return gen.Col("BIGINT", g.let(count, "d"), None)
         # Counted only to find the groups without a value (NULL): none when no value is NULL.
@@ -1046,8 +1050,11 @@ class _Call:
             data = f"group_sum({x.data}, {x.valid}, {order}, {starts})"
         else:
             data = f"group_extreme({x.data}, {x.valid}, {order}, {starts}, {self.func == 'max'})"
+        data = guarded(data, f"np.zeros(1, {g.const(gen.numpy_type(self.type), 'dt')})")
         # A group has a row, so without NULLs it has a value: valid where it has a non-NULL one.
         valid = None if x.valid is None else g.let(f"None if {count} is None else {count} > 0", "m")
+        if empty is not None:  # no rows: NULL
+            valid = g.let(f"np.zeros(1, bool) if {empty} else {valid}", "m")
         return gen.Col(self.type, g.let(data, "d"), valid)
 
     def empty_result(self) -> Vec:
