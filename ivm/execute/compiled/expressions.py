@@ -823,20 +823,17 @@ class _Compiler:
         a = self.compile(node.this)
         if a.type not in (pa.string(), pa.large_string()):
             raise Unsupported(f"LIKE over {a.type}")
-        regex = "(?s)\\A" + ".*".join(f"\\Q{piece}\\E" if piece else "" for piece in text.split("%")) + "\\z"
+        kind, matched = gen.like_matcher(text)
         negate = bool(node.args.get("negate"))
 
         def run(f):
             column = a.fn(f).arrow()
-            hit = pc.match_substring_regex(column, regex)
-            if negate:
-                hit = pc.invert(hit)
             valid = np.asarray(column.is_valid()) if column.null_count else None
-            return Vec.of("BOOLEAN", np.asarray(hit.fill_null(False)), valid)
+            return Vec.of("BOOLEAN", gen.string_like(column, kind, matched, negate), valid)
 
         def emit(g, f):
             col = a.emit(g, f)
-            data = g.let(f"string_like({gen.string_values(g, col)}, {regex!r}, {negate})")
+            data = g.let(f"string_like({gen.string_values(g, col)}, {kind!r}, {matched!r}, {negate})")
             return gen.Col("BOOLEAN", data, col.valid)
         return Expr("BOOLEAN", run, emit=_emits_any(emit, a))
 
