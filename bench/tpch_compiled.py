@@ -16,6 +16,10 @@ query step run by the path it took (Executor.counts):
   the step's last ``Fallback``);
 - ``skipped``: the step's inputs were empty and it ran nowhere.
 
+Of the compiled runs, ``generated%`` ran as one generated function
+(ivm/execute/compiled/generated.py); the others ran the operators' closures
+(an operator or expression in the step has no emitter).
+
 It prints per view and in total the runs by path and the share compiled
 (of the runs that ran: compiled / (compiled + duckdb + fallback)), then the
 DuckDB runs grouped by reason with the distinct steps and the views they
@@ -70,6 +74,9 @@ class Census:
             reason = "fallback: " + status.partition("last: ")[2]
         elif delta["compiled"]:
             path, reason = "compiled", None
+            # As one generated function, or by the operators' closures (an operator without an emitter).
+            if (executor.step_status(step) or "").startswith("compiled: generated"):
+                self.runs[view]["generated"] += 1
         elif delta["duckdb"]:
             path, reason = "duckdb", executor.step_status(step) or "duckdb: ?"
         else:
@@ -80,7 +87,7 @@ class Census:
             self.steps[reason][id(step)] = step.sql.sql(dialect="duckdb")
 
     def report(self, names: list[str], show_steps: bool = False) -> list[str]:
-        lines = ["view   compiled  duckdb  fallback  skipped  compiled%"]
+        lines = ["view   compiled  duckdb  fallback  skipped  compiled%  generated% (of compiled)"]
         total = Counter()
         for name in names:
             runs = self.runs[name]
@@ -110,7 +117,9 @@ class Census:
 def _row(name: str, runs: Counter) -> str:
     ran = sum(runs[p] for p in PATHS)
     share = f"{100 * runs['compiled'] / ran:8.1f}%" if ran else "        -"
-    return f"{name:6} {runs['compiled']:8d} {runs['duckdb']:7d} {runs['fallback']:9d} {runs['skipped']:8d}  {share}"
+    generated = f"{100 * runs['generated'] / runs['compiled']:9.1f}%" if runs["compiled"] else "         -"
+    return (f"{name:6} {runs['compiled']:8d} {runs['duckdb']:7d} {runs['fallback']:9d} {runs['skipped']:8d}  {share}"
+            f" {generated}")
 
 
 def construct(reason: str) -> str:
