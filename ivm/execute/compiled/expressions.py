@@ -47,7 +47,7 @@ from sqlglot import exp
 from ivm.execute.compiled import decimals
 from ivm.execute.compiled import generated as gen
 from ivm.execute.compiled.vectors import (
-    DAY_MICROS, EPOCH, FIRST_DAY, INT_RANGE, INT_RANK, LAST_DAY, TEMPORAL, Fallback, Unsupported, Vec, check_range,
+    DAY_MICROS, EPOCH, INT_RANGE, INT_RANK, TEMPORAL, Fallback, Unsupported, Vec, check_range, check_years,
     constant, date_micros, decimal, is_decimal, is_int, is_number, negative_zero, numpy_type,
 )
 
@@ -153,9 +153,7 @@ def convert(v: Vec, target) -> tuple[np.ndarray, np.ndarray | None]:
 def extract_part(x: np.ndarray, valid: np.ndarray | None, source: str, part: str) -> np.ndarray:
     """EXTRACT(YEAR|MONTH|DAY) of DATE days or TIMESTAMP microseconds (closures and generated code)."""
     days = x if source == "DATE" else np.floor_divide(x, DAY_MICROS)
-    live = days if valid is None else days[valid]
-    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
-        raise Fallback("EXTRACT of a date outside the years 1..9999")
+    check_years(days, valid, "EXTRACT of a date")
     days = np.where(valid, days, 0) if valid is not None else days
     moment = days.astype("datetime64[D]")
     if part == "YEAR":
@@ -1229,7 +1227,8 @@ def _emits(emit: Callable, *parts: Expr) -> Callable | None:
 
 
 def _emits_any(emit: Callable, *parts: Expr) -> Callable | None:
-    """``_emits`` for an emitter that reads only its operands' NULLs (IS NULL), so any type will do."""
+    """``_emits`` for an emitter that takes an operand of any type: it reads only its NULLs (IS NULL), or
+    gathers a string operand's values itself (``gen.string_values``: LIKE, IN, SUBSTRING, comparisons)."""
     return emit if all(p.emit is not None for p in parts) else None
 
 

@@ -535,7 +535,8 @@ def build(rel, expected_names: list[str]) -> tuple[Callable[[dict], list[pa.Arra
     source = g.source()
     namespace = dict(g.names)
     namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, outer=outer, vecs=vecs, concat=concat,
-                     strings=strings, concat_strings=concat_strings, compare_strings=compare_strings, string_in=string_in, string_like=string_like, string_slice=string_slice, matches=kernels.matches,
+                     strings=strings, concat_strings=concat_strings, compare_strings=compare_strings,
+                     string_in=string_in, string_like=string_like, string_slice=string_slice, matches=kernels.matches,
                      joint_codes=kernels.joint_codes, codes=kernels.codes, groups=kernels.groups,
                      group_count=kernels.group_count, group_sum=kernels.group_sum,
                      group_extreme=kernels.group_extreme, group_all=kernels.group_all)

@@ -743,12 +743,18 @@ def _passing(residual: list[Expr], lf: Frame, rf: Frame, li: np.ndarray, ri: np.
     return li[keep], ri[keep]
 
 
+def _pairs_with(left: np.ndarray, right_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each of the ``left`` rows with every one of ``right_rows`` rows: (left rows, right rows)."""
+    return np.repeat(left, right_rows), np.tile(np.arange(right_rows), len(left))
+
+
 def cross_pairs(left_rows: int, right_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every (left row, right row) pair, for generated code: at most CROSS_PAIRS, else a Fallback (the
-    closures then form them in chunks, or hand the batch to DuckDB)."""
-    if left_rows * right_rows > min(CROSS_PAIRS, CROSS_CHUNK):
+    """Every (left row, right row) pair, for generated code: at most CROSS_CHUNK of them (the residual is
+    computed over all at once), else a Fallback (the closures then form them in chunks, or hand the
+    batch to DuckDB)."""
+    if left_rows * right_rows > CROSS_CHUNK:
         raise Fallback(f"a join without equalities over {left_rows} x {right_rows} rows")
-    return np.repeat(np.arange(left_rows), right_rows), np.tile(np.arange(right_rows), left_rows)
+    return _pairs_with(np.arange(left_rows), right_rows)
 
 
 def _cross(residual: list[Expr], lf: Frame, rf: Frame) -> tuple[np.ndarray, np.ndarray]:
@@ -757,13 +763,13 @@ def _cross(residual: list[Expr], lf: Frame, rf: Frame) -> tuple[np.ndarray, np.n
     if total > CROSS_PAIRS:
         raise Fallback(f"a join without equalities over {lf.n} x {rf.n} rows")
     if not residual or total <= CROSS_CHUNK:
-        li, ri = np.repeat(np.arange(lf.n), rf.n), np.tile(np.arange(rf.n), lf.n)
+        li, ri = _pairs_with(np.arange(lf.n), rf.n)
         return _passing(residual, lf, rf, li, ri) if residual else (li, ri)
     step = max(1, CROSS_CHUNK // rf.n)
     parts = []
     for start in range(0, lf.n, step):  # chunks of rows, not a loop over rows
         rows = np.arange(start, min(start + step, lf.n))
-        parts.append(_passing(residual, lf, rf, np.repeat(rows, rf.n), np.tile(np.arange(rf.n), len(rows))))
+        parts.append(_passing(residual, lf, rf, *_pairs_with(rows, rf.n)))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 

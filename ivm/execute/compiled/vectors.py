@@ -349,12 +349,17 @@ EPOCH = datetime.date(1970, 1, 1)
 FIRST_DAY, LAST_DAY = (datetime.date(1, 1, 1) - EPOCH).days, (datetime.date(9999, 12, 31) - EPOCH).days
 
 
+def check_years(days: np.ndarray, valid: np.ndarray | None, what: str) -> None:
+    """Fallback unless every valid day is in the years 1..9999 (where numpy's calendar is DuckDB's)."""
+    live = days if valid is None else days[valid]
+    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
+        raise Fallback(f"{what} outside the years 1..9999")
+
+
 def date_micros(days: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     """DATE as TIMESTAMP (microseconds); a date past the years 1..9999 falls back (not checked further).
     Shared by the closures and generated code, so both refuse the same dates."""
-    live = days if valid is None else days[valid]
-    if len(live) and (live.min() < FIRST_DAY or live.max() > LAST_DAY):
-        raise Fallback("a DATE outside the years 1..9999 as TIMESTAMP")
+    check_years(days, valid, "a DATE as TIMESTAMP")
     return days * DAY_MICROS
 
 
