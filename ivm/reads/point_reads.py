@@ -1,4 +1,5 @@
-"""Point reads: a prepared ``SELECT cols FROM r WHERE k = ? [AND k2 = ?]`` answered without DuckDB.
+"""Point and whole reads: a prepared ``SELECT cols FROM r WHERE k = ? [AND k2 = ?]``, or
+``SELECT cols FROM r``, answered without DuckDB.
 
 Contract: for a query of exactly that shape over one table or view whose
 rows are already Arrow data on the read's snapshot, with integer or string
@@ -6,18 +7,19 @@ parameters compared to columns of the same kind, the result is the rows
 DuckDB would return (a multiset; SQL gives no order), with the very schema
 DuckDB gave the same query over the same input schema.
 
-Why: a 1-row lookup is the hot read of a serving database (hundreds a
-second, while ingesting). Through DuckDB it costs ~1 ms of CPU, most of it
-the fixed cost of a statement (bind, plan, Arrow in and out) and two GIL
-hand-offs, for a filter over ~1,000 rows; an Arrow equality filter costs a
-few tens of microseconds.
+Why: a 1-row lookup and a read of a whole view are the hot reads of a
+serving database (hundreds a second, while ingesting). Through DuckDB each
+costs ~1 ms of CPU, most of it the fixed cost of a statement (bind, plan,
+Arrow in and out) and two GIL hand-offs, plus registering the relation on
+the reading cursor again after every change; an Arrow equality filter costs
+a few tens of microseconds, and a whole read hands over the rows as they are.
 
 How it stays equal to DuckDB:
 
 * the shape is checked on the parsed template once (``shape``): one plain
   table in FROM, no joins, no GROUP BY/HAVING/ORDER/LIMIT/DISTINCT/QUALIFY,
-  the select list ``*`` or plain column names, the WHERE a conjunction of
-  ``column = $n``. Anything else, and any column name that does not match
+  the select list ``*`` or plain column names, no WHERE (a whole read) or a
+  conjunction of ``column = $n``. Anything else, and any column name that does not match
   exactly one input column (case-insensitively, as DuckDB resolves them),
   goes to DuckDB;
 * only integer parameters against integer columns and string parameters
@@ -52,7 +54,7 @@ class Shape:
 
     table: str
     columns: tuple[str, ...] | None  # None: SELECT *
-    equalities: tuple[tuple[str, int], ...]  # (column, parameter number)
+    equalities: tuple[tuple[str, int], ...]  # (column, parameter number); none: every row
 
 
 def per_tree(expression: exp.Expression, key: str, compute):
@@ -80,7 +82,7 @@ def _shape(select: exp.Expression) -> Shape | None:
         return None
     source = select.args.get("from_")
     where = select.args.get("where")
-    if source is None or where is None or not isinstance(source.this, exp.Table):
+    if source is None or not isinstance(source.this, exp.Table):
         return None
     table = source.this
     if table.args.get("db") or table.args.get("catalog") or not isinstance(table.this, exp.Identifier):
@@ -89,8 +91,8 @@ def _shape(select: exp.Expression) -> Shape | None:
         return None  # TABLESAMPLE, joins hung on the table, ...
     qualifiers = {normalize_name(table.this)} | ({normalize_name(table.alias)} if table.alias else set())
     columns = _select_list(select.expressions, qualifiers)
-    equalities = _equalities(where.this, qualifiers)
-    if columns is False or not equalities:
+    equalities = [] if where is None else _equalities(where.this, qualifiers)
+    if columns is False or equalities is None:
         return None
     return Shape(normalize_name(table.this), columns, tuple(equalities))
 
@@ -143,7 +145,7 @@ def answer(read: Shape, table: pa.Table, values: list[pa.Scalar]) -> pa.Table | 
         if matches is None:
             return None
         mask = matches if mask is None else mask & matches
-    rows = _rows(table, np.flatnonzero(mask))
+    rows = table if mask is None else _rows(table, np.flatnonzero(mask))  # no equality: every row
     if read.columns is None:
         return rows
     chosen = []

@@ -88,18 +88,26 @@ def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: li
     keyed by the view and the very objects of the other states. ``cursor``
     has every state registered under its scan name.
     """
-    key = ("computed", view.name, id(view))
+    cached = computed_before(view, states)
+    if cached is not None:
+        return cached
     first, others = states[0], tuple(states[1:])
-    cached = first.cached(key)
-    if cached is not None and cached[0] is view and len(cached[1]) == len(others) \
-            and all(a is b for a, b in zip(cached[1], others)):
-        return cached[2]
     try:
         rows = duck.arrow(cursor, view.read_text())
     except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
         raise ExecutionError(duckdb_message(e)) from None
-    first.remember(key, (view, others, rows))
+    first.remember(("computed", view.name, id(view)), (view, others, rows))
     return rows
+
+
+def computed_before(view: "ViewDef", states: list[Relation]) -> pa.Table | None:
+    """The rows ``computed_rows`` kept for this view over these very state versions, or None."""
+    first, others = states[0], tuple(states[1:])
+    cached = first.cached(("computed", view.name, id(view)))
+    if cached is not None and cached[0] is view and len(cached[1]) == len(others) \
+            and all(a is b for a, b in zip(cached[1], others)):
+        return cached[2]
+    return None
 
 
 def run_query(cursor: duckdb.DuckDBPyConnection, sql: str, timeout: float | None = None) -> pa.Table:
@@ -321,7 +329,14 @@ class Reader:
             expression, system = self.system.prepare(expression)
             sql, values = expression.sql("duckdb"), None
         names = self.relations_in(expression, system)
-        point = point_reads.shape(expression) if values is not None else None
+        point = point_reads.shape(expression)
+        if point is not None and point.table not in names:  # a system relation (pg_catalog, ...)
+            point = None
+        if point is not None and values is None:  # a query without parameters: only a whole read
+            point, values = (None, None) if point.equalities else (point, [])
+        table = self._arrow_answer(point, expression, values, snapshot, not internal) if point is not None else None
+        if table is not None:
+            return _with_offset(table, snapshot)
         with self._lease() as lease:
             self.register(lease.cursor, lease.registered, names, snapshot, note_reads=not internal)
             for name, rows in system.items():
@@ -333,9 +348,35 @@ class Reader:
                 table = run_query(lease.cursor, sql() if callable(sql) else sql, timeout)
                 if point is not None:
                     self._remember_schema(lease, point, expression, table.schema)
-        metadata = dict(table.schema.metadata or {})
-        metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
-        return table.replace_schema_metadata(metadata)
+        return _with_offset(table, snapshot)
+
+    def _arrow_answer(self, point: point_reads.Shape, expression: exp.Expression, values: list[pa.Scalar],
+                      snapshot: Snapshot, note_read: bool) -> pa.Table | None:
+        """A point or whole read answered from the snapshot's Arrow rows without a cursor, so
+        nothing is registered on one (a cursor registers a relation again after every change,
+        which under writes was a large part of a read's CPU). None when only DuckDB can answer
+        it yet: the first read of this template and input schema (it learns the result
+        schema), a computed view whose rows this version has not computed, a failed relation
+        (the cursor's path raises its error)."""
+        name = point.table
+        if name in self.engine.failed:
+            return None
+        definition = self.engine.catalog.get(name)
+        if definition.kind == "view" and not definition.stored_output and name not in snapshot:
+            _, scans = definition.read_sql()
+            rows = computed_before(definition, [snapshot[relation] for relation in sorted(scans)])
+            if note_read and name not in self._computed_read:
+                with self._lock:
+                    self._computed_read.add(name)  # the writer computes the next version's rows (warm)
+        else:
+            rows = visible(snapshot[name], not definition.is_set)
+        if rows is None:
+            return None
+        known = _point_schemas(expression).get(rows.schema)
+        if known is None:
+            return None
+        table = point_reads.answer(point, rows, values)
+        return table if table is not None and table.schema.equals(known) else None
 
 
     def _input(self, lease: Lease, name: str) -> pa.Table | None:
@@ -367,6 +408,13 @@ class Reader:
             if len(known) >= 16:  # a table's schema changes only with DDL
                 known.clear()
             known[rows.schema] = schema.remove_metadata()
+
+
+def _with_offset(table: pa.Table, snapshot: Snapshot) -> pa.Table:
+    """The result stamped with the change offset it reflects (clients check read-your-writes with it)."""
+    metadata = dict(table.schema.metadata or {})
+    metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
+    return table.replace_schema_metadata(metadata)
 
 
 def _point_schemas(expression: exp.Expression) -> dict[pa.Schema, pa.Schema]:

@@ -67,7 +67,8 @@ QUERIES = [
 
 
 @pytest.mark.parametrize("sql,values", QUERIES)
-def test_a_point_read_answers_as_duckdb_does_and_skips_it_after_the_first(db, duckdb_calls, sql, values):
+def test_a_point_read_answers_as_duckdb_does_and_skips_it_after_the_first(db, duckdb_calls, registrations, sql,
+                                                                          values):
     db.apply_changes("t", rows([1, 2, 3, 4, 5], [1, 1, 2, 2, 1], ["ann", "ann", "bob", "it's", "ann"],
                                [1.0, 2.0, 4.0, None, 8.0]))
     assert point_reads.shape(database._parsed_reads(params.numbered(sql))[0].expression) is not None
@@ -76,9 +77,10 @@ def test_a_point_read_answers_as_duckdb_does_and_skips_it_after_the_first(db, du
     expected = db.sql(bound)
     first = read(db, sql, *values)
     assert len(duckdb_calls) >= 1  # the first execution runs on DuckDB, to learn its result schema
-    calls = len(duckdb_calls)
+    calls, registered = len(duckdb_calls), len(registrations)
     again = read(db, sql, *values)
     assert len(duckdb_calls) == calls, "the second execution did not take the point-read path"
+    assert len(registrations) == registered, "the second execution registered relations on a cursor"
     for got in (first, again):
         assert got.schema.remove_metadata() == expected.schema.remove_metadata()
         assert multiset_diff(got, expected) is None
@@ -138,7 +140,9 @@ def test_other_parameter_types_are_left_to_duckdb(db, sql, values):
     "SELECT * FROM t WHERE other.grp = $1",
     "SELECT * FROM main.t WHERE grp = $1",
     "WITH c AS (SELECT * FROM t) SELECT * FROM c WHERE grp = $1",
-    "SELECT * FROM t",
+    "SELECT * FROM t WHERE TRUE",
+    "SELECT * FROM t LIMIT 5",
+    "SELECT id FROM t ORDER BY id",
 ])
 def test_anything_but_the_point_read_shape_is_not_one(sql):
     tree = database._parsed_reads(sql)[0].expression
@@ -175,3 +179,90 @@ def test_point_reads_over_nulls_many_matches_several_runs_and_narrow_integers(du
                 assert got.schema.remove_metadata() == expected.schema.remove_metadata()
             assert calls[0] == calls[1], f"{values}: the second execution ran on DuckDB"
         assert db.sql("SELECT COUNT(*) AS c FROM s WHERE k = 7").column("c")[0].as_py() > point_reads.FEW_ROWS
+
+
+WHOLE_READS = [
+    "SELECT * FROM by_grp",
+    "SELECT s, GRP FROM By_Grp AS b",  # columns in another order, other case, an alias
+    "SELECT * FROM names",  # a bag: repeated rows
+    "SELECT name FROM by_name",
+    "SELECT * FROM t",
+]
+
+
+@pytest.fixture
+def registrations(monkeypatch):
+    """Relations reads registered on a DuckDB cursor."""
+    names = []
+    register = reads.Reader.register
+
+    def counted(self, cursor, registered, relations, *args, **kwargs):
+        names.extend(relations)
+        return register(self, cursor, registered, relations, *args, **kwargs)
+
+    monkeypatch.setattr(reads.Reader, "register", counted)
+    return names
+
+
+@pytest.mark.parametrize("sql", WHOLE_READS)
+def test_a_whole_read_answers_as_duckdb_does_and_skips_it_after_the_first(db, duckdb_calls, registrations, sql):
+    """``SELECT cols FROM r`` as a plain query (no parameters) and prepared: DuckDB's rows and schema,
+    and after the first execution neither a statement on DuckDB nor a cursor to register it on."""
+    db.apply_changes("t", rows([1, 2, 3, 4, 5], [1, 1, 2, 2, 1], ["ann", "ann", "bob", "it's", "ann"],
+                               [1.0, 2.0, 4.0, None, 8.0]))
+    assert point_reads.shape(database._parsed_reads(sql)[0].expression).equalities == ()
+    for run in (lambda: db.sql(sql), lambda: read(db, sql)):
+        first = run()
+        calls, registered = len(duckdb_calls), len(registrations)
+        again = run()
+        assert len(duckdb_calls) == calls, "the second execution ran on DuckDB"
+        assert len(registrations) == registered, "the second execution registered relations on a cursor"
+        expected = duckdb_answer(db, sql)
+        for got in (first, again):
+            assert got.schema.remove_metadata() == expected.schema
+            assert multiset_diff(got, expected) is None
+            assert got.schema.metadata[b"ivm.offset"] == first.schema.metadata[b"ivm.offset"]
+
+
+def duckdb_answer(db, sql: str) -> pa.Table:
+    """``sql`` run by DuckDB itself over the relations' current rows (not through ivm's read paths)."""
+    import duckdb
+    con = duckdb.connect()
+    for name in ("t", "by_grp", "names", "by_name"):
+        con.register(name, db.sql(f"SELECT * FROM {name} WHERE TRUE"))  # (WHERE TRUE: not a whole read)
+    return con.sql(sql).to_arrow_table()
+
+
+def test_whole_reads_see_every_change_at_once(db, duckdb_calls):
+    db.apply_changes("t", rows([1, 2], [1, 1], ["a", "b"], [1.0, 2.0]))
+    before = db.sql("SELECT * FROM by_grp")
+    assert before.to_pylist() == [{"grp": 1, "n": 2, "s": 3.0}]
+    assert db.sql("SELECT * FROM t").num_rows == 2
+    calls = len(duckdb_calls)
+    db.apply_changes("t", rows([2, 3], [2, 1], ["b", "c"], [5.0, 7.0]))  # a row moves to group 2
+    got = db.sql("SELECT * FROM by_grp")
+    assert sorted(got.to_pylist(), key=lambda r: r["grp"]) == [{"grp": 1, "n": 2, "s": 8.0},
+                                                                {"grp": 2, "n": 1, "s": 5.0}]
+    assert int(got.schema.metadata[b"ivm.offset"]) > int(before.schema.metadata[b"ivm.offset"])
+    db.apply_changes("t", rows([1, 2, 3], [0, 0, 0], ["a", "b", "c"], [0.0, 0.0, 0.0], op="d"))  # every group vanishes
+    assert db.sql("SELECT * FROM by_grp").num_rows == 0
+    assert db.sql("SELECT * FROM t").num_rows == 0
+    # New versions compute a computed view's rows (one statement each), never run the read itself.
+    assert not {"SELECT * FROM by_grp", "SELECT * FROM t"} & set(duckdb_calls[calls:]), duckdb_calls[calls:]
+
+
+def test_a_whole_read_of_a_failed_view_still_says_so(db):
+    db.apply_changes("t", rows([1], [1], ["a"], [1.0]))
+    assert db.sql("SELECT * FROM by_grp").num_rows == 1
+    assert db.sql("SELECT * FROM by_grp").num_rows == 1  # now answered from Arrow
+    db._engine.failed["by_grp"] = "a bug while maintaining it"
+    try:
+        with pytest.raises(ivm.ExecutionError, match="failed while being maintained"):
+            db.sql("SELECT * FROM by_grp")
+    finally:
+        del db._engine.failed["by_grp"]
+
+
+def test_the_whole_read_shape():
+    tree = database._parsed_reads('SELECT B.N, s FROM By_Grp b')[0].expression
+    assert point_reads.shape(tree) == point_reads.Shape("by_grp", ("n", "s"), ())
