@@ -37,7 +37,7 @@ from sql_frontend.errors import (AccessDeniedError, BindError, ExecutionError, I
 from sql_frontend.statements import normalize_name
 from sql_frontend.time_windows import expand_time_windows, has_time_windows
 from storage.zset import WEIGHT
-from ivm.reads import cancel, point_reads
+from ivm.reads import cancel, computed, point_reads
 from ivm.execute import duck
 from ivm.reads.system_relations import SystemRelations, reads_system
 from ivm.execute.executor import duckdb_message
@@ -81,19 +81,22 @@ IDLE_CURSORS = 16
 COMPUTE_ONCE_ROWS = 200_000  # state rows up to which a computed view's rows are kept per version
 
 
-def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: list[Relation]) -> pa.Table:
+def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: list[Relation],
+                  runs: computed.RunRows | None = None) -> pa.Table:
     """The rows of a view without stored output over these state versions, computed once per version.
 
     Kept in the first state relation's cache (released with that version),
-    keyed by the view and the very objects of the other states. ``cursor``
-    has every state registered under its scan name.
+    keyed by the view and the very objects of the other states. With ``runs``
+    (a view over one state relation, row by row: ivm/reads/computed.py) only
+    the state's new runs are computed; otherwise ``cursor`` has every state
+    registered under its scan name and the whole view is computed.
     """
     cached = computed_before(view, states)
     if cached is not None:
         return cached
     first, others = states[0], tuple(states[1:])
     try:
-        rows = duck.arrow(cursor, view.read_text())
+        rows = runs.rows(cursor, first) if runs is not None else duck.arrow(cursor, view.read_text())
     except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
         raise ExecutionError(duckdb_message(e)) from None
     first.remember(("computed", view.name, id(view)), (view, others, rows))
@@ -172,6 +175,7 @@ class Reader:
         self._lock = threading.Lock()
         self._closed = False
         self._computed_read: set[str] = set()  # views computed on read that were read since the last warm()
+        self._computed_runs: dict[str, tuple[ViewDef, computed.RunRows | None]] = {}  # per view: its rows per run
         self.system = SystemRelations(engine.catalog)  # pg_catalog and information_schema
 
     def close(self) -> None:
@@ -263,7 +267,9 @@ class Reader:
         with self._lease() as lease:
             for view in views:
                 try:
-                    self._register_computed(lease.cursor, lease.registered, view, snapshot)
+                    # Computed, not registered on this cursor: point and whole reads answer from the
+                    # rows without a cursor, and a cursor that runs DuckDB registers them when it does.
+                    self._computed(lease.cursor, lease.registered, view, _states(view, snapshot))
                 except (IvmError, duckdb.Error):
                     pass  # e.g. an overflow computing a column: the read that needs the rows reports it
 
@@ -279,27 +285,48 @@ class Reader:
         0.56 ms over the computed rows. Large states: a DuckDB view over the
         state, so a selective read does not pay for computing every row.
         """
-        _, scans = view.read_sql()
-        states = [snapshot[relation_name] for relation_name in sorted(scans)]
-        for relation in states:
-            scan = scan_name(relation.name)
-            if registered.get(scan) is not relation:
-                cursor.register(scan, relation.table())
-                registered[scan] = relation
+        states = _states(view, snapshot)
         previous = registered.get(view.name)
-        if sum(relation.num_rows for relation in states) <= COMPUTE_ONCE_ROWS:
-            rows = computed_rows(cursor, view, states)
+        rows = self._computed(cursor, registered, view, states)
+        if rows is not None:
             if previous is not rows:
                 if previous is view:
                     cursor.execute(f"DROP VIEW IF EXISTS {quote(view.name)}")  # a registration cannot replace it
                 cursor.register(view.name, rows)  # replaces a previous registration
                 registered[view.name] = rows
             return
+        _register_states(cursor, registered, states)
         if previous is not view:
             if previous is not None:
                 cursor.unregister(view.name)
             cursor.execute(f"CREATE OR REPLACE TEMP VIEW {quote(view.name)} AS {view.read_text()}")
             registered[view.name] = view
+
+    def _computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object], view: "ViewDef",
+                  states: list[Relation]) -> pa.Table | None:
+        """The view's rows over these state versions, kept with them, when the states are small
+        (COMPUTE_ONCE_ROWS); None for large states (read through a DuckDB view over them)."""
+        if sum(relation.num_rows for relation in states) > COMPUTE_ONCE_ROWS:
+            return None
+        runs = self._run_rows(view)
+        if runs is None:
+            _register_states(cursor, registered, states)
+        return computed_rows(cursor, view, states, runs)
+
+    def _run_rows(self, view: "ViewDef") -> computed.RunRows | None:
+        """The view's rows kept per run of its state (ivm/reads/computed.py), or None when they are computed whole."""
+        with self._lock:
+            known = self._computed_runs.get(view.name)
+            if known is not None and known[0] is view:
+                return known[1]
+        select, scans = view.read_sql()
+        runs = computed.run_rows(select, scan_name(next(iter(scans)))) if len(scans) == 1 else None
+        with self._lock:
+            views = self.engine.catalog.views
+            for name in [n for n, (v, _) in self._computed_runs.items() if views.get(n) is not v]:
+                del self._computed_runs[name]  # dropped or replaced views
+            self._computed_runs[view.name] = (view, runs)
+        return runs
 
     def query(self, sql: str | Callable[[], str], expression: exp.Expression, snapshot: Snapshot | None = None,
               values: list[pa.Scalar] | None = None, internal: bool = False,
@@ -415,6 +442,21 @@ def _with_offset(table: pa.Table, snapshot: Snapshot) -> pa.Table:
     metadata = dict(table.schema.metadata or {})
     metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
     return table.replace_schema_metadata(metadata)
+
+
+def _states(view: "ViewDef", snapshot: Snapshot) -> list[Relation]:
+    """The versions in ``snapshot`` of the state relations a view's rows are computed from, in scan order."""
+    _, scans = view.read_sql()
+    return [snapshot[relation_name] for relation_name in sorted(scans)]
+
+
+def _register_states(cursor: duckdb.DuckDBPyConnection, registered: dict[str, object], states: list[Relation]) -> None:
+    """Each state relation readable on ``cursor`` under its scan name (what a view's read SQL scans)."""
+    for relation in states:
+        scan = scan_name(relation.name)
+        if registered.get(scan) is not relation:
+            cursor.register(scan, relation.table())
+            registered[scan] = relation
 
 
 def _point_schemas(expression: exp.Expression) -> dict[pa.Schema, pa.Schema]:

@@ -130,7 +130,7 @@ def test_a_view_the_writer_cannot_compute_does_not_fail_the_batch_and_the_read_r
     assert db.sql("SELECT * FROM v").num_rows == 1  # read: the next batch warms v
     compute = reads.computed_rows
 
-    def failing(cursor, view, states):
+    def failing(cursor, view, states, runs=None):
         raise ivm.ExecutionError("cannot compute v")
 
     monkeypatch.setattr(reads, "computed_rows", failing)

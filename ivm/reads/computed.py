@@ -1,0 +1,177 @@
+"""The rows of a view computed from its state, kept per run of the state: a new version costs its change.
+
+A view without stored output (an aggregate or DISTINCT on top,
+``delta_operators.compiler.reads_only_state``) is read as a projection of its
+operator state: ``read_sql`` is a chain of SELECTs over one state relation in
+which each state row gives at most one row of the view (the aggregate's
+outputs computed from its sums and counts, groups filtered by HAVING).
+Computing that over every state row at each version costs in proportion to
+the view, not to the change: a 200,000-group view read between 1,000-row
+batches spent ~8 ms of DuckDB per batch there (bench/README.md, session 28).
+
+A relation's runs never change, only which of their rows are live
+(storage/relation.py). So the projection is computed once per run, with each
+output row's position in its run (``RunRows``), and a version's rows are, per
+run, the projected rows whose position is still live: a batch runs the
+projection over the runs it made (its new rows, and a merge's) and filters
+the others' by their liveness bits.
+
+Incremental rule, for a row-wise projection f and a relation R whose runs
+are r_1..r_k with live masks m_i: f(R) = ⊎_i σ_{m_i}(f⁺(r_i)), where f⁺
+carries each row's position through f; a run's f⁺ is computed once.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from sqlglot import exp
+
+from ivm.execute import duck
+from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode
+from sql_frontend.errors import InternalError
+from sql_frontend.plan_sql import render
+from storage.relation import Relation, Run
+
+POS = "__ivm_pos"  # a projected row's position in its run
+RUN_ROWS = "__ivm_run_rows"  # the name the projection reads one run under
+# Clauses that make a SELECT more than a row-wise projection and filter of its one input.
+_NOT_ROW_WISE = ("joins", "group", "having", "distinct", "order", "limit", "offset", "qualify", "windows",
+                 "laterals", "with_", "pivots", "sample", "connect", "match", "prewhere", "cluster",
+                 "distribute", "sort")
+
+
+def positional(select: exp.Expression, scan: str) -> exp.Expression | None:
+    """``select`` reading the table ``RUN_ROWS`` in place of ``scan`` and returning each row's ``POS``
+    too, or None when it is not a chain of row-wise SELECTs (projections and filters, no aggregate,
+    window or subquery in them) over that one table."""
+    tree = select.copy()
+    chain: list[tuple[exp.Select, exp.Expression]] = []
+    node = tree
+    while True:
+        if not isinstance(node, exp.Select) or any(node.args.get(k) for k in _NOT_ROW_WISE):
+            return None
+        where = node.args.get("where")
+        for e in node.expressions + ([where] if where is not None else []):
+            if e.find(exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Star) is not None:
+                return None
+        source = node.args.get("from_")
+        if source is None:
+            return None
+        source = source.this
+        chain.append((node, source))
+        if isinstance(source, exp.Subquery) and source.alias:
+            node = source.this
+            continue
+        if isinstance(source, exp.Table) and source.name == scan and not source.args.get("db") \
+                and not source.args.get("catalog"):
+            break
+        return None
+    for node, source in chain:
+        node.select(exp.alias_(exp.column(POS, table=exp.to_identifier(source.alias_or_name, quoted=True)), POS,
+                               quoted=True), append=True, copy=False)
+    table = chain[-1][1]
+    if not table.alias:
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(scan, quoted=True)))
+    table.set("this", exp.to_identifier(RUN_ROWS, quoted=True))
+    return tree
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A run's projected rows, and the run position of each (None: row i is position i)."""
+
+    rows: pa.Table
+    positions: np.ndarray | None
+
+
+class RunRows:
+    """One view's projected rows per run of its state relation (by run serial), for the versions in use.
+
+    A run is projected by our compiled operators (ivm/execute/compiled/) once DuckDB has typed the
+    projection, DuckDB otherwise (and, in shadow mode, both: a difference raises)."""
+
+    def __init__(self, tree: exp.Expression):
+        self.tree = tree  # ``positional``'s SELECT
+        self.sql = render(tree)
+        self._runs: dict[int, Projected] = {}
+        self._compiled: dict[pa.Schema, CompiledStep | None] = {}  # per input schema, once DuckDB typed it
+        self._lock = threading.Lock()
+
+    def rows(self, cursor: duckdb.DuckDBPyConnection, state: Relation) -> pa.Table:
+        """The view's rows over this version of its state (``cursor`` runs DuckDB where it must)."""
+        parts = []
+        with self._lock:
+            known = dict(self._runs)
+        made = {}
+        for run in state.runs:
+            projected = known.get(run.serial)
+            if projected is None:
+                projected = made[run.serial] = self._project(cursor, run.table)
+            parts.append(_live(projected, run))
+        with self._lock:
+            # Only the runs of the newest version are kept: a reader of an older one projects its runs again.
+            self._runs = {run.serial: made[run.serial] if run.serial in made else known[run.serial]
+                          for run in state.runs}
+        if not parts:
+            return self._project(cursor, state.schema.empty_table()).rows
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def _project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
+        inputs = {RUN_ROWS: table.append_column(POS, pa.array(np.arange(table.num_rows, dtype=np.int64)))}
+        step = self._step(cursor, inputs[RUN_ROWS])
+        out = None
+        if step is not None:
+            try:
+                out = step.run(inputs)
+            except Fallback:
+                out = None
+            if out is not None and shadow_mode():
+                difference = same_rows(out, self._duckdb(cursor, inputs[RUN_ROWS]))
+                if difference is not None:
+                    raise InternalError(f"a computed view's rows differ from DuckDB's: {difference}\n{self.sql}")
+        if out is None:
+            out = self._duckdb(cursor, inputs[RUN_ROWS])
+        positions = out.column(POS).to_numpy()
+        in_order = len(positions) == table.num_rows and bool((positions == np.arange(len(positions))).all())
+        return Projected(out.drop_columns([POS]), None if in_order else positions)
+
+    def _step(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> CompiledStep | None:
+        """The projection compiled for this input schema (typed by DuckDB once), or None (DuckDB runs it)."""
+        if rows.schema not in self._compiled:
+            expected = self._duckdb(cursor, rows.schema.empty_table()).schema
+            try:
+                step = CompiledStep(self.tree, {RUN_ROWS: rows.schema}, expected)
+            except Unsupported:
+                step = None
+            with self._lock:
+                self._compiled[rows.schema] = step
+        return self._compiled[rows.schema]
+
+    def _duckdb(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:
+        cursor.register(RUN_ROWS, rows)
+        try:
+            return duck.arrow(cursor, self.sql)
+        finally:
+            cursor.unregister(RUN_ROWS)
+
+
+def _live(projected: Projected, run: Run) -> pa.Table:
+    """A run's projected rows whose position is live in this version of the run."""
+    rows = projected.rows
+    if run.live is None or not rows.num_rows:
+        return rows
+    if projected.positions is None:  # row i is position i: the liveness bits are the filter, as they are
+        return rows.filter(pa.Array.from_buffers(pa.bool_(), run.n_rows, [None, pa.py_buffer(run.live)]))
+    return rows.filter(pa.array(run.is_live(projected.positions)))
+
+
+def run_rows(select: exp.Expression, scan: str) -> RunRows | None:
+    """A ``RunRows`` for a view's read SELECT over the state relation scanned as ``scan``, or None when
+    the SELECT is not row-wise (it is computed over every state row, as before)."""
+    tree = positional(select, scan)
+    return None if tree is None else RunRows(tree)

@@ -1,0 +1,153 @@
+"""A computed view's rows kept per run of its state (ivm/reads/computed.py): equal to DuckDB, costing the change."""
+
+import duckdb
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ivm
+from delta_operators.program import scan_name
+from ivm import database as database_module
+from ivm.reads import computed
+from sql_frontend.errors import InternalError
+from tests.oracle.compare import multiset_diff
+
+VIEWS = {
+    "agg": "SELECT grp, COUNT(*) AS n, SUM(x) AS s, AVG(x) AS m, MAX(x) AS hi, MIN(name) AS lo FROM t GROUP BY grp",
+    "pairs": "SELECT grp, COUNT(x) AS n FROM t GROUP BY grp HAVING COUNT(*) > 1",
+    "names": "SELECT DISTINCT name FROM t",
+    "total": "SELECT COUNT(*) AS n, SUM(x) AS s FROM t",  # one group, present with no row
+}
+
+
+def database() -> ivm.Database:
+    db = ivm.connect(maintenance="incremental")
+    db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, grp BIGINT, x DOUBLE, name VARCHAR)")
+    for name, sql in VIEWS.items():
+        db.execute(f"CREATE MATERIALIZED VIEW {name} AS {sql}")
+    return db
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_each_view_here_is_read_per_run(name):
+    with database() as db:
+        view = db._engine.catalog.views[name]
+        select, scans = view.read_sql()
+        assert not view.stored_output and len(scans) == 1
+        assert computed.positional(select, scan_name(next(iter(scans)))) is not None
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT s.k, COUNT(*) AS n FROM \"__scan__v.agg2\" AS s GROUP BY s.k",
+    "SELECT DISTINCT s.k FROM \"__scan__v.agg2\" AS s",
+    "SELECT s.k FROM \"__scan__v.agg2\" AS s JOIN other AS o ON s.k = o.k",
+    "SELECT s.k FROM \"__scan__v.agg2\" AS s ORDER BY s.k LIMIT 3",
+    "SELECT SUM(s.k) OVER () AS w FROM \"__scan__v.agg2\" AS s",
+    "SELECT s.k FROM \"__scan__v.agg2\" AS s WHERE s.k IN (SELECT k FROM other)",
+    "SELECT v.k FROM (SELECT s.k FROM \"__scan__v.agg2\" AS s GROUP BY s.k) AS v",
+    "SELECT s.k FROM other AS s",
+    "SELECT * FROM \"__scan__v.agg2\" AS s",
+])
+def test_anything_but_a_row_wise_chain_over_the_state_is_computed_whole(sql):
+    assert computed.positional(duckdb_tree(sql), "__scan__v.agg2") is None
+
+
+def duckdb_tree(sql):
+    import sqlglot
+    return sqlglot.parse_one(sql, read="duckdb")
+
+
+rows_strategy = st.lists(
+    st.tuples(st.integers(0, 11),  # id: few, so upserts and deletes hit stored rows
+              st.sampled_from(["c", "u", "d"]),
+              st.one_of(st.none(), st.integers(0, 3)),  # grp: groups vanish and return
+              st.one_of(st.none(), st.sampled_from([-1.5, 0.0, 2.0, 7.25, float("inf")])),
+              st.one_of(st.none(), st.sampled_from(["a", "b", "it's"]))),
+    min_size=1, max_size=8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(batches=st.lists(rows_strategy, min_size=1, max_size=12))
+def test_views_read_after_every_batch_equal_duckdb(batches):
+    """Random upserts and deletes (NULLs, repeated keys, the current MAX deleted, groups that vanish and
+    return), each view read after every batch: DuckDB's answer over the table as it is then."""
+    with database() as db:
+        reference = duckdb.connect()
+        for batch in batches:
+            last = {}
+            for key, op, grp, x, name in batch:  # one row per key (the last), as the table keeps it
+                last[key] = (op, grp, x, name)
+            ids = sorted(last)
+            table = pa.table({"id": pa.array(ids, pa.int64()),
+                              "grp": pa.array([last[k][1] for k in ids], pa.int64()),
+                              "x": pa.array([last[k][2] for k in ids], pa.float64()),
+                              "name": pa.array([last[k][3] for k in ids], pa.string()),
+                              "__op": [("u" if last[k][0] != "d" else "d") for k in ids]})
+            db.apply_changes("t", table, on_missing_delete="ignore")
+            current = db.sql("SELECT * FROM t WHERE TRUE")
+            reference.register("t", current)
+            for name, sql in VIEWS.items():
+                got = db.sql(f"SELECT * FROM {name}")
+                difference = multiset_diff(got, reference.sql(sql).to_arrow_table())
+                assert difference is None, f"{name}: {difference}"
+
+
+def test_a_batch_projects_only_the_runs_it_made(monkeypatch):
+    """The rows a batch projects are the state rows it wrote (and a merge's), not the whole state."""
+    projected = []
+    project = computed.RunRows._project
+
+    def counted(self, cursor, table):
+        projected.append(table.num_rows)
+        return project(self, cursor, table)
+
+    monkeypatch.setattr(computed.RunRows, "_project", counted)
+    with database() as db:
+        groups = 20_000
+        db.apply_changes("t", pa.table({"id": pa.array(range(groups), pa.int64()),
+                                        "grp": pa.array(range(groups), pa.int64()),
+                                        "x": pa.array([1.0] * groups), "name": ["a"] * groups}))
+        assert db.sql("SELECT * FROM agg").num_rows == groups
+        for i in range(5):
+            projected.clear()
+            db.apply_changes("t", pa.table({"id": pa.array([i, 100 + i], pa.int64()),
+                                            "grp": pa.array([i, 100 + i], pa.int64()),
+                                            "x": pa.array([5.0, 6.0]), "name": ["b", "c"], "__op": ["u", "u"]}))
+            got = db.sql("SELECT * FROM agg WHERE TRUE")
+            assert got.num_rows == groups
+            assert sum(projected) < 100, projected  # two groups changed; 20,000 are stored
+        assert db.sql("SELECT hi FROM agg WHERE grp = 104").to_pylist() == [{"hi": 6.0}]
+
+
+def test_a_reader_of_an_older_version_gets_its_rows():
+    with database() as db:
+        db.apply_changes("t", pa.table({"id": pa.array([1, 2], pa.int64()), "grp": pa.array([1, 2], pa.int64()),
+                                        "x": pa.array([1.0, 2.0]), "name": ["a", "b"]}))
+        engine = db._engine
+        old = engine.store.snapshot
+        tree = database_module._parsed_reads("SELECT grp, n FROM agg WHERE TRUE")[0].expression
+        before = engine.reader.query("SELECT grp, n FROM agg WHERE TRUE", tree, snapshot=old)
+        for i in range(4):  # new versions: their runs replace the old ones in the per-run rows
+            db.apply_changes("t", pa.table({"id": pa.array([1], pa.int64()), "grp": pa.array([3 + i], pa.int64()),
+                                            "x": pa.array([9.0]), "name": ["z"], "__op": ["u"]}))
+            assert db.sql("SELECT * FROM agg").num_rows == 2
+        again = engine.reader.query("SELECT grp, n FROM agg WHERE TRUE", tree, snapshot=old)
+        assert sorted(again.to_pylist(), key=str) == sorted(before.to_pylist(), key=str) == \
+            [{"grp": 1, "n": 1}, {"grp": 2, "n": 1}]
+
+
+def test_in_shadow_mode_a_compiled_projection_that_differs_from_duckdb_raises(monkeypatch):
+    run = computed.CompiledStep.run
+
+    def wrong(self, inputs):
+        out = run(self, inputs)
+        return out.slice(0, max(0, out.num_rows - 1))  # one row lost
+
+    with database() as db:
+        monkeypatch.setenv("IVM_SHADOW", "1")
+        monkeypatch.setattr(computed.CompiledStep, "run", wrong)
+        db.apply_changes("t", pa.table({"id": pa.array([1, 2], pa.int64()), "grp": pa.array([1, 2], pa.int64()),
+                                        "x": pa.array([1.0, 2.0]), "name": ["a", "b"]}))
+        with pytest.raises(InternalError, match="computed view's rows differ from DuckDB's"):
+            db.sql("SELECT * FROM agg")
