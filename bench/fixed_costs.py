@@ -1,6 +1,6 @@
 """What a 1,000-row batch costs, stage by stage (issue 25's check).
 
-    python -m bench.fixed_costs [--rows 2000000] [--batches 60] [--views none per_customer nation_segment]
+    python -m bench.fixed_costs [--rows 2000000] [--batches 60] [--views none per_customer nation_segment] [--read]
 
 For each scenario (no view; each of bench.core's views on its own) it loads
 bench.core's tables into an in-memory database, applies ``--warmup`` change
@@ -8,7 +8,11 @@ batches (the first ones compile each step and run it three more times on
 DuckDB to check it), then times ``--batches`` more of bench.core's change
 stream (40% inserts, 40% updates, 20% deletes of ``orders``) and prints, per
 stage, the median milliseconds per batch and its share of the whole
-``apply_changes``.
+``apply_changes``. With ``--read`` a prepared point read of the view
+(``SELECT * FROM v WHERE first_column = $1``, as a server runs one) follows
+every batch, outside the clock: the next batch then computes the rows of a
+view read from its operator state for the reads of its version (the stage
+"compute a read view's rows").
 
 Stages are timed where a batch enters them: each is a function of the
 runtime, wrapped by this script for the run (names below, ``STAGES``). A
@@ -32,6 +36,7 @@ from contextlib import contextmanager
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 import ivm
 from bench import core
@@ -52,6 +57,7 @@ STAGES = [
     ("lookups in state and tables", "ivm.execute.executor:StepRunner._shared_lookup"),
     ("commit state changes", "ivm.engine:commit_row_changes"),
     ("publish the snapshot", "ivm.engine:Engine.publish"),
+    ("compute a read view's rows", "ivm.reads.reads:Reader.warm"),
 ]
 
 
@@ -112,14 +118,18 @@ def database(data: dict, view: str | None) -> ivm.Database:
     return db
 
 
-def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: int, seed: int) -> dict:
+def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: int, seed: int,
+                 read: bool = False) -> dict:
     db = database(data, view)
+    lookup = _point_read(db, view) if read and view is not None else None
     customers = data["customers"].num_rows
     rng = np.random.default_rng(seed)
     next_id, deleted = rows, set()
     for _ in range(warmup):
         batch, next_id = core.change_batch(rng, next_id, rows, customers, 1000, deleted)
         db.apply_changes("orders", batch)
+        if lookup is not None:
+            lookup(1)
     clock = StageClock()
     undo = instrument(clock)
     per_batch = []
@@ -128,12 +138,26 @@ def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: 
             batch, next_id = core.change_batch(rng, next_id, rows, customers, 1000, deleted)
             db.apply_changes("orders", batch)
             per_batch.append(clock.take())
+            if lookup is not None:  # read between batches: the next batch computes the view's rows for reads
+                lookup(int(rng.integers(customers)))
     finally:
         restore(undo)
         db.close()
     paths = sorted({p for b in per_batch for p in b}, key=lambda p: _order(p))
     medians = {p: statistics.median(b.get(p, 0.0) for b in per_batch) * 1000 for p in paths}
-    return {"view": view or "no view", "rows": rows, "batches": batches, "medians_ms": medians}
+    return {"view": (view or "no view") + (", a point read after each batch" if lookup else ""), "rows": rows,
+            "batches": batches, "medians_ms": medians}
+
+
+def _point_read(db: ivm.Database, view: str):
+    """A prepared point read of the view's first column (as a server runs one), called with a key."""
+    column = db.sql(f"SELECT * FROM {view} LIMIT 0").column_names[0]
+    template = f"SELECT * FROM {view} WHERE {column} = $1"
+
+    def lookup(key: int) -> None:
+        value = pa.scalar(key, pa.int64())
+        db.bound_query(template, lambda: template.replace("$1", str(key)), [value])
+    return lookup
 
 
 def _order(path: str) -> tuple:
@@ -162,13 +186,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--views", nargs="+", default=["none", *core.VIEWS],
                         help="scenarios: none (no view) and/or bench.core view names")
+    parser.add_argument("--read", action="store_true",
+                        help="a prepared point read of the view after every batch (a client reading while "
+                             "changes stream in): the next batch computes the rows of a view read from its state")
     args = parser.parse_args()
     unknown = [v for v in args.views if v != "none" and v not in core.VIEWS]
     if unknown:
         parser.error(f"unknown view {', '.join(unknown)}: choose among none, {', '.join(core.VIEWS)}")
     data = core.generate(duckdb.connect(), args.rows)
     for view in args.views:
-        result = run_scenario(data, args.rows, None if view == "none" else view, args.warmup, args.batches, args.seed)
+        result = run_scenario(data, args.rows, None if view == "none" else view, args.warmup, args.batches, args.seed,
+                              args.read)
         print(report(result))
         print()
 

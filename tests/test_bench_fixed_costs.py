@@ -1,0 +1,35 @@
+"""bench.fixed_costs runs against the runtime as it is: every stage it names exists and is met."""
+
+import duckdb
+
+from bench import core, fixed_costs
+
+
+def test_every_stage_of_a_batch_with_a_read_view_is_timed():
+    rows = 20_000
+    data = core.generate(duckdb.connect(), rows)
+    result = fixed_costs.run_scenario(data, rows, "per_customer", warmup=2, batches=3, seed=1, read=True)
+    medians = result["medians_ms"]
+    met = {path.rsplit("/", 1)[-1] for path, ms in medians.items() if ms > 0}
+    assert {"apply_changes", "convert to a Z-set change", "maintain the views", "publish the snapshot",
+            "compute a read view's rows"} <= met, medians
+    assert "a point read after each batch" in fixed_costs.report(result)
+
+
+def test_only_a_read_between_batches_makes_them_compute_the_rows_for_reads(monkeypatch):
+    from ivm.reads import reads
+    computed = []
+    compute = reads.Reader._computed
+
+    def counted(self, *args):
+        computed.append(args[2].name)
+        return compute(self, *args)
+
+    monkeypatch.setattr(reads.Reader, "_computed", counted)
+    rows = 20_000
+    data = core.generate(duckdb.connect(), rows)
+    fixed_costs.run_scenario(data, rows, "per_customer", warmup=2, batches=3, seed=1)
+    unread = len(computed)  # (creating the view reads its first rows)
+    computed.clear()
+    fixed_costs.run_scenario(data, rows, "per_customer", warmup=2, batches=3, seed=1, read=True)
+    assert len(computed) >= unread + 5  # each of the 5 batches after a read computes the rows for the next reads
