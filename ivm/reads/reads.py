@@ -390,21 +390,13 @@ class Reader:
             return None
         definition = self.engine.catalog.get(name)
         if definition.kind == "view" and not definition.stored_output and name not in snapshot:
-            _, scans = definition.read_sql()
-            rows = computed_before(definition, [snapshot[relation] for relation in sorted(scans)])
+            rows = computed_before(definition, _states(definition, snapshot))
             if note_read and name not in self._computed_read:
                 with self._lock:
                     self._computed_read.add(name)  # the writer computes the next version's rows (warm)
         else:
             rows = visible(snapshot[name], not definition.is_set)
-        if rows is None:
-            return None
-        known = _point_schemas(expression).get(rows.schema)
-        if known is None:
-            return None
-        table = point_reads.answer(point, rows, values)
-        return table if table is not None and table.schema.equals(known) else None
-
+        return _known_answer(point, expression, rows, values)
 
     def _input(self, lease: Lease, name: str) -> pa.Table | None:
         """The Arrow rows registered for ``name`` on this cursor (None: a DuckDB view over large state)."""
@@ -416,16 +408,7 @@ class Reader:
     def _point_read(self, lease: Lease, point: point_reads.Shape, expression: exp.Expression,
                     values: list[pa.Scalar]) -> pa.Table | None:
         """The point read answered from Arrow, when DuckDB's result schema for this input is known and matches."""
-        rows = self._input(lease, point.table)
-        if rows is None:
-            return None
-        known = _point_schemas(expression).get(rows.schema)
-        if known is None:
-            return None
-        table = point_reads.answer(point, rows, values)
-        if table is None or not table.schema.equals(known):
-            return None
-        return table
+        return _known_answer(point, expression, self._input(lease, point.table), values)
 
     def _remember_schema(self, lease: Lease, point: point_reads.Shape, expression: exp.Expression,
                          schema: pa.Schema) -> None:
@@ -442,6 +425,19 @@ def _with_offset(table: pa.Table, snapshot: Snapshot) -> pa.Table:
     metadata = dict(table.schema.metadata or {})
     metadata[OFFSET_METADATA] = str(snapshot.offset).encode()
     return table.replace_schema_metadata(metadata)
+
+
+def _known_answer(point: point_reads.Shape, expression: exp.Expression, rows: pa.Table | None,
+                  values: list[pa.Scalar]) -> pa.Table | None:
+    """``point_reads.answer`` over ``rows``, when DuckDB's result schema for this query and input schema is
+    known and the answer has it; None: DuckDB answers."""
+    if rows is None:
+        return None
+    known = _point_schemas(expression).get(rows.schema)
+    if known is None:
+        return None
+    table = point_reads.answer(point, rows, values)
+    return table if table is not None and table.schema.equals(known) else None
 
 
 def _states(view: "ViewDef", snapshot: Snapshot) -> list[Relation]:
