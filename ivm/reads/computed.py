@@ -23,6 +23,7 @@ carries each row's position through f; a run's f⁺ is computed once.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -33,9 +34,12 @@ from sqlglot import exp
 
 from ivm.execute import duck
 from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode
+from ivm.execute.executor import SHADOW_RUNS
 from sql_frontend.errors import InternalError
 from sql_frontend.plan_sql import render
 from storage.relation import Relation, Run
+
+log = logging.getLogger("ivm.reads")
 
 POS = "__ivm_pos"  # a projected row's position in its run
 RUN_ROWS = "__ivm_run_rows"  # the name the projection reads one run under
@@ -93,13 +97,15 @@ class RunRows:
     """One view's projected rows per run of its state relation (by run serial), for the versions in use.
 
     A run is projected by our compiled operators (ivm/execute/compiled/) once DuckDB has typed the
-    projection, DuckDB otherwise (and, in shadow mode, both: a difference raises)."""
+    projection, DuckDB otherwise; the compiled projection is checked against DuckDB as the executor
+    checks its steps (on its first runs, and always in shadow mode)."""
 
     def __init__(self, tree: exp.Expression):
         self.tree = tree  # ``positional``'s SELECT
         self.sql = render(tree)
         self._runs: dict[int, Projected] = {}
         self._compiled: dict[pa.Schema, CompiledStep | None] = {}  # per input schema, once DuckDB typed it
+        self._checked: dict[pa.Schema, int] = {}  # compiled runs compared with DuckDB, per input schema
         self._lock = threading.Lock()
 
     def rows(self, cursor: duckdb.DuckDBPyConnection, state: Relation) -> pa.Table:
@@ -122,23 +128,49 @@ class RunRows:
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     def _project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
-        inputs = {RUN_ROWS: table.append_column(POS, pa.array(np.arange(table.num_rows, dtype=np.int64)))}
-        step = self._step(cursor, inputs[RUN_ROWS])
-        out = None
-        if step is not None:
-            try:
-                out = step.run(inputs)
-            except Fallback:
-                out = None
-            if out is not None and shadow_mode():
-                difference = same_rows(out, self._duckdb(cursor, inputs[RUN_ROWS]))
-                if difference is not None:
-                    raise InternalError(f"a computed view's rows differ from DuckDB's: {difference}\n{self.sql}")
+        rows = table.append_column(POS, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        out = self._compiled_rows(cursor, rows)
         if out is None:
-            out = self._duckdb(cursor, inputs[RUN_ROWS])
+            out = self._duckdb(cursor, rows)
         positions = out.column(POS).to_numpy()
         in_order = len(positions) == table.num_rows and bool((positions == np.arange(len(positions))).all())
         return Projected(out.drop_columns([POS]), None if in_order else positions)
+
+    def _compiled_rows(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table | None:
+        """The projection by the compiled step, checked against DuckDB as the executor checks its steps
+        (ivm/execute/executor.py): in shadow mode always (a difference raises), otherwise on its first
+        SHADOW_RUNS runs (a difference, or an error, leaves this projection to DuckDB from then on).
+        None: DuckDB projects these rows."""
+        step = self._step(cursor, rows)
+        if step is None:
+            return None
+        shadow = shadow_mode()
+        try:
+            out = step.run({RUN_ROWS: rows})
+        except Fallback:
+            return None
+        except Exception as e:  # a compiler bug must not stop reads: DuckDB projects from now on
+            if shadow:
+                raise
+            log.warning("a computed view's compiled projection failed, DuckDB projects it from now on: %r", e)
+            self._disable(rows.schema)
+            return None
+        if shadow or self._checked.get(rows.schema, 0) < SHADOW_RUNS:
+            self._checked[rows.schema] = self._checked.get(rows.schema, 0) + 1
+            theirs = self._duckdb(cursor, rows)
+            difference = same_rows(out, theirs)
+            if difference is not None:
+                if shadow:
+                    raise InternalError(f"a computed view's rows differ from DuckDB's: {difference}\n{self.sql}")
+                log.warning("a computed view's compiled projection differs from DuckDB, which projects it from "
+                            "now on: %s", difference)
+                self._disable(rows.schema)
+                return theirs
+        return out
+
+    def _disable(self, schema: pa.Schema) -> None:
+        with self._lock:
+            self._compiled[schema] = None
 
     def _step(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> CompiledStep | None:
         """The projection compiled for this input schema (typed by DuckDB once), or None (DuckDB runs it)."""

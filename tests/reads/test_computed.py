@@ -137,17 +137,33 @@ def test_a_reader_of_an_older_version_gets_its_rows():
             [{"grp": 1, "n": 1}, {"grp": 2, "n": 1}]
 
 
-def test_in_shadow_mode_a_compiled_projection_that_differs_from_duckdb_raises(monkeypatch):
+def lose_a_row(monkeypatch, shadow: str) -> None:
+    """From now on every compiled projection loses its last row; IVM_SHADOW=``shadow``."""
     run = computed.CompiledStep.run
 
     def wrong(self, inputs):
         out = run(self, inputs)
-        return out.slice(0, max(0, out.num_rows - 1))  # one row lost
+        return out.slice(0, max(0, out.num_rows - 1))
 
+    monkeypatch.setenv("IVM_SHADOW", shadow)
+    monkeypatch.setattr(computed.CompiledStep, "run", wrong)
+
+
+def test_in_shadow_mode_a_compiled_projection_that_differs_from_duckdb_raises(monkeypatch):
     with database() as db:
-        monkeypatch.setenv("IVM_SHADOW", "1")
-        monkeypatch.setattr(computed.CompiledStep, "run", wrong)
+        lose_a_row(monkeypatch, "1")
         db.apply_changes("t", pa.table({"id": pa.array([1, 2], pa.int64()), "grp": pa.array([1, 2], pa.int64()),
                                         "x": pa.array([1.0, 2.0]), "name": ["a", "b"]}))
         with pytest.raises(InternalError, match="computed view's rows differ from DuckDB's"):
             db.sql("SELECT * FROM agg")
+
+
+def test_outside_shadow_mode_a_projection_that_differs_on_its_first_runs_is_left_to_duckdb(monkeypatch):
+    with database() as db:
+        lose_a_row(monkeypatch, "0")
+        for i in range(3):
+            db.apply_changes("t", pa.table({"id": pa.array([i], pa.int64()), "grp": pa.array([i], pa.int64()),
+                                            "x": pa.array([1.0]), "name": ["a"]}))
+            assert sorted(r["grp"] for r in db.sql("SELECT * FROM agg").to_pylist()) == list(range(i + 1))
+        runs = db._engine.reader._computed_runs["agg"][1]
+        assert runs is not None and set(runs._compiled.values()) == {None}  # DuckDB projects from now on
