@@ -266,7 +266,7 @@ class Run:
         bounds = self._live_bounds()
         if bounds is not None:
             return pa.concat_tables([self.table.slice(a, b - a) for a, b in bounds])
-        return self.table.filter(self._live_mask())
+        return self.table.filter(self.live_mask())
 
     def _live_bounds(self) -> list[tuple[int, int]] | None:
         """[start, end) of the stretches between dead rows, when those are few (else None)."""
@@ -279,7 +279,8 @@ class Run:
         keep = ends > starts
         return [(int(a), int(b)) for a, b in zip(starts[keep], ends[keep])]
 
-    def _live_mask(self) -> pa.Array:
+    def live_mask(self) -> pa.Array:
+        """The liveness bits as an Arrow boolean array over the run's rows (zero-copy; ``live`` is not None)."""
         return pa.Array.from_buffers(pa.bool_(), self.n_rows, [None, pa.py_buffer(self.live)])
 
     def live_pieces(self) -> Callable[[int], list[pa.Array]]:
@@ -289,7 +290,7 @@ class Run:
         bounds = self._live_bounds()
         if bounds is not None:
             return lambda i: [self.table.column(i).slice(a, b - a).chunks[0] for a, b in bounds]
-        mask = self._live_mask()
+        mask = self.live_mask()
         return lambda i: self.table.column(i).filter(mask).chunks
 
 

@@ -198,7 +198,7 @@ def _live(projected: Projected, run: Run) -> pa.Table:
     if run.live is None or not rows.num_rows:
         return rows
     if projected.positions is None:  # row i is position i: the liveness bits are the filter, as they are
-        return rows.filter(pa.Array.from_buffers(pa.bool_(), run.n_rows, [None, pa.py_buffer(run.live)]))
+        return rows.filter(run.live_mask())
     return rows.filter(pa.array(run.is_live(projected.positions)))
 
 

@@ -45,7 +45,7 @@ from delta_operators.program import scan_name
 from ivm.binder import quote
 from storage.relation import Relation
 from storage.store import Snapshot, Store
-from ivm.catalog import Catalog, ViewDef
+from ivm.catalog import Catalog, TableDef, ViewDef
 
 
 class Readable(Protocol):
@@ -232,11 +232,10 @@ class Reader:
             failed = self.engine.failed.get(name)
             if failed is not None:
                 raise failed_view_error(name, failed) if definition.kind == "view" else failed_table_error(name, failed)
-            if definition.kind == "view" and not definition.stored_output and name not in snapshot:
+            if _computed_on_read(definition, snapshot):
                 self._register_computed(cursor, registered, definition, snapshot)
-                if note_reads and name not in self._computed_read:
-                    with self._lock:
-                        self._computed_read.add(name)
+                if note_reads:
+                    self._note_read(name)
                 continue
             relation = snapshot[name]  # stored, or kept while its state is stale (ivm/maintain/recompute.py)
             previous = registered.get(name)
@@ -260,8 +259,8 @@ class Reader:
         with self._lock:
             names, self._computed_read = self._computed_read, set()
         views = [self.engine.catalog.views.get(name) for name in sorted(names)]
-        views = [v for v in views if v is not None and not v.stored_output and v.name not in self.engine.failed
-                 and v.name not in snapshot]  # (in the snapshot: its state is stale, its rows are kept)
+        views = [v for v in views if v is not None and v.name not in self.engine.failed
+                 and _computed_on_read(v, snapshot)]
         if not views:
             return
         with self._lease() as lease:
@@ -272,6 +271,12 @@ class Reader:
                     self._computed(lease.cursor, lease.registered, view, _states(view, snapshot))
                 except (IvmError, duckdb.Error):
                     pass  # e.g. an overflow computing a column: the read that needs the rows reports it
+
+    def _note_read(self, name: str) -> None:
+        """A client read the view computed on read ``name``: the writer computes its next version's rows (warm)."""
+        if name not in self._computed_read:
+            with self._lock:
+                self._computed_read.add(name)
 
     def _register_computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object],
                            view: "ViewDef", snapshot: Snapshot) -> None:
@@ -389,11 +394,10 @@ class Reader:
         if name in self.engine.failed:
             return None
         definition = self.engine.catalog.get(name)
-        if definition.kind == "view" and not definition.stored_output and name not in snapshot:
+        if _computed_on_read(definition, snapshot):
             rows = computed_before(definition, _states(definition, snapshot))
-            if note_read and name not in self._computed_read:
-                with self._lock:
-                    self._computed_read.add(name)  # the writer computes the next version's rows (warm)
+            if note_read:
+                self._note_read(name)
         else:
             rows = visible(snapshot[name], not definition.is_set)
         return _known_answer(point, expression, rows, values)
@@ -438,6 +442,12 @@ def _known_answer(point: point_reads.Shape, expression: exp.Expression, rows: pa
         return None
     table = point_reads.answer(point, rows, values)
     return table if table is not None and table.schema.equals(known) else None
+
+
+def _computed_on_read(definition: TableDef | ViewDef, snapshot: Snapshot) -> bool:
+    """Whether reads compute this relation's rows from its operator state: a view without stored output,
+    unless the snapshot holds its rows (its state is stale: ivm/maintain/recompute.py keeps them)."""
+    return definition.kind == "view" and not definition.stored_output and definition.name not in snapshot
 
 
 def _states(view: "ViewDef", snapshot: Snapshot) -> list[Relation]:
