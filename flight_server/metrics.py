@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import ivm
+from flight_server.subscribe import open_streams
 
 # name (after ivm_), key in db.observations()["histograms"], help
 HISTOGRAMS = (
@@ -73,6 +74,9 @@ class StatusCollector(Collector):
         yield from source_metrics(facts.get("sources") or [])
         yield from ingest_metrics(observed["ingested"])
         yield from histogram_metrics(observed["histograms"])
+        yield GaugeMetricFamily("ivm_subscriptions_open", "Subscriptions streaming now (SUBSCRIBE over "
+                                "PostgreSQL or Flight SQL, plain Flight subscription tickets)",
+                                value=open_streams(self.db))
 
 
 def database_metrics(facts: dict) -> Iterator[Metric]:

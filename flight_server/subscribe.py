@@ -43,6 +43,8 @@ True
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -149,15 +151,39 @@ class Feed:
 
     def steps(self, stopped: Callable[[], bool]) -> Iterator[Step]:
         """The snapshot (if any), then changes as they commit; a quiet relation yields an empty step every
-        ``heartbeat`` s (a door sends a heartbeat, and notices a departed client). Ends when ``stopped()``."""
-        if self.initial is not None:
-            yield self.initial
-        changes = self._first
-        while True:
-            yield Step(changes.rows, changes.through)
-            if stopped():
-                return
-            changes = self.db.changes(self.name, changes.through, wait=self.heartbeat)
+        ``heartbeat`` s (a door sends a heartbeat, and notices a departed client). Ends when ``stopped()``.
+
+        Counted in ``open_streams(db)`` from its first step until it ends or is dropped (the door stopped
+        pulling: the client left)."""
+        _count(self.db, 1)
+        try:
+            if self.initial is not None:
+                yield self.initial
+            changes = self._first
+            while True:
+                yield Step(changes.rows, changes.through)
+                if stopped():
+                    return
+                changes = self.db.changes(self.name, changes.through, wait=self.heartbeat)
+        finally:
+            _count(self.db, -1)
+
+
+# Streams being sent now, per database (weakly: a closed database's count goes with it); a metric reads it.
+_open: "weakref.WeakKeyDictionary[ivm.Database, int]" = weakref.WeakKeyDictionary()
+_open_lock = threading.Lock()
+
+
+def _count(db: ivm.Database, change: int) -> None:
+    with _open_lock:
+        _open[db] = _open.get(db, 0) + change
+
+
+def open_streams(db: ivm.Database) -> int:
+    """Subscriptions of ``db`` streaming now, on every door (SUBSCRIBE over pgwire and Flight SQL, plain
+    Flight subscription tickets)."""
+    with _open_lock:
+        return _open.get(db, 0)
 
 
 def _as_changes(rows: pa.Table, offset: int, schema: pa.Schema) -> pa.Table:

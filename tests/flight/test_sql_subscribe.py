@@ -18,10 +18,19 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.flight.conftest import run_script
+from tests.flight.server import ServerProcess
+from tests.flight.test_metrics import scrape, value
 from tests.integrate import Integrator
 from tests.oracle.compare import multiset_diff
 
 WAIT = 20  # seconds for anything expected
+
+
+@pytest.fixture(scope="module")
+def server():
+    """This module's server also serves metrics: ``ivm_subscriptions_open`` says what streams are open."""
+    with ServerProcess("--metrics-port", "0") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +41,8 @@ def data(server):
     return server
 
 
-def server_threads(server) -> int:
-    with open(f"/proc/{server.process.pid}/status") as status:
-        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+def open_streams(server) -> int:
+    return int(value(scrape(server.metrics_url)[1], "ivm_subscriptions_open"))
 
 
 def as_changes(rows: pa.Table) -> pa.Table:
@@ -61,7 +69,7 @@ def progressed_to(offset: int):
 
 
 def test_live_changes_of_a_view_then_close_frees_the_server(data, conn, cur):
-    before = server_threads(data)
+    assert open_streams(data) == 0
     sub = conn.cursor()
     sub.execute("SUBSCRIBE TO q_totals")
     assert [d[0] for d in sub.description] == ["mz_timestamp", "mz_diff", "cust", "total"]
@@ -75,12 +83,12 @@ def test_live_changes_of_a_view_then_close_frees_the_server(data, conn, cur):
     assert sorted(changes.to_pylist(), key=lambda r: r["mz_diff"]) == [
         {"mz_timestamp": offset, "mz_diff": -1, "cust": 7, "total": 10},
         {"mz_timestamp": offset, "mz_diff": 1, "cust": 7, "total": 15}]
-    assert server_threads(data) > before  # the stream holds a handler thread ...
+    assert open_streams(data) == 1  # the stream is open on the server ...
     sub.close()
     deadline = time.monotonic() + WAIT
-    while server_threads(data) > before and time.monotonic() < deadline:
+    while open_streams(data) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert server_threads(data) <= before  # ... until its next heartbeat finds the client gone
+    assert open_streams(data) == 0  # ... until its next heartbeat finds the client gone
     cur.execute("SELECT total FROM q_totals WHERE cust = 7")
     assert cur.fetchall() == [(15,)]
 

@@ -28,7 +28,7 @@ def connect(server, **extra) -> psycopg.Connection:
 
 @pytest.fixture(scope="module")
 def server():
-    process = ServerProcess("--pg-port", "0")
+    process = ServerProcess("--pg-port", "0", "--metrics-port", "0")  # metrics: what the server holds open
     try:
         yield process
     finally:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import queue
 from collections import Counter
 import threading
+import time
 
 import psycopg
 import pytest
 
+from tests.flight.test_metrics import scrape, value
 from tests.pgwire.conftest import connect
 
 WAIT = 20  # seconds for any expected row
@@ -68,9 +70,18 @@ def test_copy_subscribe_streams_snapshot_then_changes(server):
         changes = sorted(subscriber.take(2), key=lambda r: r[1])
         assert [r[1:] for r in changes] == [("-1", "7", "10"), ("1", "7", "15")]
         assert {int(r[0]) for r in changes} == {offset} and offset > start
+        assert open_streams(server) == 1
     finally:
         error = subscriber.stop()
     assert isinstance(error, psycopg.errors.QueryCanceled)
+    deadline = time.monotonic() + WAIT
+    while open_streams(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_streams(server) == 0  # a cancelled statement's stream ends with it
+
+
+def open_streams(server) -> int:
+    return int(value(scrape(server.metrics_url)[1], "ivm_subscriptions_open"))
 
 
 def test_subscribe_with_progress_as_of_over_extended_protocol(server):
