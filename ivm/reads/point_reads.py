@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -131,8 +132,12 @@ def _equalities(condition: exp.Expression, qualifiers: set[str]) -> list[tuple[s
     return None
 
 
-def answer(read: Shape, table: pa.Table, values: list[pa.Scalar]) -> pa.Table | None:
-    """The rows of ``table`` the query selects, or None when this path cannot answer it exactly."""
+def answer(read: Shape, table: pa.Table, values: list[pa.Scalar],
+           keep: Callable[[np.ndarray], np.ndarray] | None = None) -> pa.Table | None:
+    """The rows of ``table`` the query selects, or None when this path cannot answer it exactly.
+
+    ``keep``: of the positions the query selects, those that are rows (``table`` holds rows a
+    version no longer has: ivm/reads/computed.py's parts, filtered after the match)."""
     fields = {}
     for name in table.schema.names:
         fields.setdefault(name.lower(), []).append(name)
@@ -145,7 +150,10 @@ def answer(read: Shape, table: pa.Table, values: list[pa.Scalar]) -> pa.Table | 
         if matches is None:
             return None
         mask = matches if mask is None else mask & matches
-    rows = table if mask is None else _rows(table, np.flatnonzero(mask))  # no equality: every row
+    positions = None if mask is None else np.flatnonzero(mask)  # None: no equality, every row
+    if keep is not None:
+        positions = keep(np.arange(table.num_rows) if positions is None else positions)
+    rows = table if positions is None else _rows(table, positions)
     if read.columns is None:
         return rows
     chosen = []

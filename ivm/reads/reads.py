@@ -82,7 +82,7 @@ COMPUTE_ONCE_ROWS = 200_000  # state rows up to which a computed view's rows are
 
 
 def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: list[Relation],
-                  runs: computed.RunRows | None = None) -> pa.Table:
+                  runs: computed.RunRows | None = None) -> computed.ViewRows:
     """The rows of a view without stored output over these state versions, computed once per version.
 
     Kept in the first state relation's cache (released with that version),
@@ -96,14 +96,15 @@ def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: li
         return cached
     first, others = states[0], tuple(states[1:])
     try:
-        rows = runs.rows(cursor, first) if runs is not None else duck.arrow(cursor, view.read_text())
+        rows = runs.rows(cursor, first) if runs is not None \
+            else computed.ViewRows.whole(duck.arrow(cursor, view.read_text()))
     except duckdb.Error as e:  # e.g. an overflow computing an output column: as if the query hit it
         raise ExecutionError(duckdb_message(e)) from None
     first.remember(("computed", view.name, id(view)), (view, others, rows))
     return rows
 
 
-def computed_before(view: "ViewDef", states: list[Relation]) -> pa.Table | None:
+def computed_before(view: "ViewDef", states: list[Relation]) -> computed.ViewRows | None:
     """The rows ``computed_rows`` kept for this view over these very state versions, or None."""
     first, others = states[0], tuple(states[1:])
     cached = first.cached(("computed", view.name, id(view)))
@@ -241,7 +242,7 @@ class Reader:
             previous = registered.get(name)
             if previous is relation:
                 continue
-            if previous is not None and not isinstance(previous, (Relation, pa.Table)):
+            if previous is not None and not isinstance(previous, (Relation, computed.ViewRows)):
                 cursor.execute(f"DROP VIEW IF EXISTS {quote(name)}")  # it was computed on read over its state
             cursor.register(name, visible(relation, not definition.is_set))
             registered[name] = relation
@@ -297,7 +298,7 @@ class Reader:
             if previous is not rows:
                 if previous is view:
                     cursor.execute(f"DROP VIEW IF EXISTS {quote(view.name)}")  # a registration cannot replace it
-                cursor.register(view.name, rows)  # replaces a previous registration
+                cursor.register(view.name, rows.table())  # replaces a previous registration
                 registered[view.name] = rows
             return
         _register_states(cursor, registered, states)
@@ -308,7 +309,7 @@ class Reader:
             registered[view.name] = view
 
     def _computed(self, cursor: duckdb.DuckDBPyConnection, registered: dict[str, object], view: "ViewDef",
-                  states: list[Relation]) -> pa.Table | None:
+                  states: list[Relation]) -> computed.ViewRows | None:
         """The view's rows over these state versions, kept with them, when the states are small
         (COMPUTE_ONCE_ROWS); None for large states (read through a DuckDB view over them)."""
         if sum(relation.num_rows for relation in states) > COMPUTE_ONCE_ROWS:
@@ -402,12 +403,12 @@ class Reader:
             rows = visible(snapshot[name], not definition.is_set)
         return _known_answer(point, expression, rows, values)
 
-    def _input(self, lease: Lease, name: str) -> pa.Table | None:
+    def _input(self, lease: Lease, name: str) -> pa.Table | computed.ViewRows | None:
         """The Arrow rows registered for ``name`` on this cursor (None: a DuckDB view over large state)."""
         registered = lease.registered.get(name)
         if isinstance(registered, Relation):
             return visible(registered, not self.engine.catalog.get(name).is_set)  # cached: the registered table
-        return registered if isinstance(registered, pa.Table) else None
+        return registered if isinstance(registered, computed.ViewRows) else None
 
     def _point_read(self, lease: Lease, point: point_reads.Shape, expression: exp.Expression,
                     values: list[pa.Scalar]) -> pa.Table | None:
@@ -431,8 +432,8 @@ def _with_offset(table: pa.Table, snapshot: Snapshot) -> pa.Table:
     return table.replace_schema_metadata(metadata)
 
 
-def _known_answer(point: point_reads.Shape, expression: exp.Expression, rows: pa.Table | None,
-                  values: list[pa.Scalar]) -> pa.Table | None:
+def _known_answer(point: point_reads.Shape, expression: exp.Expression,
+                  rows: pa.Table | computed.ViewRows | None, values: list[pa.Scalar]) -> pa.Table | None:
     """``point_reads.answer`` over ``rows``, when DuckDB's result schema for this query and input schema is
     known and the answer has it; None: DuckDB answers."""
     if rows is None:
@@ -440,7 +441,10 @@ def _known_answer(point: point_reads.Shape, expression: exp.Expression, rows: pa
     known = _point_schemas(expression).get(rows.schema)
     if known is None:
         return None
-    table = point_reads.answer(point, rows, values)
+    if isinstance(rows, computed.ViewRows):
+        table = rows.answer(point, values)
+    else:
+        table = point_reads.answer(point, rows, values)
     return table if table is not None and table.schema.equals(known) else None
 
 
