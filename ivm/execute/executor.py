@@ -44,7 +44,7 @@ from delta_operators.program import Guard, Lookup, Loop, Program, Query, Replace
 from storage.zset import POS, RUN, WEIGHT
 from ivm.execute import duck
 from ivm.execute.compiled.extremes import DeletedExtremes
-from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode, static_reason
+from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, checked_run, shadow_mode, static_reason
 from ivm.execute.duck import Holder
 from storage.keys import KeyCoder
 from storage.relation import Relation
@@ -52,7 +52,6 @@ from storage.store import Snapshot
 
 DIALECT = "duckdb"
 SCAN_PREFIX = scan_name("")
-SHADOW_RUNS = 3  # a compiled step's first runs also run on DuckDB and must agree
 log = logging.getLogger("ivm.compiled")
 
 
@@ -604,38 +603,31 @@ class Executor(StepRunner):
         if not compiled.fits(inputs):  # new input types: DuckDB types the result again
             state.compiled = None
             return None
-        shadow = shadow_mode()
+
+        def differs(ours: pa.Table, theirs: pa.Table, difference: str) -> None:
+            self.counts["mismatch"] += 1
+            _dump(step, inputs, ours, theirs, difference)
+
         try:
-            ours = compiled.run(inputs)
+            checked = checked_run(lambda: compiled.run(inputs),
+                                  lambda: self._duckdb(step, temps, snapshot, registered, label),
+                                  state.shadowed, f"{label}: compiled step {step.out}" if label else
+                                  f"compiled step {step.out}", differs)
         except Fallback as e:
             self.counts["fallback"] += 1
             state.fallbacks += 1
             state.last_fallback = str(e)
             return None
-        except Exception as e:
-            if shadow:
-                raise
-            log.warning("compiled step %s failed, it runs on DuckDB from now on: %r", step.out, e)
-            state.compiled, state.reason = None, f"disabled after an error: {e!r}"
-            return None
-        if shadow or state.shadowed < SHADOW_RUNS:
+        if checked.reference is not None:
             state.shadowed += 1
             self.counts["shadowed"] += 1
-            if not shadow:  # a new step's check, not a setting: this run is no timing of the view's batches
+            if not shadow_mode():  # a new step's check, not a setting: this run is no timing of the view's batches
                 self.counts["on_probation"] += 1
-            theirs = self._duckdb(step, temps, snapshot, registered, label)
-            difference = same_rows(ours, theirs)
-            if difference is not None:
-                self.counts["mismatch"] += 1
-                _dump(step, inputs, ours, theirs, difference)
-                if shadow:
-                    raise InternalError(f"{label}: compiled step {step.out} differs from DuckDB: {difference}")
-                log.warning("compiled step %s differs from DuckDB, it runs on DuckDB from now on: %s",
-                            step.out, difference)
-                state.compiled, state.reason = None, f"shadow run differed: {difference}"
-                return theirs
-        self.counts["compiled"] += 1
-        return ours
+        if checked.disabled is not None:
+            state.compiled, state.reason = None, checked.disabled
+        elif checked.rows is not None:
+            self.counts["compiled"] += 1
+        return checked.rows
 
 
 def commit_row_changes(changes: list[RowChanges], snapshot: Snapshot, coder: KeyCoder) -> dict[str, Relation]:

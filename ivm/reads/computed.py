@@ -39,10 +39,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ivm.execute import duck
-from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, same_rows, shadow_mode
-from ivm.execute.executor import SHADOW_RUNS
+from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, checked_run
 from ivm.reads import point_reads
-from sql_frontend.errors import InternalError
 from sql_frontend.plan_sql import render
 from storage.relation import Relation, Run
 
@@ -144,36 +142,23 @@ class RunRows:
         return Projected(out.drop_columns([POS]), None if in_order else positions)
 
     def _compiled_rows(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table | None:
-        """The projection by the compiled step, checked against DuckDB as the executor checks its steps
-        (ivm/execute/executor.py): in shadow mode always (a difference raises), otherwise on its first
-        SHADOW_RUNS runs (a difference, or an error, leaves this projection to DuckDB from then on).
+        """The projection by the compiled step, trusted as the executor trusts its steps (``checked_run``:
+        checked against DuckDB on its first runs and always in shadow mode, where a difference raises;
+        otherwise a difference or an error leaves this projection to DuckDB from then on).
         None: DuckDB projects these rows."""
         step = self._step(cursor, rows)
         if step is None:
             return None
-        shadow = shadow_mode()
         try:
-            out = step.run({RUN_ROWS: rows})
+            checked = checked_run(lambda: step.run({RUN_ROWS: rows}), lambda: self._duckdb(cursor, rows),
+                                  self._checked.get(rows.schema, 0), f"a computed view's projection ({self.sql})")
         except Fallback:
             return None
-        except Exception as e:  # a compiler bug must not stop reads: DuckDB projects from now on
-            if shadow:
-                raise
-            log.warning("a computed view's compiled projection failed, DuckDB projects it from now on: %r", e)
-            self._disable(rows.schema)
-            return None
-        if shadow or self._checked.get(rows.schema, 0) < SHADOW_RUNS:
+        if checked.reference is not None:
             self._checked[rows.schema] = self._checked.get(rows.schema, 0) + 1
-            theirs = self._duckdb(cursor, rows)
-            difference = same_rows(out, theirs)
-            if difference is not None:
-                if shadow:
-                    raise InternalError(f"a computed view's rows differ from DuckDB's: {difference}\n{self.sql}")
-                log.warning("a computed view's compiled projection differs from DuckDB, which projects it from "
-                            "now on: %s", difference)
-                self._disable(rows.schema)
-                return theirs
-        return out
+        if checked.disabled is not None:
+            self._disable(rows.schema)
+        return checked.rows
 
     def _disable(self, schema: pa.Schema) -> None:
         with self._lock:

@@ -164,7 +164,7 @@ def test_a_repeated_subexpression_is_computed_once_per_frame():
 def test_batches_that_check_new_compiled_steps_on_duckdb_are_not_timings(monkeypatch):
     """Outside shadow mode a step's first SHADOW_RUNS compiled runs also run on DuckDB: such a batch costs
     both paths, so the cost model must not take it as the incremental path's time (it sent q02 to recompute)."""
-    from ivm.execute.executor import SHADOW_RUNS
+    from ivm.execute.compiled.step import SHADOW_RUNS
     from ivm.maintain.maintenance import WARMUP_RUNS
 
     monkeypatch.setenv("IVM_SHADOW", "0")

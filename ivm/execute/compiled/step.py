@@ -15,11 +15,20 @@ step also has a generated function (generated.py) that ``run`` uses; its
 ``same_rows`` is the shadow-mode comparison: rows as multisets, types
 exactly; DOUBLE columns within a relative 1e-9 (and 1e-9 absolute near 0),
 because sums in a different order legitimately differ in the last bits.
+
+``checked_run`` is the one policy under which a compiled result is trusted,
+for every user of compiled operators (a delta program's steps, a computed
+view's projection): checked against DuckDB on its first ``SHADOW_RUNS``
+runs, and on every run in shadow mode (IVM_SHADOW=1), where a difference or
+an error raises; outside shadow mode either turns the compiled path off.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +39,8 @@ from ivm.execute.compiled import generated
 from sql_frontend.errors import InternalError
 from ivm.execute.compiled.relational import compile_query
 from ivm.execute.compiled.vectors import Fallback, Unsupported, arrow_type
+
+log = logging.getLogger("ivm.compiled")
 
 __all__ = ["CompiledStep", "Fallback", "Unsupported", "same_rows", "static_reason"]
 
@@ -130,6 +141,52 @@ class CompiledStep:
 def shadow_mode() -> bool:
     """IVM_SHADOW=1: every compiled step run is checked against DuckDB (differences raise)."""
     return os.environ.get("IVM_SHADOW", "") not in ("", "0")
+
+
+SHADOW_RUNS = 3  # a compiled path's first runs also run on DuckDB and must agree
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``checked_run`` found. ``rows``: the result to use (DuckDB's after a difference; None
+    after an error: run DuckDB). ``disabled``: why the compiled path is off from now on (None: it
+    stays). ``reference``: DuckDB's rows when this run was checked (None: not checked)."""
+
+    rows: pa.Table | None
+    disabled: str | None = None
+    reference: pa.Table | None = None
+    difference: str | None = None
+
+
+def checked_run(run: Callable[[], pa.Table], duckdb_rows: Callable[[], pa.Table], checks: int, what: str,
+                differs: Callable[[pa.Table, pa.Table, str], None] | None = None) -> Checked:
+    """``run()`` (a compiled path) under the trust policy: checked against ``duckdb_rows()`` while it
+    has been checked fewer than SHADOW_RUNS times (``checks``), and always in shadow mode. In shadow
+    mode a difference raises InternalError and an error propagates; otherwise either disables the
+    path (logged, naming ``what``). ``differs(ours, theirs, difference)`` is told of a difference
+    first (to count or keep it). A ``Fallback`` from ``run`` propagates: this run only goes to DuckDB."""
+    shadow = shadow_mode()
+    try:
+        ours = run()
+    except Fallback:
+        raise
+    except Exception as e:  # a compiler bug must not stop maintenance or reads: DuckDB from now on
+        if shadow:
+            raise
+        log.warning("%s failed, it runs on DuckDB from now on: %r", what, e)
+        return Checked(None, disabled=f"disabled after an error: {e!r}")
+    if not shadow and checks >= SHADOW_RUNS:
+        return Checked(ours)
+    theirs = duckdb_rows()
+    difference = same_rows(ours, theirs)
+    if difference is None:
+        return Checked(ours, reference=theirs)
+    if differs is not None:
+        differs(ours, theirs, difference)
+    if shadow:
+        raise InternalError(f"{what} differs from DuckDB: {difference}")
+    log.warning("%s differs from DuckDB, it runs on DuckDB from now on: %s", what, difference)
+    return Checked(theirs, disabled=f"shadow run differed: {difference}", reference=theirs, difference=difference)
 
 
 def _arrow_type(t) -> pa.DataType:
