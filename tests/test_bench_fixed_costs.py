@@ -14,6 +14,7 @@ def test_every_stage_of_a_batch_with_a_read_view_is_timed():
     assert {"apply_changes", "convert to a Z-set change", "maintain the views", "publish the snapshot",
             "compute a read view's rows"} <= met, medians
     assert "a point read after each batch" in fixed_costs.report(result)
+    assert result["read_ms"] > 0 and "The point read after each batch: median" in fixed_costs.report(result)
 
 
 def test_only_a_read_between_batches_makes_them_compute_the_rows_for_reads(monkeypatch):
