@@ -38,7 +38,7 @@ from storage.zset import POS, RUN, WEIGHT
 from storage.errors import InternalError
 from storage.buffers import fixed_width_values, int64_values, one_array
 from storage.keys import KeyCoder, sorted_unique
-from storage.spill import Spill, faulting, major_faults, note_faults, prefetch, prefetch_rows
+from storage.spill import Spill
 
 # Below this many live rows a lookup returns the whole relation: one copy is
 # cheaper than probing, and the caller re-checks keys anyway.
@@ -364,8 +364,6 @@ def _gather(run: Run, index: RunIndex, probes: np.ndarray, hashed: np.ndarray | 
     if not len(found):  # (most small runs of a lookup hold none of its keys)
         return np.empty(0, dtype=np.int64)
     # A unique index: at most one row per probe, where its offset or search landed.
-    if run.spilled and faulting():
-        prefetch(index.rows.ctypes.data, index.rows.itemsize, found)
     rows = index.rows[found].astype(np.int64, copy=False)
     return rows if run.live is None else rows[run.is_live(rows)]
 
@@ -375,10 +373,8 @@ def _rows_from(run: Run, index: RunIndex, lo: np.ndarray, counts: np.ndarray) ->
     total = int(counts.sum())
     if total == 0:
         return np.empty(0, dtype=np.int64)
-    entries = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
-    if run.spilled and faulting():
-        prefetch(index.rows.ctypes.data, index.rows.itemsize, entries)
-    rows = index.rows[entries].astype(np.int64, copy=False)
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    rows = index.rows[starts + np.arange(total)].astype(np.int64, copy=False)
     return rows[run.is_live(rows)]
 
 
@@ -472,11 +468,6 @@ class Relation:
             return schema.empty_table()
         # Column by column across the runs (one array each, not a chunk per run): numbers in numpy.
         numbers = [self.schema.get_field_index(f.name) for f in schema]
-        if faulting():  # every page the gathers will read, asked for at once (storage/spill.py)
-            for r, rows in parts:
-                if self.runs[r].spilled:
-                    for i in numbers:
-                        prefetch_rows(self.runs[r].table.column(i).chunk(0), rows)
         table = pa.Table.from_arrays([_gathered(self.runs, i, f.type, parts) for i, f in zip(numbers, schema)],
                                      schema=schema)
         if positions:
@@ -537,16 +528,11 @@ class Relation:
             return self.all_rows(positions, columns)
         parts = []
         hashed = probes * _GOLDEN if probes.dtype == np.uint64 and len(probes) >= FILTER_MIN_PROBES else None
-        spilled = self.spill is not None and any(run.spilled for run in self.runs)
-        before = major_faults() if spilled else 0
         for r, run in enumerate(self.runs):
             rows = _gather(run, run.indexes[key], probes, hashed)
             if len(rows):
                 parts.append((r, rows))
-        found = self._with_positions(parts, positions, columns)
-        if spilled:
-            note_faults(before)  # waited on the disk: the next lookups prefetch
-        return found
+        return self._with_positions(parts, positions, columns)
 
     # --- changes -----------------------------------------------------------
     def with_index(self, key: Key, coder: KeyCoder) -> "Relation":

@@ -21,13 +21,9 @@ memory then holds the bitmaps, the caches and the transients of one change.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
-import mmap
 import os
-import resource
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,107 +94,3 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
-
-# --- Reading a few rows of a spilled run: ask for all their pages at once ---------------------------
-#
-# A lookup into a spilled run gathers a few rows from each column. Every page the kernel has dropped is
-# then a major fault that waits for its read, one after another: ~50 us each at TPC-H SF 10 beside a
-# DuckDB holding its own copy, up to ~200 in one lookup. MADV_WILLNEED on all the pages first starts
-# those reads together, so they overlap. It is only a hint (the gather reads the same values either
-# way), and not free where the pages are in memory (~0.3 us per range asked for): it is taken only
-# while gathers from spilled runs have been waiting on the disk (``faulting``), never at SF 1, where
-# every page stays in memory.
-_MADV_WILLNEED = 3
-_PAGE = mmap.PAGESIZE
-_IOV_MAX = 1024  # ranges per process_madvise call
-_SYS_PROCESS_MADVISE = 440  # the same number on x86-64 and on arm64 (asm-generic)
-FAULTING_SECONDS = 10.0  # after a gather waited on the disk, prefetch for this long
-_faulting_until = 0.0
-_advisor: dict[str, int] = {}  # pid -> pidfd of this process (a forked child opens its own)
-try:
-    _syscall = ctypes.CDLL(None, use_errno=True).syscall
-    _syscall.restype = ctypes.c_long
-except (OSError, AttributeError):
-    _syscall = None
-
-
-def major_faults() -> int:
-    """Major page faults of the calling thread so far (reads that waited on the disk)."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
-
-
-def note_faults(before: int) -> None:
-    """After a gather from spilled runs: when it waited on the disk (``major_faults`` grew since
-    ``before``), lookups prefetch for the next FAULTING_SECONDS."""
-    global _faulting_until
-    if major_faults() > before:
-        _faulting_until = time.monotonic() + FAULTING_SECONDS
-
-
-def faulting() -> bool:
-    return _syscall is not None and time.monotonic() < _faulting_until
-
-
-def prefetch(address: int, itemsize: int, positions: np.ndarray) -> int:
-    """Ask the kernel to read in the pages holding the values at ``positions`` (in any order) of the
-    array whose values start at ``address``, ``itemsize`` bytes each, with one process_madvise call
-    per 1,024 stretches of adjacent pages; return the number of stretches (0: nothing asked)."""
-    if _syscall is None or not len(positions):
-        return 0
-    starts_at = address + positions.astype(np.int64) * itemsize
-    pages = np.union1d(starts_at // _PAGE, (starts_at + (itemsize - 1)) // _PAGE)  # a value may straddle two
-    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
-    ranges = np.empty((len(breaks) + 1, 2), dtype=np.uint64)  # struct iovec: base, length
-    first = pages[np.concatenate(([0], breaks))]
-    ranges[:, 0] = first * _PAGE
-    ranges[:, 1] = (pages[np.concatenate((breaks - 1, [len(pages) - 1]))] + 1 - first) * _PAGE
-    fd = _pidfd()
-    if fd is None:
-        return 0
-    for at in range(0, len(ranges), _IOV_MAX):  # (a loop over calls of 1,024 ranges, not over rows)
-        chunk = ranges[at:at + _IOV_MAX]
-        if _syscall(_SYS_PROCESS_MADVISE, fd, ctypes.c_void_p(chunk.ctypes.data), len(chunk), _MADV_WILLNEED, 0) < 0:
-            _disable()  # e.g. a kernel before 5.10: the gathers fault as they did
-            return 0
-    return len(ranges)
-
-
-def _pidfd() -> int | None:
-    pid = os.getpid()
-    fd = _advisor.get("fd") if _advisor.get("pid") == pid else None
-    if fd is None:
-        try:
-            fd = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            _disable()
-            return None
-        _advisor.update(pid=pid, fd=fd)
-    return fd
-
-
-def _disable() -> None:
-    global _syscall
-    _syscall = None
-
-
-def prefetch_rows(array: pa.Array, rows: np.ndarray) -> None:
-    """``prefetch`` the pages of ``array`` (memory-mapped) that a gather of ``rows`` reads: validity
-    bits, values, and a string's offsets, then its bytes."""
-    if not len(rows):
-        return
-    buffers = array.buffers()
-    positions = rows.astype(np.int64) + array.offset
-    if buffers[0] is not None:
-        prefetch(buffers[0].address, 1, positions >> 3)
-    t = array.type
-    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
-        width = 8 if (pa.types.is_large_string(t) or pa.types.is_large_binary(t)) else 4
-        prefetch(buffers[1].address, width, np.concatenate((positions, positions + 1)))
-        offsets = np.frombuffer(buffers[1], dtype=np.int64 if width == 8 else np.int32)
-        begin, end = offsets[positions], offsets[positions + 1]  # waits for the offsets' pages only
-        if buffers[2] is not None:
-            prefetch(buffers[2].address, 1, np.concatenate((begin, np.maximum(end - 1, begin))))
-    elif len(buffers) == 2 and buffers[1] is not None and t.bit_width >= 8:
-        prefetch(buffers[1].address, t.bit_width // 8, positions)
-    elif len(buffers) == 2 and buffers[1] is not None:  # booleans: bits
-        prefetch(buffers[1].address, 1, positions >> 3)

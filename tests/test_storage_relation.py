@@ -5,7 +5,6 @@ from __future__ import annotations
 import decimal
 import os
 import tempfile
-import types
 from pathlib import Path
 from unittest import mock
 
@@ -69,10 +68,8 @@ OPS = st.lists(
 def test_relation_matches_model(ops, force_probing, spill_rows, dense, filtered):
     """Also with runs of at least ``spill_rows`` rows spilled to mapped files (storage/spill.py), with
     the key's index answering by dense offsets in runs of every size (``dense``), and with every
-    probe of a searched run going through its filter first (``filtered``). Spilled runs' lookups
-    prefetch their pages (as when they wait on the disk): a hint that must change nothing."""
+    probe of a searched run going through its filter first (``filtered``)."""
     with tempfile.TemporaryDirectory() as directory, \
-            mock.patch.object(relation_module, "faulting", lambda: True), \
             mock.patch.object(relation_module, "DENSE_MIN_ROWS", 0 if dense else 1 << 62), \
             mock.patch.object(relation_module, "FILTER_MIN_PROBES", 0 if filtered else 1 << 62):
         spill = None if spill_rows is None else Spill(Path(directory), spill_rows)
@@ -515,64 +512,3 @@ def test_lookups_gather_every_column_type_across_runs(coder):
     assert all(found.column(n).num_chunks == 1 for n in schema.names)
     want = rel.table().filter(pa.compute.is_in(rel.table().column("k"), value_set=pa.array(keys, pa.int64())))
     assert found.select(schema.names).sort_by("k").equals(want.sort_by("k").combine_chunks())
-
-
-def test_prefetch_asks_for_each_stretch_of_pages_once_and_reads_every_type_of_column(tmp_path):
-    """A lookup into a spilled run asks for the pages it will read before the gather (storage/spill.py
-    ``prefetch``): adjacent pages are one request, and every column type's buffers are understood."""
-    from storage.spill import _PAGE, prefetch, prefetch_rows
-
-    spill = Spill(tmp_path, 1)
-    values = spill.numpy(np.arange(4 * _PAGE, dtype=np.int64))  # 32 pages of int64
-    per_page = _PAGE // 8
-    address = values.ctypes.data
-    assert prefetch(address, 8, np.array([0, 1, 2])) == 1  # one page
-    assert prefetch(address, 8, np.array([0, per_page, 2 * per_page])) == 1  # three adjacent pages
-    assert prefetch(address, 8, np.array([0, 5 * per_page, 9 * per_page + 1])) == 3
-    assert prefetch(address, 8, np.array([], dtype=np.int64)) == 0
-    rows = np.array([0, 7, 19_999])
-    for array in [pa.array(np.arange(20_000)), pa.array([None, 1.5] * 10_000),
-                  pa.array([f"value {i}" if i % 3 else None for i in range(20_000)]),
-                  pa.array([i % 2 == 0 for i in range(20_000)]), pa.array([b"x" * (i % 7) for i in range(20_000)]),
-                  pa.array([decimal.Decimal(i) for i in range(20_000)], pa.decimal128(38, 2)),
-                  pa.array(np.arange(20_000, dtype=np.int32)).view(pa.date32()), pa.array([str(i) for i in range(20_000)]).slice(3)]:
-        mapped = spill.array(array)
-        prefetch_rows(mapped, rows[rows < len(mapped)])  # a hint: no error, and the rows read the same
-        assert mapped.take(rows[rows < len(mapped)]).equals(array.take(rows[rows < len(array)]))
-
-
-@pytest.mark.parametrize("spill_rows", [10, None])
-def test_a_lookup_asks_for_a_spilled_runs_pages_and_no_others(tmp_path, coder, monkeypatch, spill_rows):
-    asked = []
-    monkeypatch.setattr(relation_module, "SMALL_RELATION", 0)  # probe the index of these few rows
-    monkeypatch.setattr(relation_module, "faulting", lambda: True)  # as when gathers waited on the disk
-    monkeypatch.setattr(relation_module, "prefetch_rows", lambda array, rows: asked.append(len(rows)))
-    monkeypatch.setattr(relation_module, "prefetch", lambda address, size, positions: asked.append(len(positions)))
-    spill = None if spill_rows is None else Spill(tmp_path, spill_rows)
-    rel = Relation.empty("t", SCHEMA, ("k",), (("g",),), spill)
-    rel = rel.replace_rows(np.empty(0, np.int32), np.empty(0, np.int64),
-                           rows_table([(k, f"g{k % 5}", k / 2) for k in range(100)]), coder)
-    found = rel.lookup(("k",), coder.codes(pa.table({"k": pa.array([3, 50], pa.int64())}), ["k"]), scan=False)
-    assert sorted(found.column("k").to_pylist()) == [3, 50]
-    found = rel.lookup(("g",), coder.codes(pa.table({"g": ["g1"]}), ["g"]), scan=False)
-    assert found.num_rows == 20
-    if spill_rows is None:
-        assert asked == []
-    else:  # the index rows of each lookup, then each column's rows
-        assert asked == [2] + [2] * len(SCHEMA) + [20] + [20] * len(SCHEMA)
-
-
-def test_lookups_prefetch_only_after_a_gather_from_spilled_runs_waited_on_the_disk(monkeypatch):
-    from storage import spill as spill_module
-
-    monkeypatch.setattr(spill_module, "_faulting_until", 0.0)
-    faults = iter([5, 5, 7])
-    monkeypatch.setattr(spill_module, "major_faults", lambda: next(faults))
-    before = spill_module.major_faults()
-    spill_module.note_faults(before)  # no major fault since: pages in memory, no prefetch
-    assert not spill_module.faulting()
-    spill_module.note_faults(before)  # two: the disk was read
-    assert spill_module.faulting() == (spill_module._syscall is not None)
-    later = spill_module._faulting_until + 1
-    monkeypatch.setattr(spill_module, "time", types.SimpleNamespace(monotonic=lambda: later))
-    assert not spill_module.faulting()  # and only for a while
