@@ -29,7 +29,6 @@ one DuckDB runs, makes them one table (once per version).
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass
 
@@ -44,7 +43,6 @@ from ivm.reads import point_reads
 from sql_frontend.plan_sql import render
 from storage.relation import Relation, Run
 
-log = logging.getLogger("ivm.reads")
 
 POS = "__ivm_pos"  # a projected row's position in its run
 RUN_ROWS = "__ivm_run_rows"  # the name the projection reads one run under
