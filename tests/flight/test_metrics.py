@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -33,6 +34,20 @@ def scrape(url: str) -> tuple[str, dict[tuple[str, tuple], float]]:
 
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
+
+
+def open_streams(server) -> int:
+    """``ivm_subscriptions_open`` of a server started with ``--metrics-port``."""
+    return int(value(scrape(server.metrics_url)[1], "ivm_subscriptions_open"))
+
+
+def open_streams_once_closed(server, seconds: float) -> int:
+    """``open_streams`` once it is 0 or ``seconds`` have passed: a stream a client left ends on the
+    server at its next heartbeat, not at once."""
+    deadline = time.monotonic() + seconds
+    while open_streams(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return open_streams(server)
 
 
 def test_text_format_with_help_for_every_metric_and_off_by_default():

@@ -19,7 +19,7 @@ import pytest
 
 from tests.flight.conftest import run_script
 from tests.flight.server import ServerProcess
-from tests.flight.test_metrics import scrape, value
+from tests.flight.test_metrics import open_streams, open_streams_once_closed
 from tests.integrate import Integrator
 from tests.oracle.compare import multiset_diff
 
@@ -39,10 +39,6 @@ def data(server):
                "CREATE MATERIALIZED VIEW q_totals AS SELECT cust, SUM(amount) AS total FROM q_orders GROUP BY cust;"
                "INSERT INTO q_orders VALUES (1, 7, 10), (2, 8, 3)")
     return server
-
-
-def open_streams(server) -> int:
-    return int(value(scrape(server.metrics_url)[1], "ivm_subscriptions_open"))
 
 
 def as_changes(rows: pa.Table) -> pa.Table:
@@ -85,10 +81,7 @@ def test_live_changes_of_a_view_then_close_frees_the_server(data, conn, cur):
         {"mz_timestamp": offset, "mz_diff": 1, "cust": 7, "total": 15}]
     assert open_streams(data) == 1  # the stream is open on the server ...
     sub.close()
-    deadline = time.monotonic() + WAIT
-    while open_streams(data) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert open_streams(data) == 0  # ... until its next heartbeat finds the client gone
+    assert open_streams_once_closed(data, WAIT) == 0  # ... until its next heartbeat finds the client gone
     cur.execute("SELECT total FROM q_totals WHERE cust = 7")
     assert cur.fetchall() == [(15,)]
 

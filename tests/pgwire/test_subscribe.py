@@ -5,12 +5,11 @@ from __future__ import annotations
 import queue
 from collections import Counter
 import threading
-import time
 
 import psycopg
 import pytest
 
-from tests.flight.test_metrics import scrape, value
+from tests.flight.test_metrics import open_streams, open_streams_once_closed
 from tests.pgwire.conftest import connect
 
 WAIT = 20  # seconds for any expected row
@@ -74,14 +73,7 @@ def test_copy_subscribe_streams_snapshot_then_changes(server):
     finally:
         error = subscriber.stop()
     assert isinstance(error, psycopg.errors.QueryCanceled)
-    deadline = time.monotonic() + WAIT
-    while open_streams(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert open_streams(server) == 0  # a cancelled statement's stream ends with it
-
-
-def open_streams(server) -> int:
-    return int(value(scrape(server.metrics_url)[1], "ivm_subscriptions_open"))
+    assert open_streams_once_closed(server, WAIT) == 0  # a cancelled statement's stream ends with it
 
 
 def test_subscribe_with_progress_as_of_over_extended_protocol(server):
