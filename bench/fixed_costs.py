@@ -9,7 +9,7 @@ DuckDB to check it), then times ``--batches`` more of bench.core's change
 stream (40% inserts, 40% updates, 20% deletes of ``orders``) and prints, per
 stage, the median milliseconds per batch and its share of the whole
 ``apply_changes``. With ``--read`` a prepared point read of the view
-(``SELECT * FROM v WHERE first_column = $1``, as a server runs one) follows
+(``SELECT * FROM v WHERE key = $1``, bench.core.point_read, as a server runs one) follows
 every batch, outside the clock: the next batch then computes the rows of a
 view read from its operator state for the reads of its version (the stage
 "compute a read view's rows"); the read's own median is printed below the
@@ -37,7 +37,6 @@ from contextlib import contextmanager
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 import ivm
 from bench import core
@@ -122,7 +121,7 @@ def database(data: dict, view: str | None) -> ivm.Database:
 def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: int, seed: int,
                  read: bool = False) -> dict:
     db = database(data, view)
-    lookup = _point_read(db, view) if read and view is not None else None
+    lookup = core.point_read(db, view, data["customers"].num_rows) if read and view is not None else None
     customers = data["customers"].num_rows
     rng = np.random.default_rng(seed)
     next_id, deleted = rows, set()
@@ -130,7 +129,7 @@ def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: 
         batch, next_id = core.change_batch(rng, next_id, rows, customers, 1000, deleted)
         db.apply_changes("orders", batch)
         if lookup is not None:
-            lookup(1)
+            lookup(rng)
     clock = StageClock()
     undo = instrument(clock)
     per_batch, reads = [], []
@@ -141,7 +140,7 @@ def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: 
             per_batch.append(clock.take())
             if lookup is not None:  # read between batches: the next batch computes the view's rows for reads
                 started = time.perf_counter()
-                lookup(int(rng.integers(customers)))
+                lookup(rng)
                 reads.append(time.perf_counter() - started)
     finally:
         restore(undo)
@@ -151,17 +150,6 @@ def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: 
     return {"view": (view or "no view") + (", a point read after each batch" if lookup else ""), "rows": rows,
             "batches": batches, "medians_ms": medians,
             "read_ms": statistics.median(reads) * 1000 if reads else None}
-
-
-def _point_read(db: ivm.Database, view: str):
-    """A prepared point read of the view's first column (as a server runs one), called with a key."""
-    column = db.sql(f"SELECT * FROM {view} LIMIT 0").column_names[0]
-    template = f"SELECT * FROM {view} WHERE {column} = $1"
-
-    def lookup(key: int) -> None:
-        value = pa.scalar(key, pa.int64())
-        db.bound_query(template, lambda: template.replace("$1", str(key)), [value])
-    return lookup
 
 
 def _order(path: str) -> tuple:
