@@ -685,32 +685,41 @@ def _next_merge(levels: list[int]) -> tuple[int, int] | None:
     return None
 
 
-def _live_index(run: Run, key: Key, renumber: np.ndarray | None) -> RunIndex:
-    index = run.indexes[key]
-    if run.live is None:
-        return index
-    keep = run.is_live(index.rows)
-    rows = index.rows[keep]
-    return RunIndex(codes=index.codes[keep], rows=_row_positions(renumber[rows], run.n_live), unique=index.unique)
-
-
-def _renumbering(run: Run) -> np.ndarray | None:
-    if run.live is None:
-        return None
-    bits = np.unpackbits(run.live, count=run.n_rows, bitorder="little")
-    return np.cumsum(bits, dtype=np.int64) - 1
-
-
 def _merge(runs: list[Run], keys: tuple[Key, ...], spill: Spill | None) -> Run:
     """One run with the live rows of ``runs`` (oldest first; one run: compacted); indexes
     merged without re-hashing. Columns are combined one at a time, so merging spilled runs
-    holds one column of the result in anonymous memory before it is spilled in turn."""
+    holds one column of the result in anonymous memory before it is spilled in turn.
+
+    Each run's liveness is unpacked once and shared by every column and index: a merge is
+    a few numpy calls per column, and merges are about a fifth of a small batch's cost
+    (bench.core per_customer at 2M rows: ~8,000 rows merged per 1,000-row batch)."""
     n_rows = sum(run.n_live for run in runs)
-    readers = [run.live_pieces() for run in runs]
+    alive = [None if run.live is None else unpack_live(run.live, run.n_rows) for run in runs]
+    kept = [None if a is None else np.flatnonzero(a) for a in alive]
     schema = runs[0].table.schema
-    columns = (_one_array([p for read in readers for p in read(i)], f.type) for i, f in enumerate(schema))
+    readers: list = [None] * len(runs)  # each run's live_pieces, made when a column needs Arrow
+
+    def column(i: int, type_: pa.DataType) -> pa.Array:
+        values = [run.values(i) for run in runs]
+        if all(v is not None for v in values):  # plain values: one copy into the merged column
+            out = np.empty((n_rows,) + values[0].shape[1:], dtype=values[0].dtype)
+            at = 0
+            for v, rows in zip(values, kept):
+                n = len(v) if rows is None else len(rows)
+                if rows is None:
+                    out[at:at + n] = v
+                else:
+                    np.take(v, rows, axis=0, out=out[at:at + n])
+                at += n
+            return pa.Array.from_buffers(type_, n_rows, [None, pa.py_buffer(out)])
+        for r, run in enumerate(runs):
+            if readers[r] is None:
+                readers[r] = run.live_pieces()
+        return _one_array([p for read in readers for p in read(i)], type_)
+
+    columns = (column(i, f.type) for i, f in enumerate(schema))
     origin = tuple((run.serial, run.live, run.n_rows, _truncated(run.origin, ORIGIN_DEPTH - 1)) for run in runs)
-    return _new_run(schema, columns, n_rows, lambda table: _merged_indexes(runs, keys), spill, origin)
+    return _new_run(schema, columns, n_rows, lambda table: _merged_indexes(runs, keys, alive), spill, origin)
 
 
 def _truncated(origin: Origin | None, depth: int) -> Origin | None:
@@ -719,23 +728,37 @@ def _truncated(origin: Origin | None, depth: int) -> Origin | None:
     return tuple((serial, live, n, _truncated(sub, depth - 1)) for serial, live, n, sub in origin)
 
 
-def _merged_indexes(runs: list[Run], keys: tuple[Key, ...]) -> dict[Key, RunIndex]:
-    renumbers = [_renumbering(run) for run in runs]
-    starts = np.cumsum([0] + [run.n_live for run in runs[:-1]])
+def _merged_indexes(runs: list[Run], keys: tuple[Key, ...], alive: list[np.ndarray | None]) -> dict[Key, RunIndex]:
+    """Each key's index of the merged run: the runs' indexes without their dead rows, renumbered
+    (``alive``: each run's rows as bools, None = all live) and offset, merged by a stable sort
+    (timsort merges sorted runs in O(n log len(runs)))."""
     n_rows = sum(run.n_live for run in runs)
+    dtype = np.int32 if n_rows < 2**31 else np.int64
+    renumbers = [None if a is None else np.cumsum(a, dtype=dtype) - 1 for a in alive]
+    starts = np.cumsum([0] + [run.n_live for run in runs[:-1]])
     indexes = {}
     for k in keys:
         if not k:
             continue
-        parts = [_live_index(run, k, renumber) for run, renumber in zip(runs, renumbers)]
-        if len(parts) == 1:
-            indexes[k] = parts[0]
+        codes, rows = [], []
+        for run, live, renumber, start in zip(runs, alive, renumbers, starts):
+            index = run.indexes[k]
+            if live is None:
+                codes.append(index.codes)
+                rows.append(index.rows.astype(dtype, copy=False) + dtype(start))
+            else:
+                keep = live[index.rows]
+                codes.append(index.codes[keep])
+                rows.append(renumber[index.rows[keep]] + dtype(start))
+        if len(runs) == 1 and alive[0] is None:
+            indexes[k] = runs[0].indexes[k]
             continue
-        codes = np.concatenate([part.codes for part in parts])
-        rows = np.concatenate([part.rows.astype(np.int64) + start for part, start in zip(parts, starts)])
-        # Sorted runs: a stable sort (timsort) merges them in O(n log len(runs)).
+        if len(codes) == 1:
+            indexes[k] = RunIndex(codes=codes[0], rows=rows[0], unique=runs[0].indexes[k].unique)
+            continue
+        codes, rows = np.concatenate(codes), np.concatenate(rows)
         order = np.argsort(codes, kind="stable")
-        indexes[k] = run_index(codes[order], _row_positions(rows[order], n_rows))
+        indexes[k] = run_index(codes[order], rows[order])
     return indexes
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import decimal
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -512,3 +513,45 @@ def test_lookups_gather_every_column_type_across_runs(coder):
     assert all(found.column(n).num_chunks == 1 for n in schema.names)
     want = rel.table().filter(pa.compute.is_in(rel.table().column("k"), value_set=pa.array(keys, pa.int64())))
     assert found.select(schema.names).sort_by("k").equals(want.sort_by("k").combine_chunks())
+
+
+@settings(max_examples=40, deadline=None)
+@given(dead=st.lists(st.sets(st.integers(0, 99), max_size=100), min_size=1, max_size=4),
+       nulls=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_a_merge_keeps_the_live_rows_of_every_column_type_and_their_index(coder, dead, nulls):
+    """A merge copies plain values with numpy (one take per run) and the rest with Arrow (NULLs,
+    strings, booleans); its index is the runs' indexes without dead rows, renumbered. Every column
+    type, runs with and without NULLs and dead rows: the merged run holds exactly the live rows in
+    order, and its index finds each of them."""
+    schema = pa.schema([("k", pa.int64()), ("i", pa.int32()), ("d", pa.decimal128(12, 2)),
+                        ("t", pa.timestamp("us")), ("s", pa.string()), ("b", pa.bool_()), (WEIGHT, pa.int64())])
+    runs = []
+    for r, gone in enumerate(dead):
+        keys = range(r * 100, r * 100 + 100)
+        table = pa.table({"k": pa.array(keys, pa.int64()),
+                          "i": pa.array([None if nulls[r] and k % 3 == 0 else -k for k in keys], pa.int32()),
+                          "d": pa.array([decimal.Decimal(k) / 4 - 7 for k in keys], pa.decimal128(12, 2)),
+                          "t": pa.array([k * 10**6 for k in keys], pa.timestamp("us")),
+                          "s": pa.array([f"s{k}" if k % 2 else None for k in keys]),
+                          "b": pa.array([k % 2 == 0 for k in keys]), WEIGHT: pa.array([1] * 100, pa.int64())},
+                         schema=schema)
+        run = relation_module.make_run(table, [("k",), ("s",)], coder)
+        if gone:
+            live = relation_module.all_live(100)
+            rows = np.array(sorted(gone))
+            np.bitwise_and.at(live, rows >> 3, ~np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8)))
+            run = replace(run, live=live, n_live=100 - len(gone))
+        runs.append(run)
+    runs = [run for run in runs if run.n_live]
+    if not runs:
+        return
+    merged = relation_module._merge(runs, (("k",), ("s",)), None)
+    want = pa.concat_tables([run.live_table() for run in runs]).combine_chunks()
+    assert merged.live is None and merged.n_live == want.num_rows
+    assert merged.table.equals(want)
+    for key in (("k",), ("s",)):
+        index = merged.indexes[key]
+        codes = coder.codes(merged.table, list(key))
+        assert np.array_equal(index.codes, np.sort(codes, kind="stable"))
+        assert np.array_equal(codes[index.rows.astype(np.int64)], index.codes), "an index row points elsewhere"
+        assert sorted(index.rows.tolist()) == list(range(merged.n_live))
