@@ -140,7 +140,12 @@ def without_equal_pairs(delta: pa.Table, pairs: tuple[np.ndarray, np.ndarray], k
     compared = {} if compared is None else compared
     equal = np.ones(len(first), dtype=bool)
     mine = theirs = None
-    for name in dict.fromkeys(key + columns):
+    # The key last: a pair shares its code, so its key is equal barring a collision, while the
+    # other columns usually tell an update apart at the first one; once no pair is left equal the
+    # rest are not compared (an update of the columns a view reads leaves nothing to prune).
+    for name in dict.fromkeys(tuple(c for c in columns if c not in key) + key):
+        if not equal.any():
+            return delta
         same = compared.get(name)
         if same is None:
             column = delta.column(name)
