@@ -534,6 +534,50 @@ class AggregateRule(StateRule):
     def rows(self, ctx: Context, source: str) -> exp.Select:
         return exp.select(*self.finalize("s"), alias(lit(1), WEIGHT)).from_(table(source, "s"))
 
+    def ranged_column(self, column: str) -> str | None:
+        """The state column whose order is output ``column``'s, or None.
+
+        An output that is a state column as it is (or NULL, for a group with
+        no value): COUNT(*), COUNT, MIN, MAX, and SUM of integers or
+        decimals, each cast to its output type, which keeps the order. Not
+        AVG (a quotient) or a floating SUM (its NaN and infinity counters
+        decide it before the sum does).
+        """
+        for i, c in enumerate(self.node.aggregates):
+            if c.name != column:
+                continue
+            if c.func == "count_star":
+                return COUNT
+            if c.func == "count" and not c.distinct:
+                return f"__n{i}"
+            if c.func in ("min", "max"):
+                return f"__m{i}"
+            if c.func == "sum" and not c.distinct and not self.acc[i].floating:
+                return f"__s{i}"
+        return None
+
+    def can_read_range(self, ctx: Context, column: str) -> bool:
+        """An output ordered as a state column (``ranged_column``), after the first computation."""
+        return not ctx.options.initial and self.ranged_column(column) is not None
+
+    def between(self, ctx: Context, column: str, probe: str, value: str, mode: str) -> str | None:
+        """The groups (in ``mode``) whose output ``column`` lies within the range of ``probe``'s ``value``,
+        maybe more: one pass over the state column that orders it, not a scan of the state.
+
+        TPC-H q11's groups compared with a share of the total: a change of the
+        total moves the threshold a little, and only the groups between the old
+        and the new threshold can enter or leave (SPJRule._between_old_and_new).
+        Groups whose output is NULL (no value) are not read: no comparison keeps them.
+        """
+        stored = self.ranged_column(column)
+        if ctx.options.initial or stored is None:
+            return None
+        found = ctx.temp("range")
+        ctx.emit(Lookup(out=found, relation=self.state(ctx), index=(), probe=probe, probe_columns=(value,),
+                        between=stored, note=f"groups whose {stored} lies within the range of {probe}.{value}"))
+        return ctx.query("range", self.with_delta(ctx, self.rows(ctx, found), mode), drivers=(),
+                         note=f"{mode} aggregate rows in range")
+
     def can_lookup(self, ctx: Context, columns: tuple[str, ...]) -> bool:
         """By group key columns (the state's rows are per group)."""
         return bool(columns) and set(columns) <= set(self.keys)

@@ -88,9 +88,14 @@ class Rule(ABC):
         """Whether the node is an aggregate without GROUP BY: exactly one row, a change of it -old +new."""
         return False
 
+    def can_read_range(self, ctx: Context, column: str) -> bool:
+        """Whether ``between`` reads rows by a range of ``column`` without a scan (default: no)."""
+        return False
+
     def between(self, ctx: Context, column: str, probe: str, value: str, mode: str) -> str | None:
         """A temp of the rows (in ``mode``) whose ``column`` lies within the range of ``probe``'s ``value``,
-        maybe more; None when the node cannot read a range without a scan (the default)."""
+        maybe more; None when the node cannot read a range without a scan (the default). Asked only
+        where ``can_read_range``."""
         return None
 
     def old_is_empty(self, ctx: Context) -> bool:

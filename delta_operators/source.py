@@ -78,12 +78,12 @@ class SourceRule(Rule):
         both = union_all([select_columns(out, self.node.columns), correction])
         return ctx.query("look", both, drivers=(), note=f"{mode} {relation} rows")
 
-    def between(self, ctx: Context, column: str, probe: str, value: str, mode: str) -> str | None:
-        """The rows (in ``mode``) whose ``column`` lies within the range of ``probe``'s ``value``, maybe more.
+    def can_read_range(self, ctx: Context, column: str) -> bool:
+        """Any column, but not on a first computation, where the stored relation is not what the term reads."""
+        return not ctx.options.initial
 
-        None on a first computation, where the stored relation is not what
-        the term reads: the caller scans instead.
-        """
+    def between(self, ctx: Context, column: str, probe: str, value: str, mode: str) -> str | None:
+        """The rows (in ``mode``) whose ``column`` lies within the range of ``probe``'s ``value``, maybe more."""
         relation = self.node.relation
         if ctx.options.initial:
             return None

@@ -132,10 +132,20 @@ class Range:
     """What ``SPJRule._between_old_and_new`` finds: the filter, and the column it ranges when plain."""
 
     condition: exp.Expression
-    value: str  # the global aggregate's column in its change
+    value: str  # the global aggregate's column in its change (or COMPARED, with ``expression``)
     value_type: str
     alias: str | None = None  # the input whose column the value is compared with, when a plain column
     column: str | None = None
+    # The compared value when it is an expression of the change's columns (TPC-H q11's SUM(...) *
+    # 0.0001), over the change as "__v": a range read first computes it per row (None: ``value``).
+    expression: exp.Expression | None = None
+
+
+COMPARED = "__compared"  # the column of the compared values a range read probes with (Range.expression)
+# Expressions a compared value may be made of, over the change's number columns: each row's value is
+# a function of that row alone, so the -old/+new cancellation of ``_between_old_and_new`` holds.
+_ARITHMETIC = (exp.Column, exp.Literal, exp.Paren, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Cast,
+               exp.DataType, exp.Identifier)
 
 
 @rule_for(SPJ)
@@ -225,15 +235,25 @@ class SPJRule(Rule):
         if type(comparison) not in flipped:
             return None
         x, v, op = comparison.this, comparison.expression, type(comparison)
-        if isinstance(x, exp.Column) and x.table == start_alias:
+        if start_alias in aliases_of(x):
             x, v, op = v, x, flipped[op]
-        if not (isinstance(v, exp.Column) and v.table == start_alias and start_alias not in aliases_of(x)):
+        if start_alias in aliases_of(x) or aliases_of(v) != {start_alias}:
             return None
+        types = {c.name: c.type for c in start_node.columns}
+        if isinstance(v, exp.Column):
+            value, value_type, expression = column(v.name, "__v"), types.get(v.name, ""), None
+        else:
+            # An expression of the change's row (a threshold scaled by a constant): each row of the
+            # change compares x with its own value of it, so the same rows cancel.
+            if not all(isinstance(node, _ARITHMETIC) for node in v.walk()):
+                return None
+            value = v.copy().transform(lambda n: column(n.name, "__v") if isinstance(n, exp.Column) else n)
+            numbers = all(is_number_type(types.get(c.name, "")) for c in v.find_all(exp.Column))
+            value_type, expression = ("DOUBLE" if numbers else ""), value
 
         def over_start(function: exp.Expression) -> exp.Expression:
             return exp.Subquery(this=exp.select(function).from_(table(start, "__v")))
 
-        value = column(v.name, "__v")
         low, high = over_start(exp.Min(this=value.copy())), over_start(exp.Max(this=value.copy()))
         known = over_start(exp.EQ(this=exp.Count(this=value.copy()), expression=exp.Count(this=exp.Star())))
         if op in (exp.GT, exp.LTE):
@@ -241,10 +261,10 @@ class SPJRule(Rule):
         else:
             between = exp.and_(exp.GTE(this=x.copy(), expression=low), exp.LT(this=x.copy(), expression=high))
         condition = exp.or_(exp.Not(this=known), between)
-        value_type = {c.name: c.type for c in start_node.columns}.get(v.name, "")
+        name = v.name if expression is None else COMPARED
         if isinstance(x, exp.Column):
-            return Range(condition, v.name, value_type, x.table, x.name)
-        return Range(condition, v.name, value_type)
+            return Range(condition, name, value_type, x.table, x.name, expression)
+        return Range(condition, name, value_type, expression=expression)
 
     def _pipeline(
         self, ctx: Context, start_alias: str, start: str, modes: dict[str, str], note: str, consolidate: bool = False,
@@ -339,7 +359,15 @@ class SPJRule(Rule):
         column_type = {c.name: c.type for c in child_j.columns}.get(ranged.column, "")
         if not (is_number_type(column_type) and is_number_type(ranged.value_type)):
             return None
-        return ctx.rule(child_j).between(ctx, ranged.column, start, ranged.value, mode)
+        rule = ctx.rule(child_j)
+        if not rule.can_read_range(ctx, ranged.column):
+            return None
+        probe = start
+        if ranged.expression is not None:  # each row's compared value, for the range read to span
+            probe = ctx.query("compared", exp.select(alias(ranged.expression.copy(), ranged.value))
+                              .from_(table(start, "__v")), drivers=(start,),
+                              note=f"the value each row of {start} is compared with")
+        return rule.between(ctx, ranged.column, probe, ranged.value, mode)
 
     @staticmethod
     def _direct_probe(

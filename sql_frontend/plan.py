@@ -38,9 +38,10 @@ FLOAT_TYPES = frozenset({"FLOAT", "DOUBLE", "REAL"})
 
 
 def is_number_type(sql_type: str) -> bool:
-    """Whether values of this DuckDB type compare as numbers: integers, floats, DECIMAL(p,s)."""
+    """Whether values of this DuckDB type compare as numbers: integers (HUGEINT too: a SUM of integers),
+    floats, DECIMAL(p,s)."""
     base = sql_type.upper().split("(")[0].strip()
-    return base in INTEGER_TYPES or base in FLOAT_TYPES or base in ("DECIMAL", "NUMERIC")
+    return base in INTEGER_TYPES or base in FLOAT_TYPES or base in ("DECIMAL", "NUMERIC", "HUGEINT", "UHUGEINT")
 
 
 @dataclass(frozen=True)

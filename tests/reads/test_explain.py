@@ -108,6 +108,21 @@ def test_q22_scalar_subquery_comparison_reads_the_customers_between_the_two_aver
     assert marked and not any("customer" in reads for reads in marked), marked
 
 
+def test_q11_reads_the_parts_between_the_two_thresholds_not_every_part(explained):
+    """q11 keeps the parts whose value exceeds a share of the total (SUM(...) * 0.0001). A change of the
+    total moves the threshold, and only the parts between the old and the new one can enter or leave:
+    the term of the total's change reads those groups of the per-part state by a range of their sums."""
+    steps = [line for line in section(explained["q11"], "partsupp") if " := " in line]
+    assert any(re.search(r"compared\d+ := the value each row of agg\d+ is compared with", line) for line in steps)
+    assert any(re.search(r"range\d+ := rows of q11\.agg\d+ with __s0 within the range of compared\d+\.__compared",
+                         line) for line in steps), steps
+    marked = [line.split("[reads all of")[1].split("]")[0] for line in steps if "[reads all of" in line]
+    # Only the one-row state of the total is read whole, never the per-part state.
+    assert all(re.fullmatch(r"q11\.agg\d+", reads.strip()) for reads in marked), marked
+    per_part = re.search(r"range\d+ := rows of (q11\.agg\d+)", "\n".join(steps)).group(1)
+    assert not any(per_part in reads for reads in marked), marked
+
+
 def test_incrementality_report_is_derived_from_explain(explained):
     notes, reads = tpch.incrementality(explained["q03"])
     assert "top-K" in notes
