@@ -106,9 +106,12 @@ class RunRows:
     def __init__(self, tree: exp.Expression):
         self.tree = tree  # ``positional``'s SELECT
         self.sql = render(tree)
+        # Output column (lower case) -> the state column it passes through unchanged (see ``plain_sources``).
+        self.plain_sources = plain_sources(tree)
         self._runs: dict[int, Projected] = {}
         self._compiled: dict[pa.Schema, CompiledStep | None] = {}  # per input schema, once DuckDB typed it
         self._checked: dict[pa.Schema, int] = {}  # compiled runs compared with DuckDB, per input schema
+        self._schemas: dict[pa.Schema, pa.Schema] = {}  # rows_schema, per input schema
         self._lock = threading.Lock()
 
     def rows(self, cursor: duckdb.DuckDBPyConnection, state: Relation) -> "ViewRows":
@@ -120,15 +123,31 @@ class RunRows:
         for run in state.runs:
             projected = known.get(run.serial)
             if projected is None:
-                projected = made[run.serial] = self._project(cursor, run.table)
+                projected = made[run.serial] = self.project(cursor, run.table)
             parts.append((projected, run))
         with self._lock:
             # Only the runs of the newest version are kept: a reader of an older one projects its runs again.
             self._runs = {run.serial: made[run.serial] if run.serial in made else known[run.serial]
                           for run in state.runs}
         if not parts:
-            return ViewRows.whole(self._project(cursor, state.schema.empty_table()).rows)
+            return ViewRows.whole(self.project(cursor, state.schema.empty_table()).rows)
         return ViewRows(parts)
+
+    def rows_schema(self, cursor: duckdb.DuckDBPyConnection, state_schema: pa.Schema) -> pa.Schema:
+        """The schema of the view's rows projected from state rows of ``state_schema`` (DuckDB's types)."""
+        with self._lock:
+            known = self._schemas.get(state_schema)
+        if known is None:
+            empty = state_schema.empty_table().append_column(POS, pa.array([], pa.int64()))
+            typed = self._duckdb(cursor, empty).schema
+            known = typed.remove(typed.get_field_index(POS))
+            with self._lock:
+                self._schemas[state_schema] = known
+        return known
+
+    def project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
+        """The view's rows from state rows ``table`` (a run's, or some looked up), each with its position."""
+        return self._project(cursor, table)
 
     def _project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
         rows = table.append_column(POS, pa.array(np.arange(table.num_rows, dtype=np.int64)))
@@ -240,6 +259,35 @@ def _live(projected: Projected, run: Run | None) -> pa.Table:
     if projected.positions is None:  # row i is position i: the liveness bits are the filter, as they are
         return rows.filter(run.live_mask())
     return rows.filter(pa.array(run.is_live(projected.positions)))
+
+
+def plain_sources(tree: exp.Expression) -> dict[str, str]:
+    """Of a ``positional`` SELECT chain, each output column (lower case) that is a column of the state rows
+    passed through every SELECT unchanged (no cast, no expression), with that state column's name.
+
+    A point read of such a column is a read of the state rows with that value: the view's group key
+    columns (``SELECT cust, SUM(x) ... GROUP BY cust``) are read through the state's index on them. An
+    output name given twice (case-insensitively) is left out: a read cannot name it."""
+    def source(node: exp.Select, name: str) -> str | None:
+        found = [e for e in node.expressions if e.alias_or_name == name]
+        if len(found) != 1:
+            return None
+        e = found[0].this if isinstance(found[0], exp.Alias) else found[0]
+        if not isinstance(e, exp.Column):
+            return None
+        origin = node.args["from_"].this
+        if isinstance(origin, exp.Subquery):
+            return source(origin.this, e.name) if e.table == origin.alias else None
+        return e.name if e.table in (origin.alias_or_name, "") else None
+
+    names = [e.alias_or_name for e in tree.expressions if e.alias_or_name != POS]
+    out = {}
+    for name in names:
+        if sum(n.lower() == name.lower() for n in names) == 1:
+            found = source(tree, name)
+            if found is not None:
+                out[name.lower()] = found
+    return out
 
 
 def run_rows(select: exp.Expression, scan: str) -> RunRows | None:

@@ -186,7 +186,7 @@ def _matches(column: pa.ChunkedArray, value: pa.Scalar) -> np.ndarray | None:
         # numpy over the values where no slot is NULL (a NULL slot's buffer may hold anything).
         return _concat([chunk.to_numpy() == wanted if not chunk.null_count else
                         _mask(pc.equal(chunk, pa.scalar(wanted, kind))) for chunk in column.chunks], len(column))
-    if _is_string(kind) and _is_string(given):
+    if is_string(kind) and is_string(given):
         return _concat([_mask(pc.equal(chunk, value.cast(kind))) for chunk in column.chunks], len(column))
     return None
 
@@ -207,5 +207,5 @@ def _concat(masks: list[np.ndarray], rows: int) -> np.ndarray:
     return np.concatenate(masks) if masks else np.zeros(rows, dtype=bool)
 
 
-def _is_string(kind: pa.DataType) -> bool:
+def is_string(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)

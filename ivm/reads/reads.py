@@ -43,6 +43,7 @@ from ivm.reads.system_relations import SystemRelations, reads_system
 from ivm.execute.executor import duckdb_message
 from delta_operators.program import scan_name
 from ivm.binder import quote
+from storage.keys import KeyCoder
 from storage.relation import Relation
 from storage.store import Snapshot, Store
 from ivm.catalog import Catalog, TableDef, ViewDef
@@ -178,6 +179,7 @@ class Reader:
         self._computed_read: set[str] = set()  # views computed on read that were read since the last warm()
         self._computed_runs: dict[str, tuple[ViewDef, computed.RunRows | None]] = {}  # per view: its rows per run
         self.system = SystemRelations(engine.catalog)  # pg_catalog and information_schema
+        self._coder = KeyCoder(self.run)  # key codes of point reads by a view's key (on pooled cursors)
 
     def close(self) -> None:
         with self._lock:
@@ -380,7 +382,7 @@ class Reader:
             if table is None:
                 table = run_query(lease.cursor, sql() if callable(sql) else sql, timeout)
                 if point is not None:
-                    self._remember_schema(lease, point, expression, table.schema)
+                    self._remember_schema(lease, point, expression, table.schema, snapshot)
         return _with_offset(table, snapshot)
 
     def _arrow_answer(self, point: point_reads.Shape, expression: exp.Expression, values: list[pa.Scalar],
@@ -396,11 +398,52 @@ class Reader:
             return None
         definition = self.engine.catalog.get(name)
         if _computed_on_read(definition, snapshot):
+            keyed = self._keyed_answer(point, expression, definition, snapshot, values)
+            if keyed is not None:
+                return keyed
             rows = computed_before(definition, _states(definition, snapshot))
             if note_read:
                 self._note_read(name)
         else:
             rows = visible(snapshot[name], not definition.is_set)
+        return _known_answer(point, expression, rows, values)
+
+    def _keyed_answer(self, point: point_reads.Shape, expression: exp.Expression, view: ViewDef,
+                      snapshot: Snapshot, values: list[pa.Scalar]) -> pa.Table | None:
+        """A point read of a computed view by columns that are its state's index key, answered from the
+        state rows of that key: one index lookup and the view's projection of the rows found, however
+        many rows the view has (a scan of its rows was ~19 ms at 1M groups). None: not this shape.
+
+        The read need not make the next version's rows computed (``_note_read``): it reads none of them."""
+        if not point.equalities:
+            return None
+        runs = self._run_rows(view)
+        if runs is None:
+            return None
+        state = _states(view, snapshot)[0]
+        wanted = {}  # state column -> the parameter's value
+        for column, number in point.equalities:
+            source = runs.plain_sources.get(column)
+            if source is None or not 1 <= number <= len(values):
+                continue
+            wanted[source] = values[number - 1]
+        key = next((k for k in state.index_keys if k and set(k) <= set(wanted)), None)
+        if key is None:
+            return None
+        probe = {}
+        for column in key:
+            value, target = wanted[column], state.schema.field(column).type
+            same_kind = (pa.types.is_integer(value.type) and pa.types.is_integer(target)) or \
+                (point_reads.is_string(value.type) and point_reads.is_string(target))
+            if not (value.is_valid and same_kind):
+                return None  # DuckDB compares it (NULL, a float, a date...)
+            try:
+                probe[column] = pa.array([value.as_py()], target)
+            except (pa.ArrowInvalid, OverflowError):
+                return None  # outside the column's type: DuckDB says what matches
+        found = state.lookup(key, self._coder.codes(pa.table(probe), list(key)), scan=False)
+        with self._lease() as lease:
+            rows = runs.project(lease.cursor, found).rows
         return _known_answer(point, expression, rows, values)
 
     def _input(self, lease: Lease, name: str) -> pa.Table | computed.ViewRows | None:
@@ -416,13 +459,25 @@ class Reader:
         return _known_answer(point, expression, self._input(lease, point.table), values)
 
     def _remember_schema(self, lease: Lease, point: point_reads.Shape, expression: exp.Expression,
-                         schema: pa.Schema) -> None:
+                         schema: pa.Schema, snapshot: Snapshot) -> None:
         rows = self._input(lease, point.table)
-        if rows is not None:
+        input_schema = rows.schema if rows is not None else self._computed_schema(lease, point.table, snapshot)
+        if input_schema is not None:
             known = _point_schemas(expression)
             if len(known) >= 16:  # a table's schema changes only with DDL
                 known.clear()
-            known[rows.schema] = schema.remove_metadata()
+            known[input_schema] = schema.remove_metadata()
+
+    def _computed_schema(self, lease: Lease, name: str, snapshot: Snapshot) -> pa.Schema | None:
+        """The schema of a computed view's rows as projected from its state (what ``_keyed_answer``
+        answers over), for a view read through DuckDB over its large state; None for anything else."""
+        definition = self.engine.catalog.get(name)
+        if not (isinstance(definition, ViewDef) and _computed_on_read(definition, snapshot)):
+            return None
+        runs = self._run_rows(definition)
+        if runs is None:
+            return None
+        return runs.rows_schema(lease.cursor, _states(definition, snapshot)[0].schema)
 
 
 def _with_offset(table: pa.Table, snapshot: Snapshot) -> pa.Table:

@@ -14,6 +14,10 @@ from sql_frontend.errors import InternalError
 from tests.oracle.compare import multiset_diff
 from tests.reads.test_point_reads import read
 
+VIEWS_KEYED = {
+    "agg": "SELECT grp, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY grp",
+    "pairs": "SELECT grp, name, COUNT(*) AS n FROM t GROUP BY grp, name HAVING COUNT(*) > 1",
+}
 VIEWS = {
     "agg": "SELECT grp, COUNT(*) AS n, SUM(x) AS s, AVG(x) AS m, MAX(x) AS hi, MIN(name) AS lo FROM t GROUP BY grp",
     "pairs": "SELECT grp, COUNT(x) AS n FROM t GROUP BY grp HAVING COUNT(*) > 1",
@@ -90,8 +94,11 @@ def test_views_read_after_every_batch_equal_duckdb(batches):
             reference.register("t", current)
             # Point reads first: the version's rows are still parts (ivm/reads/computed.py ViewRows), filtered
             # by liveness after the match; the whole reads below make them one table.
-            for name, key in (("agg", "grp"), ("pairs", "grp"), ("names", "name")):
-                for value in ([0, 1, 2, 3] if key == "grp" else ["a", "b", "it's"]):
+            # By a key (the state's index: ivm/reads/reads.py _keyed_answer), and by a column that is not
+            # one (matched in each part).
+            for name, key, values in (("agg", "grp", [0, 1, 2, 3]), ("pairs", "grp", [0, 1, 2, 3]),
+                                      ("names", "name", ["a", "b", "it's"]), ("agg", "n", [1, 2])):
+                for value in values:
                     got = read(db, f"SELECT * FROM {name} WHERE {key} = ?", value)
                     expected = reference.sql(f"SELECT * FROM ({VIEWS[name]}) WHERE {key} = $1",
                                              params=[value]).to_arrow_table()
@@ -177,3 +184,64 @@ def test_outside_shadow_mode_a_projection_that_differs_on_its_first_runs_is_left
             assert sorted(r["grp"] for r in db.sql("SELECT * FROM agg").to_pylist()) == list(range(i + 1))
         runs = db._engine.reader._computed_runs["agg"][1]
         assert runs is not None and set(runs._compiled.values()) == {None}  # DuckDB projects from now on
+
+
+@pytest.mark.parametrize("compute_once_rows", [0, 200_000])
+def test_a_point_read_by_the_views_key_reads_the_state_rows_of_that_key(monkeypatch, compute_once_rows):
+    """``WHERE grp = $1`` on a view grouped by grp: one lookup in the state's index and the view's projection
+    of the rows found, equal to DuckDB, without computing the view's rows for the version (``_computed``),
+    for large states (read through DuckDB otherwise: COMPUTE_ONCE_ROWS 0) and small ones. HAVING still
+    filters; values outside the key's type, NULLs and non-key columns take the other paths."""
+    from ivm.reads import reads
+    from storage import relation
+    monkeypatch.setattr(reads, "COMPUTE_ONCE_ROWS", compute_once_rows)
+    monkeypatch.setattr(relation, "SMALL_RELATION", 0)  # the lookup probes the index, however small the state
+    computed_rows, keyed = [], []
+    compute, keyed_answer = reads.Reader._computed, reads.Reader._keyed_answer
+
+    def counted(self, *args):
+        computed_rows.append(args[2].name)
+        return compute(self, *args)
+
+    def answered(self, *args):
+        found = keyed_answer(self, *args)
+        keyed.append(found is not None)
+        return found
+
+    monkeypatch.setattr(reads.Reader, "_computed", counted)
+    monkeypatch.setattr(reads.Reader, "_keyed_answer", answered)
+    with ivm.connect(maintenance="incremental") as db:
+        db.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, grp INTEGER, x DOUBLE, name VARCHAR)")
+        db.execute("CREATE MATERIALIZED VIEW agg AS SELECT grp, COUNT(*) AS n, SUM(x) AS s FROM t GROUP BY grp")
+        db.execute("CREATE MATERIALIZED VIEW pairs AS SELECT grp, name, COUNT(*) AS n FROM t GROUP BY grp, name "
+                   "HAVING COUNT(*) > 1")
+        reference = duckdb.connect()
+        seen = set()
+        for step in range(4):
+            ids = list(range(step * 7, step * 7 + 40))
+            db.apply_changes("t", pa.table({
+                "id": pa.array(ids, pa.int64()),
+                "grp": pa.array([None if i % 11 == 0 else i % (5 + step) for i in ids], pa.int32()),
+                "x": pa.array([float(i % 4) for i in ids]), "name": pa.array([["a", "b"][i % 2] for i in ids]),
+                "__op": ["u"] * len(ids)}))
+            reference.register("t", db.sql("SELECT * FROM t WHERE TRUE"))
+            # (view, condition, values, read by the whole key of the state's index)
+            reads_ = [("agg", "grp = ?", (g,), g < 2**31) for g in (0, 1, 4, 9, 2**40)] + \
+                [("pairs", "grp = ? AND name = ?", (g, v), True) for g in (0, 1, 3) for v in ("a", "b", "c")] + \
+                [("pairs", "grp = ?", (1,), False), ("agg", "n = ?", (3,), False)]
+            for name, where, values, by_key in reads_:
+                computed_rows.clear()
+                first = (name, where) not in seen
+                seen.add((name, where))
+                got = read(db, f"SELECT * FROM {name} WHERE {where}", *values)
+                numbered = where.replace("?", "$1", 1).replace("?", "$2")
+                expected = reference.sql(f"SELECT * FROM ({VIEWS_KEYED[name]}) WHERE {numbered}",
+                                         params=list(values)).to_arrow_table()
+                difference = multiset_diff(got, expected)
+                assert difference is None, f"{name} where {where} {values}: {difference}"
+                # A template's first read may run on DuckDB, which gives the result's schema (remembered
+                # per parsed template and input schema, so only if no test before read it so).
+                assert keyed[-1] == by_key or (first and not keyed[-1]), (name, where, values)
+                if keyed[-1]:
+                    assert computed_rows == [], "a read by the key computed the view's rows"
+        assert keyed.count(True) >= 4 * (4 + 9) - 2

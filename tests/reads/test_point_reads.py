@@ -9,7 +9,7 @@ from sqlglot import exp
 import ivm
 from flight_server import params
 from ivm import database
-from ivm.reads import point_reads, reads
+from ivm.reads import computed, point_reads, reads
 from tests.oracle.compare import multiset_diff
 
 
@@ -41,12 +41,15 @@ def read(db, sql: str, *values) -> pa.Table:
 
 @pytest.fixture
 def duckdb_calls(monkeypatch):
-    """How many statements reads ran on DuckDB."""
+    """The statements reads ran on DuckDB, but for the checks of a computed view's compiled projection
+    (ivm/reads/computed.py): in shadow mode (the suites' setting) DuckDB checks every one, which is the
+    trust policy's statement, not the read's."""
     calls = []
     run = reads.duck.arrow
 
     def counted(cursor, sql):
-        calls.append(sql)
+        if computed.RUN_ROWS not in sql:
+            calls.append(sql)
         return run(cursor, sql)
 
     monkeypatch.setattr(reads.duck, "arrow", counted)
