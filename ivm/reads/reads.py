@@ -442,8 +442,11 @@ class Reader:
             except (pa.ArrowInvalid, OverflowError):
                 return None  # outside the column's type: DuckDB says what matches
         found = state.lookup(key, self._coder.codes(pa.table(probe), list(key)), scan=False)
-        with self._lease() as lease:
-            rows = runs.project(lease.cursor, found).rows
+        try:
+            with self._lease() as lease:
+                rows = runs.project(lease.cursor, found).rows
+        except duckdb.Error:
+            return None  # e.g. an overflow computing a column: the read's usual path reports it
         return _known_answer(point, expression, rows, values)
 
     def _input(self, lease: Lease, name: str) -> pa.Table | computed.ViewRows | None:
