@@ -210,7 +210,9 @@ class SPJRule(Rule):
         zero. When the only condition on A is ``x op A.v`` and the output reads
         nothing of A, a row with x past both values matches both and yields two
         equal rows that cancel; one short of both matches neither. Only rows
-        between the two values can remain:
+        between the two values can remain (v may also be arithmetic over A's
+        columns, as TPC-H q11's ``SUM(...) * 0.0001``: each row of δA has its
+        own value of it, and the same argument holds for those two values):
 
             x > v, x <= v:  min(v) <  x <= max(v)
             x >= v, x < v:  min(v) <= x <  max(v)
