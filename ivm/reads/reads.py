@@ -80,6 +80,13 @@ def visible(relation: Relation, may_repeat: bool) -> pa.Table:
 
 IDLE_CURSORS = 16
 COMPUTE_ONCE_ROWS = 200_000  # state rows up to which a computed view's rows are kept per version
+# State rows from which a point read by a computed view's key looks the key up in the state
+# (``_keyed_answer``), instead of matching the version's computed rows. A lookup and a one-row
+# projection cost ~0.4 ms whatever the view's size, and need no rows computed per version; matching
+# scans the rows (~1.5 ns a row: 0.3 ms at 200,000) computed once per version for every reader
+# (0.28 ms a batch at 200,000 groups). Small views are read many times per version (bench.read_load:
+# 1,000 groups, ~16 reads a version): matching wins; large ones are not: the lookup wins.
+KEYED_READ_ROWS = 50_000
 
 
 def computed_rows(cursor: duckdb.DuckDBPyConnection, view: "ViewDef", states: list[Relation],
@@ -412,7 +419,8 @@ class Reader:
                       snapshot: Snapshot, values: list[pa.Scalar]) -> pa.Table | None:
         """A point read of a computed view by columns that are its state's index key, answered from the
         state rows of that key: one index lookup and the view's projection of the rows found, however
-        many rows the view has (a scan of its rows was ~19 ms at 1M groups). None: not this shape.
+        many rows the view has (a scan of its rows was ~19 ms at 1M groups). None: not this shape, or a
+        state below KEYED_READ_ROWS.
 
         The read need not make the next version's rows computed (``_note_read``): it reads none of them."""
         if not point.equalities:
@@ -421,6 +429,8 @@ class Reader:
         if runs is None:
             return None
         state = _states(view, snapshot)[0]
+        if state.num_rows < KEYED_READ_ROWS:
+            return None
         wanted = {}  # state column -> the parameter's value
         for column, number in point.equalities:
             source = runs.plain_sources.get(column)

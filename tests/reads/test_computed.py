@@ -195,6 +195,7 @@ def test_a_point_read_by_the_views_key_reads_the_state_rows_of_that_key(monkeypa
     from ivm.reads import reads
     from storage import relation
     monkeypatch.setattr(reads, "COMPUTE_ONCE_ROWS", compute_once_rows)
+    monkeypatch.setattr(reads, "KEYED_READ_ROWS", 0)  # these states are small
     monkeypatch.setattr(relation, "SMALL_RELATION", 0)  # the lookup probes the index, however small the state
     computed_rows, keyed = [], []
     compute, keyed_answer = reads.Reader._computed, reads.Reader._keyed_answer
