@@ -740,6 +740,9 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...], alive: list[np.ndarr
     for k in keys:
         if not k:
             continue
+        if len(runs) == 1 and alive[0] is None:  # nothing to drop or renumber: the index as it is
+            indexes[k] = runs[0].indexes[k]
+            continue
         codes, rows = [], []
         for run, live, renumber, start in zip(runs, alive, renumbers, starts):
             index = run.indexes[k]
@@ -750,9 +753,6 @@ def _merged_indexes(runs: list[Run], keys: tuple[Key, ...], alive: list[np.ndarr
                 keep = live[index.rows]
                 codes.append(index.codes[keep])
                 rows.append(renumber[index.rows[keep]] + dtype(start))
-        if len(runs) == 1 and alive[0] is None:
-            indexes[k] = runs[0].indexes[k]
-            continue
         if len(codes) == 1:
             indexes[k] = RunIndex(codes=codes[0], rows=rows[0], unique=runs[0].indexes[k].unique)
             continue
