@@ -174,21 +174,27 @@ def _rows(table: pa.Table, positions: np.ndarray) -> pa.Table:
     return pa.concat_tables([table.slice(int(p), 1) for p in positions])
 
 
+def comparable(value: pa.Scalar, kind: pa.DataType) -> bool:
+    """Whether this path compares ``value`` with a column of type ``kind`` as DuckDB does: a non-NULL
+    integer with an integer column, or a string with a string column (see the module's contract)."""
+    given = value.type
+    return value.is_valid and ((pa.types.is_integer(kind) and pa.types.is_integer(given))
+                               or (_is_string(kind) and _is_string(given)))
+
+
 def _matches(column: pa.ChunkedArray, value: pa.Scalar) -> np.ndarray | None:
     """A boolean numpy mask of the rows equal to ``value``, or None when this path cannot compare them."""
-    kind, given = column.type, value.type
-    if not value.is_valid:
+    kind = column.type
+    if not comparable(value, kind):
         return None
-    if pa.types.is_integer(kind) and pa.types.is_integer(given):
+    if pa.types.is_integer(kind):
         wanted, (low, high) = value.as_py(), _range(kind)
         if not low <= wanted <= high:  # out of the column's range: cannot match
             return np.zeros(len(column), dtype=bool)
         # numpy over the values where no slot is NULL (a NULL slot's buffer may hold anything).
         return _concat([chunk.to_numpy() == wanted if not chunk.null_count else
                         _mask(pc.equal(chunk, pa.scalar(wanted, kind))) for chunk in column.chunks], len(column))
-    if is_string(kind) and is_string(given):
-        return _concat([_mask(pc.equal(chunk, value.cast(kind))) for chunk in column.chunks], len(column))
-    return None
+    return _concat([_mask(pc.equal(chunk, value.cast(kind))) for chunk in column.chunks], len(column))
 
 
 @functools.cache
@@ -207,5 +213,5 @@ def _concat(masks: list[np.ndarray], rows: int) -> np.ndarray:
     return np.concatenate(masks) if masks else np.zeros(rows, dtype=bool)
 
 
-def is_string(kind: pa.DataType) -> bool:
+def _is_string(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)

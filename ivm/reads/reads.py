@@ -443,9 +443,7 @@ class Reader:
         probe = {}
         for column in key:
             value, target = wanted[column], state.schema.field(column).type
-            same_kind = (pa.types.is_integer(value.type) and pa.types.is_integer(target)) or \
-                (point_reads.is_string(value.type) and point_reads.is_string(target))
-            if not (value.is_valid and same_kind):
+            if not point_reads.comparable(value, target):
                 return None  # DuckDB compares it (NULL, a float, a date...)
             try:
                 probe[column] = pa.array([value.as_py()], target)
