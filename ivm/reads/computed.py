@@ -111,7 +111,7 @@ class RunRows:
         self._runs: dict[int, Projected] = {}
         self._compiled: dict[pa.Schema, CompiledStep | None] = {}  # per input schema, once DuckDB typed it
         self._checked: dict[pa.Schema, int] = {}  # compiled runs compared with DuckDB, per input schema
-        self._schemas: dict[pa.Schema, pa.Schema] = {}  # rows_schema, per input schema
+        self._typed: dict[pa.Schema, pa.Schema] = {}  # DuckDB's result schema, per input schema (``_types``)
         self._lock = threading.Lock()
 
     def rows(self, cursor: duckdb.DuckDBPyConnection, state: Relation) -> "ViewRows":
@@ -135,21 +135,11 @@ class RunRows:
 
     def rows_schema(self, cursor: duckdb.DuckDBPyConnection, state_schema: pa.Schema) -> pa.Schema:
         """The schema of the view's rows projected from state rows of ``state_schema`` (DuckDB's types)."""
-        with self._lock:
-            known = self._schemas.get(state_schema)
-        if known is None:
-            empty = state_schema.empty_table().append_column(POS, pa.array([], pa.int64()))
-            typed = self._duckdb(cursor, empty).schema
-            known = typed.remove(typed.get_field_index(POS))
-            with self._lock:
-                self._schemas[state_schema] = known
-        return known
+        typed = self._types(cursor, state_schema.append(pa.field(POS, pa.int64())))
+        return typed.remove(typed.get_field_index(POS))
 
     def project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
         """The view's rows from state rows ``table`` (a run's, or some looked up), each with its position."""
-        return self._project(cursor, table)
-
-    def _project(self, cursor: duckdb.DuckDBPyConnection, table: pa.Table) -> Projected:
         rows = table.append_column(POS, pa.array(np.arange(table.num_rows, dtype=np.int64)))
         out = self._compiled_rows(cursor, rows)
         if out is None:
@@ -184,7 +174,7 @@ class RunRows:
     def _step(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> CompiledStep | None:
         """The projection compiled for this input schema (typed by DuckDB once), or None (DuckDB runs it)."""
         if rows.schema not in self._compiled:
-            expected = self._duckdb(cursor, rows.schema.empty_table()).schema
+            expected = self._types(cursor, rows.schema)
             try:
                 step = CompiledStep(self.tree, {RUN_ROWS: rows.schema}, expected)
             except Unsupported:
@@ -192,6 +182,16 @@ class RunRows:
             with self._lock:
                 self._compiled[rows.schema] = step
         return self._compiled[rows.schema]
+
+    def _types(self, cursor: duckdb.DuckDBPyConnection, schema: pa.Schema) -> pa.Schema:
+        """DuckDB's result schema of the projection over rows of ``schema`` (with POS), asked once per schema."""
+        with self._lock:
+            known = self._typed.get(schema)
+        if known is None:
+            known = self._duckdb(cursor, schema.empty_table()).schema
+            with self._lock:
+                self._typed[schema] = known
+        return known
 
     def _duckdb(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:
         cursor.register(RUN_ROWS, rows)

@@ -113,13 +113,13 @@ def test_views_read_after_every_batch_equal_duckdb(batches):
 def test_a_batch_projects_only_the_runs_it_made(monkeypatch):
     """The rows a batch projects are the state rows it wrote (and a merge's), not the whole state."""
     projected = []
-    project = computed.RunRows._project
+    project = computed.RunRows.project
 
     def counted(self, cursor, table):
         projected.append(table.num_rows)
         return project(self, cursor, table)
 
-    monkeypatch.setattr(computed.RunRows, "_project", counted)
+    monkeypatch.setattr(computed.RunRows, "project", counted)
     with database() as db:
         groups = 20_000
         db.apply_changes("t", pa.table({"id": pa.array(range(groups), pa.int64()),
