@@ -621,7 +621,7 @@ class Executor(StepRunner):
         if checked.reference is not None:
             state.shadowed += 1
             self.counts["shadowed"] += 1
-            if not shadow_mode():  # a new step's check, not a setting: this run is no timing of the view's batches
+            if checked.probation:  # a new step's check, not a setting: this run is no timing of the view's batches
                 self.counts["on_probation"] += 1
         if checked.disabled is not None:
             state.compiled, state.reason = None, checked.disabled

@@ -150,12 +150,15 @@ SHADOW_RUNS = 3  # a compiled path's first runs also run on DuckDB and must agre
 class Checked:
     """What ``checked_run`` found. ``rows``: the result to use (DuckDB's after a difference; None
     after an error: run DuckDB). ``disabled``: why the compiled path is off from now on (None: it
-    stays). ``reference``: DuckDB's rows when this run was checked (None: not checked)."""
+    stays). ``reference``: DuckDB's rows when this run was checked (None: not checked).
+    ``probation``: it was checked because the path is new (its first SHADOW_RUNS runs), not because
+    shadow mode checks every run."""
 
     rows: pa.Table | None
     disabled: str | None = None
     reference: pa.Table | None = None
     difference: str | None = None
+    probation: bool = False
 
 
 def checked_run(run: Callable[[], pa.Table], duckdb_rows: Callable[[], pa.Table], checks: int, what: str,
@@ -180,13 +183,14 @@ def checked_run(run: Callable[[], pa.Table], duckdb_rows: Callable[[], pa.Table]
     theirs = duckdb_rows()
     difference = same_rows(ours, theirs)
     if difference is None:
-        return Checked(ours, reference=theirs)
+        return Checked(ours, reference=theirs, probation=not shadow)
     if differs is not None:
         differs(ours, theirs, difference)
     if shadow:
         raise InternalError(f"{what} differs from DuckDB: {difference}")
     log.warning("%s differs from DuckDB, it runs on DuckDB from now on: %s", what, difference)
-    return Checked(theirs, disabled=f"shadow run differed: {difference}", reference=theirs, difference=difference)
+    return Checked(theirs, disabled=f"shadow run differed: {difference}", reference=theirs, difference=difference,
+                   probation=True)
 
 
 def _arrow_type(t) -> pa.DataType:
