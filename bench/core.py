@@ -12,17 +12,16 @@ and two views: a single-table GROUP BY over orders, and a 3-table join with
 GROUP BY. It then streams change batches to orders (inserts of new orders,
 updates that move orders between customers, deletes) and times each
 ``apply_changes`` with a read of the view after it (ingest, maintenance and
-the read, as a user sees them), and, in the same run, DuckDB recomputing each view from native tables holding
-the same data. Each view runs in its own database (so its per-batch cost
-includes ingest), over the same change stream. Reports median and p95 per
-batch, the recompute median and the ratio, and checks at the end that the
-view equals its recompute.
+the read, as a user sees them), and, in the same run, DuckDB recomputing
+each view from native tables holding the same data. Each view runs in its
+own database (so its per-batch cost includes ingest), over the same change
+stream. Reports median and p95 per batch, the recompute median and the
+ratio, and checks at the end that the view equals its recompute.
 
-A batch's time includes a read: after each ``apply_changes`` a prepared
-point read of the view (``SELECT * FROM v WHERE key = $1``, a random key,
-as a server runs one) is timed with it. A view read from its operators'
-state computes its rows for reads on the first read of a new version, so
-without the read that work would leave the clock.
+The read is a prepared point read of the view (``SELECT * FROM v WHERE key
+= $1``, a random key, as a server runs one: ``point_read``). A view read
+from its operators' state may compute its rows for reads on the first read
+of a new version, so without the read that work would leave the clock.
 
 The recompute is timed between the batches, not after them: after each
 batch the same change is applied (untimed) to native DuckDB tables and the

@@ -123,8 +123,8 @@ def database(data: dict, view: str | None) -> ivm.Database:
 def run_scenario(data: dict, rows: int, view: str | None, warmup: int, batches: int, seed: int,
                  read: bool = False) -> dict:
     db = database(data, view)
-    lookup = core.point_read(db, view, data["customers"].num_rows) if read and view is not None else None
     customers = data["customers"].num_rows
+    lookup = core.point_read(db, view, customers) if read and view is not None else None
     rng = np.random.default_rng(seed)
     next_id, deleted = rows, set()
     for _ in range(warmup):
