@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from storage.zset import POS, RUN, WEIGHT, arrow_not_distinct, number_values, numpy_not_distinct
 from storage.buffers import one_array
 from storage.keys import KeyCoder
+from storage.schemas import SchemaMap
 
 OP = "__op"
 SEQ = "__seq"
@@ -45,17 +46,21 @@ ERROR = "__error"
 
 def applies(key: tuple[str, ...], schema: pa.Schema) -> bool:
     """True when the Arrow path handles this table (a key, and columns Arrow compares as DuckDB)."""
-    known = _applies.get((key, schema))
-    if known is None:
-        known = bool(key) and all(k in schema.names for k in key) and comparable(schema, schema.names)
+    by_schema = _applies.get(key)
+    if by_schema is None:
         if len(_applies) >= 1024:
             _applies.clear()
-        _applies[(key, schema)] = known
+        by_schema = _applies[key] = SchemaMap(limit=16)
+    known = by_schema.get(schema)
+    if known is None:
+        known = bool(key) and all(k in schema.names for k in key) and comparable(schema, schema.names)
+        by_schema[schema] = known
     return known
 
 
-# (key, batch schema) -> applies(): asked for every batch, the answer depends on the types alone.
-_applies: dict[tuple[tuple[str, ...], pa.Schema], bool] = {}
+# key -> batch schema -> applies(): asked for every batch, the answer depends on the types alone
+# (by schema in a SchemaMap: hashing the schema cost more than the answer).
+_applies: dict[tuple[str, ...], SchemaMap[bool]] = {}
 
 
 def comparable(schema: pa.Schema, names) -> bool:  # noqa: ANN001

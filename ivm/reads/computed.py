@@ -42,8 +42,10 @@ from ivm.execute.compiled.step import CompiledStep, Fallback, Unsupported, check
 from ivm.reads import point_reads
 from sql_frontend.plan_sql import render
 from storage.relation import Relation, Run
+from storage.schemas import SchemaMap
 
 
+_UNKNOWN = object()  # (a schema not compiled yet: None is "DuckDB projects it")
 POS = "__ivm_pos"  # a projected row's position in its run
 RUN_ROWS = "__ivm_run_rows"  # the name the projection reads one run under
 # Clauses that make a SELECT more than a row-wise projection and filter of its one input.
@@ -109,9 +111,10 @@ class RunRows:
         # Output column (lower case) -> the state column it passes through unchanged (see ``plain_sources``).
         self.plain_sources = plain_sources(tree)
         self._runs: dict[int, Projected] = {}
-        self._compiled: dict[pa.Schema, CompiledStep | None] = {}  # per input schema, once DuckDB typed it
-        self._checked: dict[pa.Schema, int] = {}  # compiled runs compared with DuckDB, per input schema
-        self._typed: dict[pa.Schema, pa.Schema] = {}  # DuckDB's result schema, per input schema (``_types``)
+        # Per input schema (SchemaMap: hashing a schema cost more than the lookup a read makes):
+        self._compiled: SchemaMap[CompiledStep | None] = SchemaMap()  # once DuckDB typed it
+        self._checked: SchemaMap[int] = SchemaMap()  # compiled runs compared with DuckDB
+        self._typed: SchemaMap[pa.Schema] = SchemaMap()  # DuckDB's result schema (``_types``)
         self._lock = threading.Lock()
 
     def rows(self, cursor: duckdb.DuckDBPyConnection, state: Relation) -> "ViewRows":
@@ -173,7 +176,8 @@ class RunRows:
 
     def _step(self, cursor: duckdb.DuckDBPyConnection, rows: pa.Table) -> CompiledStep | None:
         """The projection compiled for this input schema (typed by DuckDB once), or None (DuckDB runs it)."""
-        if rows.schema not in self._compiled:
+        step = self._compiled.get(rows.schema, _UNKNOWN)
+        if step is _UNKNOWN:
             expected = self._types(cursor, rows.schema)
             try:
                 step = CompiledStep(self.tree, {RUN_ROWS: rows.schema}, expected)
@@ -181,7 +185,7 @@ class RunRows:
                 step = None
             with self._lock:
                 self._compiled[rows.schema] = step
-        return self._compiled[rows.schema]
+        return step
 
     def _types(self, cursor: duckdb.DuckDBPyConnection, schema: pa.Schema) -> pa.Schema:
         """DuckDB's result schema of the projection over rows of ``schema`` (with POS), asked once per schema."""

@@ -45,6 +45,7 @@ from delta_operators.program import scan_name
 from ivm.binder import quote
 from storage.keys import KeyCoder
 from storage.relation import Relation
+from storage.schemas import SchemaMap
 from storage.store import Snapshot, Store
 from ivm.catalog import Catalog, TableDef, ViewDef
 
@@ -535,13 +536,13 @@ def _register_states(cursor: duckdb.DuckDBPyConnection, registered: dict[str, ob
             registered[scan] = relation
 
 
-def _point_schemas(expression: exp.Expression) -> dict[pa.Schema, pa.Schema]:
+def _point_schemas(expression: exp.Expression) -> SchemaMap[pa.Schema]:
     """DuckDB's result schema of this very query template per input schema (the fast path must match it).
 
     Per template, not per shape: DuckDB names a result column as the query
     spells it, so two templates of one shape may differ in their schemas.
     """
-    return point_reads.per_tree(expression, "ivm.point_schemas", lambda _: {})
+    return point_reads.per_tree(expression, "ivm.point_schemas", lambda _: SchemaMap())
 
 
 def time_windows_in(expression: exp.Expression) -> bool:
