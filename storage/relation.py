@@ -73,6 +73,10 @@ DENSE_MIN_ROWS = 16_384
 # Above FILTER_MAX_ROWS a filter would be large and the run is searched as before; below
 # FILTER_MIN_PROBES probes the search alone is cheaper than the filter's four calls.
 FILTER_BUCKETS = 8
+# Runs of at most this many rows answer ``is_live`` from their liveness unpacked once per version (a
+# 64 KiB bool array at most); larger runs shift the packed bits per ask, since unpacking the 2M
+# rows of a large run at each version would cost more than the few lookups that read it.
+UNPACKED_LIVE_ROWS = 1 << 16
 FILTER_MAX_ROWS = 1 << 16
 FILTER_MIN_PROBES = 64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: codes with a pattern spread too
@@ -231,6 +235,9 @@ class Run:
     # Column number -> its values as a numpy view, or None (see ``values``); the table never
     # changes, so versions of the run (``replace``) share what was found.
     _values: dict = field(default_factory=dict, compare=False, repr=False)
+    # ``live`` unpacked to one bool per row (``is_live``), made at the first ask: per version (init=False:
+    # ``replace``, which makes a version with other liveness, starts it empty).
+    _unpacked: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     def values(self, i: int) -> np.ndarray | None:
         """Column ``i`` as a zero-copy numpy array when it is fixed-width (not boolean) and has no NULLs,
@@ -257,6 +264,12 @@ class Run:
     def is_live(self, rows: np.ndarray) -> np.ndarray:
         if self.live is None:
             return np.ones(len(rows), dtype=bool)
+        if self.table.num_rows <= UNPACKED_LIVE_ROWS:
+            # One gather from the bits unpacked once for this version of the run (the seven calls
+            # below, per probe of every run of a lookup, were ~8% of a batch's numpy calls).
+            if not self._unpacked:
+                self._unpacked.append(unpack_live(self.live, self.n_rows))
+            return self._unpacked[0][rows]
         return ((self.live[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1).astype(bool)
 
     def live_table(self) -> pa.Table:
