@@ -536,9 +536,8 @@ class _Compiler:
             x, y = a.emit(g, f), b.emit(g, f)
             data = emit_kernel(g, x, y)
             if null_safe:
-                if x.valid is not None or y.valid is not None:
-                    vx, vy = g.ones(x.valid, f.n), g.ones(y.valid, f.n)
-                    data = g.let(f"np.where({vx} & {vy}, {data}, ~{vx} & ~{vy})")
+                if x.valid is not None or y.valid is not None:  # (one call, no masks made, when neither has a NULL)
+                    data = g.let(f"not_distinct({data}, {x.valid}, {y.valid})")
                 return gen.Col("BOOLEAN", data if op == "eq" else g.let(f"~{data}"), None)
             return gen.Col("BOOLEAN", data, g.both(x.valid, y.valid))
         strings = gen.is_string(a.type) and a.type == b.type  # (emit_kernel takes them: _emit_comparison)

@@ -366,6 +366,16 @@ def read_kind(t) -> str:
     raise Unsupported(f"a column of {t} in generated code")
 
 
+def not_distinct(equal: np.ndarray, valid_x: np.ndarray | None, valid_y: np.ndarray | None) -> np.ndarray:
+    """``x IS NOT DISTINCT FROM y`` from ``x = y`` (``equal``) and each side's validity (None: no NULL):
+    equal where both are valid, true where both are NULL."""
+    if valid_x is None and valid_y is None:
+        return equal
+    valid_x = np.ones(len(equal), bool) if valid_x is None else valid_x
+    valid_y = np.ones(len(equal), bool) if valid_y is None else valid_y
+    return np.where(valid_x & valid_y, equal, ~valid_x & ~valid_y)
+
+
 def take(data: np.ndarray, valid: np.ndarray | None, index: np.ndarray, missing: np.ndarray | None):
     """Rows ``index`` of a column, NULL where ``missing`` (Vec._gather over numpy)."""
     if missing is not None:
@@ -534,7 +544,8 @@ def build(rel, expected_names: list[str]) -> tuple[Callable[[dict], list[pa.Arra
     g.line("return [" + ", ".join(outs) + "]")
     source = g.source()
     namespace = dict(g.names)
-    namespace.update(one_array=one_array, read=read, take=take, pairs=pairs, outer=outer, vecs=vecs, concat=concat,
+    namespace.update(one_array=one_array, read=read, take=take, not_distinct=not_distinct, pairs=pairs, outer=outer,
+                     vecs=vecs, concat=concat,
                      strings=strings, concat_strings=concat_strings, compare_strings=compare_strings,
                      string_in=string_in, string_like=string_like, string_slice=string_slice, matches=kernels.matches,
                      joint_codes=kernels.joint_codes, codes=kernels.codes, groups=kernels.groups,
