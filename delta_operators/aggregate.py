@@ -95,6 +95,18 @@ def coalesce0(e: exp.Expression) -> exp.Expression:
     return exp.Coalesce(this=e, expressions=[lit(0)])
 
 
+def weight_sum(weights: exp.Expression) -> exp.Expression:
+    """A group's sum of row weights in a change (0 for none) as BIGINT, not the HUGEINT DuckDB types a
+    SUM of BIGINT.
+
+    The counts it adds to are BIGINT in the state, and a sum too large for BIGINT fails there as
+    it fails here (counts are never negative, so no sum outside BIGINT gives one inside). As BIGINT
+    the compiled steps keep int64 counts from the change to the new state, where a HUGEINT was
+    written out as 128-bit decimals, read back, added and range-checked to be stored as BIGINT
+    (~8 numpy calls per count per batch)."""
+    return cast(coalesce0(exp.Sum(this=weights)), "BIGINT")
+
+
 def when(condition: exp.Expression, then: exp.Expression, default: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition, true=then)], default=default)
 
@@ -276,13 +288,13 @@ class AggregateRule(StateRule):
     def _partial_sql(self, delta_in: str) -> exp.Select:
         w = column(WEIGHT, "d")
         projections = [alias(column(k, "d"), k) for k in self.keys]
-        projections.append(alias(coalesce0(exp.Sum(this=w.copy())), COUNT))
+        projections.append(alias(weight_sum(w.copy()), COUNT))
         for i, c in enumerate(self.node.aggregates):
             if c.func in ("count_star", "min", "max") or c.distinct:
                 continue
             x = column(c.arg, "d")
             not_null = exp.Not(this=exp.Is(this=x.copy(), expression=exp.null()))
-            projections.append(alias(coalesce0(exp.Sum(this=when(not_null, w.copy(), lit(0)))), f"__n{i}"))
+            projections.append(alias(weight_sum(when(not_null, w.copy(), lit(0))), f"__n{i}"))
             if c.func in ("sum", "avg"):
                 projections.extend(self._sum_components(i, x, w))
         select = exp.select(*projections).from_(table(delta_in, "d"))
@@ -301,7 +313,7 @@ class AggregateRule(StateRule):
             "ninf": exp.EQ(this=x.copy(), expression=float_literal("-inf")),
         }
         for name, test in tests.items():
-            parts.append(alias(coalesce0(exp.Sum(this=when(test, w.copy(), lit(0)))), f"__{name}{i}"))
+            parts.append(alias(weight_sum(when(test, w.copy(), lit(0))), f"__{name}{i}"))
         return parts
 
     def _values(self, ctx: Context, arg: str, delta_in: str) -> str:
