@@ -17,8 +17,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -588,16 +589,18 @@ class Engine:
         snapshot = snapshot.with_changes(prepared.versions())
         deltas = prepared.deltas()
         offset = self.offset + 1
+        pairs = {prepared.change_table: prepared.change.pairs} if prepared.change.pairs is not None else None
         self.maintain_and_publish(snapshot, deltas, prepared.counts(), self.worker(prepared.change.delta.num_rows),
                                   first=offset, last=offset, assign=True,
-                                  before_publish=lambda _: self.accept_events(table, prepared))
+                                  before_publish=lambda _: self.accept_events(table, prepared), pairs=pairs)
         self.producers.record(source, seq, offset)
         return offset
 
     def maintain_and_publish(self, snapshot: Snapshot, deltas: dict[str, pa.Table], counts: dict[str, int],
                              worker: Worker, *, first: int, last: int, assign: bool, isolate: bool = False,
                              before_publish: Callable[[Snapshot], None] | None = None,
-                             guard: ContextManager | None = None) -> Snapshot:
+                             guard: ContextManager | None = None,
+                             pairs: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Snapshot:
         """The step every writer ends with (a batch on its own, a group commit, a durable fold):
         maintain every view over ``deltas`` (tables' new versions are in ``snapshot``), then publish
         the result as offsets ``first``..``last``; return the published snapshot.
@@ -607,13 +610,14 @@ class Engine:
         gave. ``isolate``: see ``_maintain``. ``before_publish`` sees the
         maintained snapshot first (a step that fails there publishes nothing);
         ``guard`` is held while the history and the snapshot are published.
+        ``pairs``: per table, the update pairs of its delta its conversion found (``ZsetChange.pairs``).
 
         The history first: a reader who sees the view at this offset may
         subscribe from it at once. Deltas of views computed on read are not
         consolidated here: subscribers consolidate what they read
         (ivm/reads/changefeed.py), which keeps that query off the write path.
         """
-        snapshot = self._maintain(deltas, snapshot, worker, isolate=isolate)
+        snapshot = self._maintain(deltas, snapshot, worker, isolate=isolate, pairs=pairs)
         if before_publish is not None:
             before_publish(snapshot)
         return self.publish(snapshot, deltas, counts, first=first, last=last, assign=assign, guard=guard)
@@ -737,19 +741,22 @@ class Engine:
             self.watermarks.accept(definition, prepared.event_max, prepared.late)
 
     def _maintain(self, deltas: dict[str, pa.Table], snapshot: Snapshot, worker: Worker,
-                  isolate: bool = False) -> Snapshot:
+                  isolate: bool = False, pairs: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Snapshot:
         """Run every affected view's program; return the snapshot with all changes.
 
         With ``isolate`` (changes already acknowledged), a view whose program
         fails is marked failed, with the error, instead of failing the batch;
-        so are the views that read it. The other views go on.
+        so are the views that read it. The other views go on. ``pairs``: the
+        update pairs of a table's delta, known from its conversion (pruning
+        looks for them otherwise).
         """
         all_changes: list[RowChanges] = []
         # New versions of the relations of views recomputed in this batch (None: removed), and their stale flags
         recomputed: dict[str, Relation | None] = {}
         stale: dict[str, bool] = {}
         stored_new = frozenset(deltas)
-        pruned: dict[tuple[str, tuple[str, ...] | None], Any] = {}  # shared by views reading the same columns
+        # Shared by views reading the same columns; (table, None): its delta's update pairs (``_pruned``).
+        pruned: dict[tuple[str, tuple[str, ...] | None], Any] = {(t, None): (p, {}) for t, p in (pairs or {}).items()}
         # Views probing the same relation with the same delta share the lookup (executor.SharedLookups).
         with worker.executor.sharing_lookups():
             for name in self.catalog.affected_views(deltas):

@@ -81,6 +81,9 @@ class ZsetChange:
     delete_rows: np.ndarray
     inserts: pa.Table  # table columns + weight
     rows: int  # rows of the batch
+    # (rows of weight -1, rows of weight +1) of ``delta``: pairs that are the only two rows of their key
+    # (an update), when the conversion knows them; pruning then need not find them (None: it does).
+    pairs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _keys_text(table: pa.Table, columns: tuple[str, ...]) -> str:
@@ -249,7 +252,7 @@ class ChangeApplier:
             if done is not None:
                 if done.errors.num_rows:
                     self._raise_errors(table, done.errors)
-                return _change(done.olds, done.news, table.column_names, rows)
+                return _change(done.olds, done.news, table.column_names, rows, done.pairs)
             existing = relation.lookup(identity, probes, positions=True, scan=False, distinct=True)
         result = self._bag_numpy(table, batch, codes, existing, policy) if not table.primary_key else None
         if result is None:
@@ -417,8 +420,10 @@ class ChangeApplier:
         return merged
 
 
-def _change(olds: pa.Table, news: pa.Table, names: tuple[str, ...], rows: int) -> ZsetChange:
-    """The change that removes ``olds`` (stored rows with their run and position) and inserts ``news``."""
+def _change(olds: pa.Table, news: pa.Table, names: tuple[str, ...], rows: int,
+            pairs: tuple[np.ndarray, np.ndarray] | None = None) -> ZsetChange:
+    """The change that removes ``olds`` (stored rows with their run and position) and inserts ``news``;
+    ``pairs``: rows of ``olds`` and of ``news`` that are the two rows of one key (an update)."""
     names = list(names)
     minus = olds.select(names).append_column(WEIGHT, pa.array(np.full(olds.num_rows, -1, np.int64)))
     inserts = news.append_column(WEIGHT, pa.array(np.ones(news.num_rows, np.int64)))
@@ -428,6 +433,7 @@ def _change(olds: pa.Table, news: pa.Table, names: tuple[str, ...], rows: int) -
         delete_rows=olds.column(POS).to_numpy(),
         inserts=inserts,
         rows=rows,
+        pairs=None if pairs is None else (pairs[0], pairs[1] + olds.num_rows),
     )
 
 

@@ -82,6 +82,9 @@ class Conversion:
     olds: pa.Table  # stored rows it removes: the table's columns, RUN, POS
     news: pa.Table  # rows it inserts: the table's columns
     errors: pa.Table  # offending batch rows (none when it is good): the table's columns, __error, __seq
+    # (rows of olds, rows of news): the updates, a stored row and the batch's row of one key, the only
+    # rows of that key in the change (None: not known). What pruning pairs up (delta_operators/prune.py).
+    pairs: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch_codes: np.ndarray,
@@ -105,13 +108,20 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
             same[compared] = same_rows(others, batch, compared, existing, found[compared])
         else:
             same[compared] = True
-    deleted = np.flatnonzero(existed & ~bad & ~same)
-    inserted = np.flatnonzero(~is_d & ~bad & ~same)
+    removes = existed & ~bad & ~same
+    adds = ~is_d & ~bad & ~same
+    deleted = np.flatnonzero(removes)
+    inserted = np.flatnonzero(adds)
     olds = existing.select(names + [RUN, POS])
+    old_rows = found  # batch row -> its stored row's row in olds
     if len(deleted) < existing.num_rows:
         # (Every stored row found is removed, the usual upsert batch: their order is free, no copy.
         # Batch keys are distinct here, so ``found[deleted]`` names each stored row once.)
         olds = olds.take(found[deleted])
+        old_rows = np.cumsum(removes) - 1
+    updated = np.flatnonzero(removes & adds)  # each key once in the batch: its two rows are alone
+    new_rows = updated if len(inserted) == batch.num_rows else (np.cumsum(adds) - 1)[updated]
+    pairs = (old_rows[updated], new_rows)
     wanted = batch.schema
     if any(olds.schema.field(n).type != wanted.field(n).type for n in names):
         olds = olds.cast(pa.schema([wanted.field(n) for n in names] + [olds.schema.field(RUN), olds.schema.field(POS)]))
@@ -121,7 +131,7 @@ def changes(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch
     wrong = np.flatnonzero(bad)
     errors = batch.select(names + [OP, SEQ])
     errors = (errors.take(wrong) if len(wrong) else errors.slice(0, 0)).rename_columns(names + [ERROR, SEQ])
-    return Conversion(olds, news, errors)
+    return Conversion(olds, news, errors, pairs)
 
 
 def repeated(names: tuple[str, ...], key: tuple[str, ...], batch: pa.Table, batch_codes: np.ndarray,

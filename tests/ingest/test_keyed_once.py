@@ -79,6 +79,42 @@ def test_the_arrow_conversion_returns_duckdbs_rows(seed):
             db.apply_changes("t", batch, on_missing_delete="ignore") if "c" not in ops else None
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_conversion_knows_the_update_pairs_pruning_finds(seed):
+    """``ZsetChange.pairs`` (given to pruning instead of sorting the delta's key codes) are exactly the
+    pairs ``prune.key_pairs`` finds in the delta: -old/+new rows alone with their key, whether every
+    stored row found is removed or not, every batch row inserted or not, and rows sent unchanged."""
+    from delta_operators.prune import key_pairs
+
+    rng = random.Random(seed)
+    with ivm.connect() as db:
+        db.execute(f"CREATE TABLE t ({COLUMNS})")
+        stored = rng.sample(range(40), 25)
+        db.apply_changes("t", rows(rng, stored, ["c"] * len(stored)))
+        engine, worker = db._engine, db._engine.small
+        definition = engine.catalog.table("t")
+        checked = 0
+        for step in range(8):
+            live = db.sql("SELECT id FROM t").column("id").to_pylist()
+            ids = rng.sample(live, rng.randint(0, len(live))) + list(range(100 + 10 * step, 100 + 10 * step + rng.randint(0, 6)))
+            ops = [rng.choice("ud") if i in live else "c" for i in ids]
+            batch = rows(rng, ids, ops)
+            if step % 2:  # rows sent unchanged: no change for their keys, no pair
+                same = db.sql("SELECT * FROM t ORDER BY id LIMIT 4")
+                same = same.filter(pa.array([i not in ids for i in same.column("id").to_pylist()]))
+                batch = pa.concat_tables([batch, same.append_column("__op", pa.array(["u"] * same.num_rows)).cast(batch.schema)])
+            relation = engine.store.snapshot["t"]
+            schema = relation.schema.remove(relation.schema.get_field_index(WEIGHT))
+            normalized = worker.normalizer.normalize(definition, schema, batch)
+            change = worker.applier.apply(definition, relation, normalized, "error")
+            if change.pairs is not None:
+                found = key_pairs(change.delta, worker.coder.codes(change.delta, definition.primary_key))
+                assert sorted(zip(*map(list, change.pairs))) == sorted(zip(*map(list, found))), (seed, step)
+                checked += len(found[0])
+            db.apply_changes("t", batch)
+        assert checked  # updates were made and paired
+
+
 def test_keys_of_any_comparable_columns():
     schema = pa.schema([("id", pa.int64()), ("v", pa.list_(pa.int64()))])
     assert not keyed_once.applies(("id",), schema)
