@@ -56,6 +56,9 @@ FAN_IN = 1 << LOG2_FAN_IN
 SLICE_RATIO = 256
 # A lookup steps over at most this many equal codes per probe before it searches for the end.
 EQUAL_STEPS = 4
+# Up to this many probes a second binary search finds where each probe's codes end: two calls,
+# where stepping over the equal codes takes ~10 per step (a MAX rescan's ~60 probes per run).
+SEARCH_END_PROBES = 256
 # A run's index whose codes are integers packed densely (a key of one integer, date or
 # decimal column: its codes are the values, storage/keys.py) also answers probes by offset:
 # the rows of code c are rows[offsets[c - base]:offsets[c - base + 1]], two gathers per probe
@@ -399,6 +402,8 @@ def _equal_from(codes: np.ndarray, probes: np.ndarray, lo: np.ndarray) -> np.nda
     per match instead of a search per probe (the searches were a tenth of an
     ingested batch's CPU). Keys repeated more than a few times are searched for.
     """
+    if len(probes) <= SEARCH_END_PROBES:
+        return codes.searchsorted(probes, side="right") - lo
     counts = np.zeros(len(probes), dtype=np.int64)
     still = np.arange(len(probes))  # probes whose next code may still be equal
     for _ in range(EQUAL_STEPS):
