@@ -334,8 +334,11 @@ def test_runs_whose_rows_die_mid_list_still_merge_so_lookups_probe_few_runs(code
     assert most <= (relation_module.FAN_IN - 1) * (top + 1) + 1, most
 
 
-def test_counting_equal_codes_is_a_second_binary_search():
-    """``_equal_from`` steps over equal codes (a few, then searches): the same as searchsorted(side="right")."""
+@pytest.mark.parametrize("search_end_probes", [0, relation_module.SEARCH_END_PROBES])
+def test_counting_equal_codes_is_a_second_binary_search(monkeypatch, search_end_probes):
+    """``_equal_from`` steps over equal codes (a few, then searches), or for few probes searches: either
+    is the same as searchsorted(side="right")."""
+    monkeypatch.setattr(relation_module, "SEARCH_END_PROBES", search_end_probes)
     rng = np.random.default_rng(5)
     for _ in range(300):  # keys repeated 0 to ~20 times, some probes beyond the last code
         codes = np.sort(rng.integers(0, 40, int(rng.integers(0, 200))).astype(np.uint64))
