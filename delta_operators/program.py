@@ -278,16 +278,32 @@ def need(needed: dict[str, set[str] | None], name: str, columns: set[str] | None
 def query_columns(sql: exp.Expression) -> dict[str, set[str] | None]:
     """Columns (lower case) a query may read of each table it names; None: all of them.
 
-    A superset: every column name anywhere in the query, and all columns of
-    a table a ``*`` selects from directly.
+    A superset: a column qualified by a table's alias (or name) counts for the tables that
+    alias names anywhere in the query; an unqualified one, or one qualified by anything else
+    (a subquery's alias: its own columns are counted where it reads them), for every table; a
+    ``*`` selecting from a table directly reads all of its columns. (Counting every name for
+    every table made a state lookup copy a weight column that only the delta beside it has.)
     """
-    names = {column.name.lower() for column in sql.find_all(exp.Column)}
+    tables = list(sql.find_all(exp.Table))
+    aliases: dict[str, set[str]] = {}
+    for table in tables:
+        aliases.setdefault(table.alias_or_name, set()).add(table.name)
+    everywhere: set[str] = set()
+    qualified: dict[str, set[str]] = {}
+    for column in sql.find_all(exp.Column):
+        named = aliases.get(column.table) if column.table else None
+        if named is None:
+            everywhere.add(column.name.lower())
+        else:
+            for name in named:
+                qualified.setdefault(name, set()).add(column.name.lower())
     starred = set()
     for select in sql.find_all(exp.Select):
         if any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
                for e in select.expressions):
             starred |= {t.name for t in select.find_all(exp.Table) if t.find_ancestor(exp.Select) is select}
-    return {table.name: None if table.name in starred else names for table in sql.find_all(exp.Table)}
+    return {table.name: None if table.name in starred else everywhere | qualified.get(table.name, set())
+            for table in tables}
 
 
 def columns_read(program: Program) -> dict[str, set[str] | None] | None:

@@ -198,3 +198,29 @@ def test_distinct_stars_and_unqualified_columns_keep_every_column():
         cte = query.sql.args["with_"].expressions[0].this
         first = cte.this if isinstance(cte, exp.Union) else cte
         assert len(first.selects) == 4, why
+
+
+def test_a_query_reads_a_tables_columns_through_its_alias():
+    """``query_columns`` (what narrow_lookups copies of a lookup): a column qualified by a table's alias
+    is read of that table only; unqualified, or through a subquery's alias, of every table; ``*`` all.
+    Each case checked against DuckDB: the query runs over tables holding only the columns counted."""
+    from delta_operators.program import query_columns
+
+    cases = {
+        "SELECT a.x, b.y, z FROM t a JOIN u b ON a.k = b.k": {"t": {"x", "z", "k"}, "u": {"y", "z", "k"}},
+        "SELECT a.x, b.y, v FROM t a JOIN u b ON a.k = b.k": {"t": {"x", "v", "k"}, "u": {"y", "v", "k"}},
+        "SELECT s.y FROM (SELECT a.x AS y FROM t a) s": {"t": {"x", "y"}},
+        "SELECT t.x FROM t WHERE t.k > 0": {"t": {"x", "k"}},
+        "SELECT * FROM t JOIN u ON t.k = u.k": {"t": None, "u": None},
+        # one alias for two tables (two scopes): its columns count for both
+        "SELECT o.x FROM t o WHERE EXISTS (SELECT 1 FROM u o WHERE o.y = 1)": {"t": {"x", "y"}, "u": {"x", "y"}},
+    }
+    columns = {"t": ["k", "x", "z", "w"], "u": ["k", "y", "v", "w"]}
+    for sql, want in cases.items():
+        got = query_columns(parse_one(sql))
+        assert got == want, sql
+        con = duckdb.connect()
+        for table, names in columns.items():
+            kept = [n for n in names if got.get(table) is None or n in got[table]]
+            con.execute(f"CREATE TABLE {table} AS SELECT {', '.join(f'1 AS {n}' for n in kept)}")
+        con.execute(sql)  # every column it reads is there
