@@ -56,9 +56,12 @@ FAN_IN = 1 << LOG2_FAN_IN
 SLICE_RATIO = 256
 # A lookup steps over at most this many equal codes per probe before it searches for the end.
 EQUAL_STEPS = 4
-# Up to this many probes a second binary search finds where each probe's codes end: two calls,
-# where stepping over the equal codes takes ~10 per step (a MAX rescan's ~60 probes per run).
+# Up to this many probes into a run of up to SEARCH_END_CODES codes, a second binary search finds
+# where each probe's codes end: two calls, where stepping over the equal codes takes ~10 per step
+# (a MAX rescan's ~60 probes per run). Not in larger runs: there each search's ~25 steps miss the
+# cache, where a step over equal codes reads the next code beside the last (SF 10's lineitem).
 SEARCH_END_PROBES = 256
+SEARCH_END_CODES = 1 << 16
 # A run's index whose codes are integers packed densely (a key of one integer, date or
 # decimal column: its codes are the values, storage/keys.py) also answers probes by offset:
 # the rows of code c are rows[offsets[c - base]:offsets[c - base + 1]], two gathers per probe
@@ -402,7 +405,7 @@ def _equal_from(codes: np.ndarray, probes: np.ndarray, lo: np.ndarray) -> np.nda
     per match instead of a search per probe (the searches were a tenth of an
     ingested batch's CPU). Keys repeated more than a few times are searched for.
     """
-    if len(probes) <= SEARCH_END_PROBES:
+    if len(probes) <= SEARCH_END_PROBES and len(codes) <= SEARCH_END_CODES:
         return codes.searchsorted(probes, side="right") - lo
     counts = np.zeros(len(probes), dtype=np.int64)
     still = np.arange(len(probes))  # probes whose next code may still be equal

@@ -339,6 +339,7 @@ def test_counting_equal_codes_is_a_second_binary_search(monkeypatch, search_end_
     """``_equal_from`` steps over equal codes (a few, then searches), or for few probes searches: either
     is the same as searchsorted(side="right")."""
     monkeypatch.setattr(relation_module, "SEARCH_END_PROBES", search_end_probes)
+    monkeypatch.setattr(relation_module, "SEARCH_END_CODES", 1 << 16)
     rng = np.random.default_rng(5)
     for _ in range(300):  # keys repeated 0 to ~20 times, some probes beyond the last code
         codes = np.sort(rng.integers(0, 40, int(rng.integers(0, 200))).astype(np.uint64))
