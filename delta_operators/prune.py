@@ -27,6 +27,8 @@ pair of one key with weights -1, +1 and not distinct values in P is a group
 of the rule's sum that cancels (or part of one: dropping any zero-sum
 subset keeps π_P(δR') = π_P(δR)), so it is dropped. Rows of different keys
 that cancel only together are kept: a weaker pruning, never a wrong one.
+The pairs are found by sorting the delta's key codes (``key_pairs``), or
+handed over by the ingest conversion that made them (``ZsetChange.pairs``).
 
 Which columns a view reads: a source read only by SPJ nodes is read through
 the columns its alias qualifies in their predicates and outputs; any other
