@@ -79,12 +79,12 @@ DENSE_MIN_ROWS = 16_384
 # Above FILTER_MAX_ROWS a filter would be large and the run is searched as before; below
 # FILTER_MIN_PROBES probes the search alone is cheaper than the filter's four calls.
 FILTER_BUCKETS = 8
+FILTER_MAX_ROWS = 1 << 16
+FILTER_MIN_PROBES = 64
 # Runs of at most this many rows answer ``is_live`` from their liveness unpacked once per version (a
 # 64 KiB bool array at most); larger runs shift the packed bits per ask, since unpacking the 2M
 # rows of a large run at each version would cost more than the few lookups that read it.
 UNPACKED_LIVE_ROWS = 1 << 16
-FILTER_MAX_ROWS = 1 << 16
-FILTER_MIN_PROBES = 64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: codes with a pattern spread too
 # A merged run remembers where its rows came from this many merges back (Run.origin), so
 # the difference of two versions (what a checkpoint appends) leaves out rows a merge only
@@ -547,7 +547,7 @@ class Relation:
             return self.all_rows(positions, columns)
         if key not in self.index_keys:
             raise InternalError(f"relation {self.name} has no index on ({', '.join(key)})")
-        probes = probe_codes if distinct or len(probe_codes) == 1 else sorted_unique(probe_codes)
+        probes = probe_codes if distinct else sorted_unique(probe_codes)
         if len(probes) == 0:
             return self._with_positions([], positions, columns)
         live = self.num_rows
