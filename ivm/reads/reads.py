@@ -475,10 +475,7 @@ class Reader:
         rows = self._input(lease, point.table)
         input_schema = rows.schema if rows is not None else self._computed_schema(lease, point.table, snapshot)
         if input_schema is not None:
-            known = _point_schemas(expression)
-            if len(known) >= 16:  # a table's schema changes only with DDL
-                known.clear()
-            known[input_schema] = schema.remove_metadata()
+            _point_schemas(expression)[input_schema] = schema.remove_metadata()
 
     def _computed_schema(self, lease: Lease, name: str, snapshot: Snapshot) -> pa.Schema | None:
         """The schema of a computed view's rows as projected from its state (what ``_keyed_answer``
@@ -542,7 +539,8 @@ def _point_schemas(expression: exp.Expression) -> SchemaMap[pa.Schema]:
     Per template, not per shape: DuckDB names a result column as the query
     spells it, so two templates of one shape may differ in their schemas.
     """
-    return point_reads.per_tree(expression, "ivm.point_schemas", lambda _: SchemaMap())
+    # At most 16 input schemas (the oldest dropped): a table's schema changes only with DDL.
+    return point_reads.per_tree(expression, "ivm.point_schemas", lambda _: SchemaMap(limit=16))
 
 
 def time_windows_in(expression: exp.Expression) -> bool:
