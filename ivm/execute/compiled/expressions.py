@@ -522,10 +522,7 @@ class _Compiler:
             data = kernel(x, y)
             vx, vy = x.valid(), y.valid()
             if null_safe:
-                if vx is not None or vy is not None:
-                    vx = np.ones(f.n, bool) if vx is None else vx
-                    vy = np.ones(f.n, bool) if vy is None else vy
-                    data = np.where(vx & vy, data, ~vx & ~vy)
+                data = gen.not_distinct(data, vx, vy)
                 return Vec.of("BOOLEAN", data if op == "eq" else ~data)
             valid = vx if vy is None else (vy if vx is None else vx & vy)
             return Vec.of("BOOLEAN", data, valid)
