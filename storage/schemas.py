@@ -10,7 +10,7 @@ list searched with ``equals`` answers in a fraction of the hash.
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 import pyarrow as pa
 
@@ -60,12 +60,3 @@ class SchemaMap(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def __iter__(self) -> Iterator[pa.Schema]:
-        return iter([schema for schema, _ in self._items])
-
-    def values(self) -> list[V]:
-        return [value for _, value in self._items]
-
-    def clear(self) -> None:
-        self._items = []

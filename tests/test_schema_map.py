@@ -38,7 +38,7 @@ def test_metadata_does_not_count_as_for_equality():
     assert plain == stamped and {plain: 1}.get(stamped) is None
     known = SchemaMap()
     known[plain] = 1
-    assert known.get(stamped) == 1 and known.values() == [1]
+    assert known.get(stamped) == 1 and len(known) == 1
 
 
 def test_a_write_replaces_the_value_and_a_limit_drops_the_oldest():
@@ -49,6 +49,5 @@ def test_a_write_replaces_the_value_and_a_limit_drops_the_oldest():
     known[schema(pa.int16())] = 3
     known[schema(pa.int32())] = 4
     assert schema(pa.int8()) not in known and known.get(schema(pa.int32())) == 4 and len(known) == 2
-    assert set(map(str, known)) == {str(schema(pa.int16())), str(schema(pa.int32()))}
-    known.clear()
-    assert len(known) == 0 and known.get(schema(pa.int16()), "none") == "none"
+    assert schema(pa.int16()) in known and schema(pa.int32()) in known
+    assert known.get(schema(pa.int8()), "none") == "none"
