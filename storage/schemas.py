@@ -60,3 +60,6 @@ class SchemaMap(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def values(self) -> list[V]:
+        return [value for _, value in self._items]
