@@ -33,6 +33,9 @@ DEFAULTS = {
     # Change batches and operator state are small: broadcast them into joins
     # with stored relations instead of shuffling the relations (default 10 MB).
     "spark.sql.autoBroadcastJoinThreshold": "64m",
+    # Parquet files Spark writes (shared state) are read by deltalake and DuckDB
+    # too: standard microsecond timestamps, not Spark's legacy INT96.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # Servers bind 127.0.0.1 only; no web UI on a public port.
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,88 @@
+"""Spark's side of a shared Z-set (storage/shared_zset.py): executors read and write its files.
+
+The driver names files and commits them; rows never pass through it:
+
+* ``read``: the Parquet files of a version (only those that may hold the
+  probe keys, when given) as a DataFrame; the plan is a file scan that the
+  executors run.
+* ``append``: a change (a DataFrame with ``__weight``) written by the
+  executors, sorted by the cluster keys, then committed for its offset.
+* ``compact``: the table's consolidated rows written whole, replacing its
+  files (a version's content is unchanged by it).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+
+from storage.checkpoint import StorageError
+from storage.shared_zset import Committed, SharedZSet
+from storage.zset import WEIGHT
+
+
+def read(spark, table: SharedZSet, version: int | None = None, keys: dict[str, pa.Array] | None = None):
+    """The rows (weights not summed) of ``version`` of ``table``, as a lazy file scan."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(table.schema)
+    files = table.files(version, keys)
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*files)
+
+
+def consolidated(frame):
+    """Equal rows summed into one, rows whose weights cancel dropped (NULLs group together)."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in frame.columns if c != WEIGHT]
+    return (frame.groupBy(*columns).agg(F.sum(WEIGHT).cast("bigint").alias(WEIGHT))
+            .filter(F.col(WEIGHT) != 0).select(*columns, WEIGHT))
+
+
+def write(table: SharedZSet, frame, by_range: bool = False):
+    """Write ``frame`` (the table's columns) as Parquet files of a new directory; the directory.
+
+    Each file is sorted by the cluster keys. ``by_range`` also splits the rows
+    into key ranges first (a shuffle), so files hold disjoint ranges: worth it
+    for a compaction, which writes the whole table, not for a change.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    wanted = from_arrow_schema(table.schema)
+    got = {field.name: field.dataType for field in frame.schema}
+    wrong = [f"{f.name} {got[f.name].simpleString() if f.name in got else 'missing'} (the table's: "
+             f"{f.dataType.simpleString()})" for f in wanted if got.get(f.name) != f.dataType]
+    if wrong or len(got) != len(wanted):
+        extra = sorted(set(got) - set(wanted.names))
+        raise StorageError(f"rows do not fit the shared Z-set at {table.path}: " + "; ".join(
+            wrong + ([f"extra columns {extra}"] if extra else [])))
+    directory = table.new_dir()
+    frame = frame.select(*wanted.names)
+    if table.cluster_by:  # files sorted by the keys programs probe: their statistics prune (shared_zset.files)
+        if by_range:
+            frame = frame.repartitionByRange(*table.cluster_by)
+        frame = frame.sortWithinPartitions(*table.cluster_by)
+    try:
+        frame.write.mode("error").parquet(str(directory))
+    except Exception as e:  # a failed job may leave part files: none of them is committed, none stays
+        shutil.rmtree(directory, ignore_errors=True)
+        raise StorageError(f"writing to the shared Z-set at {table.path} failed: {str(e).strip().splitlines()[0]}") \
+            from None
+    return directory
+
+
+def append(table: SharedZSet, change, offset: int) -> Committed:
+    """Add ``change`` (with ``__weight``) to the table as the version reflecting ``offset``; once."""
+    if not table.accepts(offset):
+        return Committed(None, 0, 0)  # replayed: not even written
+    return table.commit(write(table, change), offset)
+
+
+def compact(spark, table: SharedZSet, offset: int) -> Committed:
+    """Rewrite the table as its consolidated rows (one row per distinct row), committed for ``offset``."""
+    if not table.accepts(offset, overwrite=True):
+        return Committed(None, 0, 0)
+    return table.commit(write(table, consolidated(read(spark, table)), by_range=True), offset, overwrite=True)
