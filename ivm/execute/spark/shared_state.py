@@ -23,7 +23,15 @@ from storage.zset import WEIGHT
 
 
 def read(spark, table: SharedZSet, version: int | None = None, keys: dict[str, pa.Array] | None = None):
-    """The rows (weights not summed) of ``version`` of ``table``, as a lazy file scan."""
+    """The rows (weights not summed) of ``version`` of ``table``, as a lazy file scan.
+
+    With ``keys``, only the files whose key range holds a probe value
+    (``SharedZSet.files``): a superset of the rows holding them, which the
+    caller joins with the probe. Pushing the keys into the Parquet scan as
+    an IN filter (checked against row group and page statistics) was
+    measured slower, not faster: 8.6-13.6 s against 1.5 s for 250 keys in
+    6M rows (bench/README.md, session 33).
+    """
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = from_arrow_schema(table.schema)
@@ -42,12 +50,14 @@ def consolidated(frame):
             .filter(F.col(WEIGHT) != 0).select(*columns, WEIGHT))
 
 
-def write(table: SharedZSet, frame, by_range: bool = False):
+def write(table: SharedZSet, frame, ranges: int = 0):
     """Write ``frame`` (the table's columns) as Parquet files of a new directory; the directory.
 
-    Each file is sorted by the cluster keys. ``by_range`` also splits the rows
-    into key ranges first (a shuffle), so files hold disjoint ranges: worth it
-    for a compaction, which writes the whole table, not for a change.
+    A file per partition of ``frame``, sorted by the cluster keys (callers
+    coalesce a small change first). ``ranges`` > 0 splits the rows into that
+    many key ranges first (a shuffle), so files hold disjoint ranges: worth
+    it for a load or a compaction, which write the whole table, not for a
+    change.
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -62,8 +72,8 @@ def write(table: SharedZSet, frame, by_range: bool = False):
     directory = table.new_dir()
     frame = frame.select(*wanted.names)
     if table.cluster_by:  # files sorted by the keys programs probe: their statistics prune (shared_zset.files)
-        if by_range:
-            frame = frame.repartitionByRange(*table.cluster_by)
+        if ranges:
+            frame = frame.repartitionByRange(ranges, *table.cluster_by)
         frame = frame.sortWithinPartitions(*table.cluster_by)
     try:
         frame.write.mode("error").parquet(str(directory))
@@ -81,8 +91,13 @@ def append(table: SharedZSet, change, offset: int) -> Committed:
     return table.commit(write(table, change), offset)
 
 
-def compact(spark, table: SharedZSet, offset: int) -> Committed:
-    """Rewrite the table as its consolidated rows (one row per distinct row), committed for ``offset``."""
+def compact(spark, table: SharedZSet, offset: int, ranges: int | None = None) -> Committed:
+    """Rewrite the table as its consolidated rows (one row per distinct row) in ``ranges`` files, for ``offset``.
+
+    ``ranges`` defaults to the session's shuffle partitions.
+    """
     if not table.accepts(offset, overwrite=True):
         return Committed(None, 0, 0)
-    return table.commit(write(table, consolidated(read(spark, table)), by_range=True), offset, overwrite=True)
+    if ranges is None:
+        ranges = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    return table.commit(write(table, consolidated(read(spark, table)), ranges=ranges), offset, overwrite=True)
