@@ -11,6 +11,7 @@ input is refused with nothing written.
 
 from __future__ import annotations
 
+import datetime
 import random
 from collections import Counter
 from pathlib import Path
@@ -138,6 +139,12 @@ def test_key_statistics_prune_files(spark, tmp_path):
     # a pruned read returns every row of those keys
     rows = shared_state.read(spark, table, keys={"k": pa.array([12, 20], pa.int64())}).collect()
     assert sorted(r.k for r in rows) == [10, 20]
+    # dates prune too
+    dated = SharedZSet.create(tmp_path / "d", pa.schema([("day", pa.date32())]), cluster_by=("day",))
+    for offset, day in enumerate(["2026-01-01", "2026-06-01"], start=1):
+        shared_state.append(dated, spark.sql(f"SELECT DATE'{day}' AS day, 1L AS __weight"), offset)
+    assert len(dated.files(keys={"day": pa.array([datetime.date(2026, 6, 1)])})) == 1
+    assert len(dated.files(keys={"day": pa.array([datetime.date(2026, 3, 1)])})) == 0
     # columns without exact statistics (strings) never prune
     strings = SharedZSet.create(tmp_path / "s", SCHEMA, cluster_by=("name",))
     shared_state.append(strings, change_frame(spark, [(1, "a", 1, 1)]), 1)
