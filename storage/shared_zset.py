@@ -133,6 +133,20 @@ class SharedZSet:
         """The change-log offset of the last commit (None: nothing committed yet)."""
         return self._table.transaction_version(APP_ID)
 
+    def version_for(self, offset: int) -> int:
+        """The version holding the state after ``offset``: the last commit for an offset at or below it.
+
+        Version 0 (the empty table) when none is. Recovery reads every input of
+        a replayed batch O at ``version_for(O - 1)``, whether or not a table
+        already committed O before the crash.
+        """
+        found = 0
+        for entry in self._table.history():
+            committed = entry.get(OFFSET_KEY)
+            if committed is not None and int(committed) <= offset:
+                found = max(found, int(entry["version"]))
+        return found
+
     def files(self, version: int | None = None, keys: dict[str, pa.Array] | None = None) -> list[str]:
         """Paths of the Parquet files of ``version`` (default: the latest).
 

@@ -107,6 +107,13 @@ def test_appends_replays_and_compaction_keep_the_content(spark, tmp_path):
     for version, content in history.items():
         assert spark_content(spark, table, version) == content
         assert delta_content(table, version) == content
+    # ... and is found by the offset it reflects (recovery reads inputs as of the offset before a batch)
+    by_offset = {offset: table.version_for(offset) for offset in range(0, 10)}
+    assert by_offset[0] == 0 and delta_content(table, 0) == Counter()
+    for offset in range(1, 9):  # versions 1-5 for offsets 1-5, the compaction 6, then 7-9 for offsets 6-8
+        assert delta_content(table, by_offset[offset]) == history[offset if offset <= 5 else offset + 1]
+    assert by_offset[5] == 6  # the compaction's version: the same content, for the same offset
+    assert by_offset[9] == table.version
     assert table.orphans() == []
 
 
