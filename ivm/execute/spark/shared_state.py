@@ -14,12 +14,14 @@ The driver names files and commits them; rows never pass through it:
 from __future__ import annotations
 
 import shutil
+import uuid
 
 import pyarrow as pa
 
+from ivm.execute.spark.dialect import to_spark
 from storage.checkpoint import StorageError
 from storage.shared_zset import Committed, SharedZSet
-from storage.zset import WEIGHT
+from storage.zset import WEIGHT, consolidate_sql
 
 
 def read(spark, table: SharedZSet, version: int | None = None, keys: dict[str, pa.Array] | None = None):
@@ -42,12 +44,19 @@ def read(spark, table: SharedZSet, version: int | None = None, keys: dict[str, p
 
 
 def consolidated(frame):
-    """Equal rows summed into one, rows whose weights cancel dropped (NULLs group together)."""
-    from pyspark.sql import functions as F
+    """Equal rows summed into one, rows whose weights cancel dropped: Z-set consolidation (storage/zset.py).
 
-    columns = [c for c in frame.columns if c != WEIGHT]
-    return (frame.groupBy(*columns).agg(F.sum(WEIGHT).cast("bigint").alias(WEIGHT))
-            .filter(F.col(WEIGHT) != 0).select(*columns, WEIGHT))
+    The query is the one every engine runs (``consolidate_sql``), rendered for
+    Spark; the temporary view it reads is dropped once the query is analysed
+    (the DataFrame keeps the resolved plan).
+    """
+    spark = frame.sparkSession
+    name = f"__zset_{uuid.uuid4().hex}"
+    frame.createOrReplaceTempView(name)
+    try:
+        return spark.sql(to_spark(consolidate_sql(name, [c for c in frame.columns if c != WEIGHT])))
+    finally:
+        spark.catalog.dropTempView(name)
 
 
 def write(table: SharedZSet, frame, ranges: int = 0):
