@@ -88,6 +88,8 @@ log = logging.getLogger("ivm.checkpoint")
 MANIFEST = "checkpoint.json"
 RELATIONS = "relations"
 APP_ID = "ivm"
+# The commit metadata key of the change-log offset a commit reflects.
+OFFSET_KEY = "ivm.offset"
 FORMAT = 1
 # Directory names this module gives relations (``new_dir``): r1, r2, ...
 DIR_ID = re.compile(r"r([0-9]+)")
@@ -169,7 +171,8 @@ def unstorable(schema: pa.Schema) -> str | None:
     return None
 
 
-def _fsync(path: Path) -> None:
+def sync_path(path: Path) -> None:
+    """fsync a file or a directory (its entries), by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -258,7 +261,7 @@ class RelationFiles:
         dt = DeltaTable(str(path))
         self._sync_version(path, dt)
         if new:
-            _fsync(self.root)
+            sync_path(self.root)
         return StoredVersion(path.name, dt.version(), self._bytes(dt), table.num_rows)
 
     def _append(self, path: Path, diff: Difference, stored: StoredVersion, rows: int, offset: int,
@@ -274,7 +277,7 @@ class RelationFiles:
     @staticmethod
     def _stamp(offset: int, generation: str, appended: int, appends: int) -> CommitProperties:
         return CommitProperties(
-            custom_metadata={"ivm.offset": str(offset), "ivm.generation": generation,
+            custom_metadata={OFFSET_KEY: str(offset), "ivm.generation": generation,
                              "ivm.appended": str(appended), "ivm.appends": str(appends)},
             app_transactions=[Transaction(app_id=APP_ID, version=offset)],
         )
@@ -289,7 +292,7 @@ class RelationFiles:
         if dt is None or dt.transaction_version(APP_ID) != offset:
             return None
         info = dt.history(1)[0]
-        if info.get("ivm.generation") != generation or info.get("ivm.offset") != str(offset):
+        if info.get("ivm.generation") != generation or info.get(OFFSET_KEY) != str(offset):
             return None
         return StoredVersion(path.name, dt.version(), self._bytes(dt), rows,
                              int(info.get("ivm.appended", 0)), int(info.get("ivm.appends", 0)))
@@ -297,11 +300,11 @@ class RelationFiles:
     @staticmethod
     def _sync_version(path: Path, dt: DeltaTable) -> None:
         for uri in dt.file_uris():
-            _fsync(Path(uri.removeprefix("file://")))
+            sync_path(Path(uri.removeprefix("file://")))
         log_dir = path / "_delta_log"
-        _fsync(log_dir / f"{dt.version():020d}.json")
-        _fsync(log_dir)
-        _fsync(path)
+        sync_path(log_dir / f"{dt.version():020d}.json")
+        sync_path(log_dir)
+        sync_path(path)
 
     @staticmethod
     def _bytes(dt: DeltaTable) -> int:
@@ -443,6 +446,6 @@ def write_manifest(root: Path, doc: dict, moments: tuple[str, ...] = ()) -> None
             tmp.unlink()
         raise
     try:
-        _fsync(root)
+        sync_path(root)
     except OSError:
         log.exception("syncing %s after renaming the manifest failed", root)

@@ -21,7 +21,9 @@ so the driver handles file names, never rows.
   and removes the directory written for it, so a batch replayed after a
   crash (the writer ran again, or the driver died between the write and
   the commit) lands once. ``orphans`` names the directories no commit
-  names: leftovers of a writer or driver killed mid-batch.
+  names: leftovers of a writer or driver killed mid-batch. Neither Spark
+  nor deltalake syncs what it writes: the commit syncs the batch's files
+  before naming them and its log entry after, as checkpoints do.
 * **Laid out for lookups.** Writers sort their files by the table's
   ``cluster_by`` columns (the keys programs probe). The commit records each
   file's min and max of those columns (from the footers), so ``files`` with
@@ -51,14 +53,12 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 
-from storage.checkpoint import StorageError
+from storage.checkpoint import APP_ID, OFFSET_KEY, StorageError, sync_path
 from storage.hooks import hook
 from storage.zset import WEIGHT
 
-APP_ID = "ivm"
 DATA = "data"
-# Metadata keys of each commit (besides the app transaction).
-OFFSET_KEY = "ivm.offset"
+# Commit metadata key (besides OFFSET_KEY and the app transaction, as checkpoints write them):
 DIR_KEY = "ivm.dir"
 CLUSTER_KEY = "ivm.cluster_by"
 
@@ -229,6 +229,10 @@ class SharedZSet:
             if count:  # a writer's empty partitions add nothing to read
                 actions.append(add)
                 rows += count
+                sync_path(file)  # writers do not sync: a commit never names a file a power loss can take
+        if actions:
+            sync_path(directory)
+            sync_path(directory.parent)
         hook("shared_zset.before_commit")
         properties = CommitProperties(
             app_transactions=[Transaction(APP_ID, offset)],
@@ -240,6 +244,9 @@ class SharedZSet:
         except Exception as e:
             raise StorageError(f"commit to {self.path} failed: {e}") from e
         self._table.update_incremental()
+        log = self.path / "_delta_log"
+        sync_path(log / f"{self.version:020d}.json")  # deltalake does not sync its commits either
+        sync_path(log)
         return Committed(self.version, len(actions), rows)
 
     def accepts(self, offset: int, overwrite: bool = False) -> bool:
@@ -254,10 +261,8 @@ class SharedZSet:
         except Exception as e:
             raise StorageError(f"{file} is not a readable Parquet file: {e}") from e
         written = meta.schema.to_arrow_schema()
-        expected = [(f.name, f.type) for f in schema]
-        got = [(f.name, f.type) for f in written]
-        if [n for n, _ in got] != [n for n, _ in expected]:
-            raise StorageError(f"{file} has columns {[n for n, _ in got]}, the table {[n for n, _ in expected]}")
+        if written.names != schema.names:
+            raise StorageError(f"{file} has columns {written.names}, the table {schema.names}")
         stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
         for name in self.cluster_by:
             index = written.get_field_index(name)

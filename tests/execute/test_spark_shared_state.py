@@ -215,3 +215,25 @@ def shared_col(name: str, type_: str):
     from pyspark.sql import functions as F
 
     return F.col(name).cast(type_)
+
+
+def test_a_commit_syncs_its_files_before_naming_them_and_its_log_entry_after(spark, tmp_path, monkeypatch):
+    import storage.shared_zset as shared_zset
+
+    table = SharedZSet.create(tmp_path / "t", SCHEMA, cluster_by=("k",))
+    directory = shared_state.write(table, change_frame(spark, [(1, "a", 1, 1), (2, "b", 2, 1)]))
+    synced: list[Path] = []
+    real = shared_zset.sync_path
+
+    def recorded(path):
+        if path.name.endswith(".json"):  # the log entry is synced after the commit wrote it
+            assert path.exists()
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(shared_zset, "sync_path", recorded)
+    table.commit(directory, 1)
+    files = [Path(f) for f in table.files()]
+    entry = tmp_path / "t" / "_delta_log" / f"{table.version:020d}.json"
+    assert files and set(files) <= set(synced) and entry in synced
+    assert max(synced.index(f) for f in files) < synced.index(directory) < synced.index(entry)
