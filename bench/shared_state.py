@@ -95,11 +95,14 @@ def main(argv=None) -> None:
         stored = shared_state.read(spark, table, keys={KEY: keys})
         old = shared_state.consolidated(stored.join(F.broadcast(probe), KEY, "left_semi"))
         # each old row twice, from one scan: with weight -w as it was, with +w and the new quantity
-        sign = F.explode(F.array(F.lit(-1), F.lit(1))).alias("__sign")
-        change = old.select("*", sign).select(
-            *[(F.when(F.col("__sign") > 0, F.col(c) + 1).otherwise(F.col(c)).cast(quantity_type).alias(c)
-               if c == "l_quantity" else (F.col(WEIGHT) * F.col("__sign")).alias(WEIGHT) if c == WEIGHT else F.col(c))
-              for c in table.schema.names]).coalesce(1)  # one file per batch
+        signed = old.select("*", F.explode(F.array(F.lit(-1), F.lit(1))).alias("__sign"))
+        added = F.col("__sign") > 0
+        change = signed.select(
+            *[c for c in table.schema.names if c not in ("l_quantity", WEIGHT)],
+            F.when(added, F.col("l_quantity") + 1).otherwise(F.col("l_quantity")).cast(quantity_type)
+            .alias("l_quantity"),
+            (F.col(WEIGHT) * F.col("__sign")).alias(WEIGHT),
+        ).coalesce(1)  # one file per batch (write() puts the columns in the table's order)
         directory = shared_state.write(table, change)
         t1 = time.perf_counter()
         done = table.commit(directory, batch + 2)
